@@ -1,0 +1,45 @@
+"""One exception family for cacheaudit, mapped to documented exit codes by the CLI."""
+
+from __future__ import annotations
+
+
+class ExitCode:
+    """Process exit statuses of the `cacheaudit` command (documented in docs/cli.md)."""
+
+    CLEAN = 0
+    FINDINGS = 1
+    USAGE = 2
+    INTERNAL = 3
+
+
+class CacheAuditError(Exception):
+    """Base of every error cacheaudit raises on purpose; the CLI prints it as one line."""
+
+    exit_code = ExitCode.INTERNAL
+    slug: str | None = None
+
+
+class UsageError(CacheAuditError):
+    """The user asked for something that cannot be done as asked (bad path, bad option value)."""
+
+    exit_code = ExitCode.USAGE
+
+
+class LedgerError(UsageError):
+    """A ledger file cannot be used: not a cacheaudit ledger, newer than this code, unreadable."""
+
+    slug = "ledger"
+
+
+class ConfigError(UsageError):
+    """A `[tool.cacheaudit]` setting or CACHEAUDIT_* variable has a value we cannot use."""
+
+    slug = "config"
+
+
+class TokenizeError(ValueError):
+    """An argument string that the compiler itself would reject (an unbalanced quote, say)."""
+
+
+class CacheAuditWarning(UserWarning):
+    """Something went wrong inside cacheaudit that the user's run survives."""

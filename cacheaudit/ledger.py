@@ -1,0 +1,852 @@
+"""The ledger: one SQLite file of runs, compilers, file states, include graphs, records, findings.
+
+Content-addressed where it pays: a file path, a file state, an include graph, a compiler identity
+and a JSON value (argv, environment) are each stored once and referenced, since thousands of kernels
+share one CUTLASS graph and one set of flags. Short write transactions in WAL mode let many shim
+processes share one file on local disk; long-lived parallel writers (pytest-xdist workers, ranks)
+keep one file each and `combine` them afterwards.
+
+Writes run on the stdlib `sqlite3` connection: the shim writes one record per compile and importing
+sqlite-utils costs ~200 ms there (it probes for numpy). Schema creation, migrations and the query
+helpers go through sqlite-utils on the same connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import socket
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from cacheaudit import __version__
+from cacheaudit.exceptions import LedgerError
+from cacheaudit.model import (
+    ArgToken,
+    CompileRecord,
+    CompilerIdentity,
+    FileState,
+    Finding,
+    GraphFile,
+    IncludeGraph,
+    content_digest,
+)
+
+if TYPE_CHECKING:
+    import sqlite_utils
+
+APPLICATION_ID = 0x43414144  # "CAAD": lets `file` and our own open() tell a ledger apart.
+
+# The schema, one statement per table, each column commented. Statements are separated by ";\n"
+# and no comment may contain a semicolon: `_statements` splits on it.
+#
+# Schema history:
+#   1 (0.1.0): first version.
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+-- Properties of this ledger file: schema_version, ledger_id, created_at, created_by.
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+
+-- One process tree that produced records: a pytest session, a `cacheaudit run`, or the parent
+-- process of a compiler shim when nothing set CACHEAUDIT_RUN.
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    run_uuid TEXT NOT NULL UNIQUE,          -- CACHEAUDIT_RUN, or host:ppid:parent-start-time
+    started_ns INTEGER NOT NULL,            -- wall clock, ns since the epoch
+    host TEXT NOT NULL,                     -- socket.gethostname()
+    pid INTEGER NOT NULL,                   -- pid of the process that opened the run
+    label TEXT NOT NULL,                    -- 'shim', 'pytest', 'run', 'scan', ...
+    command TEXT,                           -- JSON argv of that process, when known
+    cacheaudit_version TEXT NOT NULL
+);
+
+-- Every path mentioned anywhere, stored once: realpaths, paths as a compiler wrote them, entries.
+CREATE TABLE IF NOT EXISTS files (
+    id INTEGER PRIMARY KEY,
+    path TEXT NOT NULL UNIQUE
+);
+
+-- What a file was at one moment. Identical observations share a row.
+CREATE TABLE IF NOT EXISTS file_states (
+    id INTEGER PRIMARY KEY,
+    file_id INTEGER NOT NULL REFERENCES files(id),
+    present INTEGER NOT NULL,               -- 0 when the file did not exist
+    size INTEGER NOT NULL,                  -- bytes, -1 when absent
+    mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL,
+    inode INTEGER NOT NULL,
+    digest TEXT NOT NULL,                   -- xxh3-128 hex of the content, '' when unreadable
+    settled INTEGER NOT NULL,               -- 0 when captured inside the timestamp window
+    error TEXT NOT NULL,                    -- why it could not be read, '' when it could
+    UNIQUE (file_id, present, size, mtime_ns, ctime_ns, inode, digest, settled, error)
+);
+
+-- An include graph (or a set of sources or outputs), content-addressed by its digest.
+CREATE TABLE IF NOT EXISTS graphs (
+    id INTEGER PRIMARY KEY,
+    digest TEXT NOT NULL UNIQUE,            -- model.IncludeGraph.digest
+    method TEXT NOT NULL,                   -- how it was obtained: 'nvcc -M', 'g++ -M', ...
+    file_count INTEGER NOT NULL
+);
+
+-- The members of a graph in the compiler's order.
+CREATE TABLE IF NOT EXISTS graph_files (
+    graph_id INTEGER NOT NULL REFERENCES graphs(id),
+    position INTEGER NOT NULL,
+    state_id INTEGER NOT NULL REFERENCES file_states(id),
+    written_id INTEGER NOT NULL REFERENCES files(id),  -- the path as the compiler printed it
+    PRIMARY KEY (graph_id, position)
+) WITHOUT ROWID;
+
+-- Compiler identities: a host compiler is a row of its own referenced by host_id.
+CREATE TABLE IF NOT EXISTS compilers (
+    id INTEGER PRIMARY KEY,
+    digest TEXT NOT NULL UNIQUE,            -- over every column below
+    invoked TEXT NOT NULL,                  -- argv[0] as the runtime gave it
+    path TEXT NOT NULL,                     -- found along PATH
+    resolved TEXT NOT NULL,                 -- the real binary behind symlinks and wrapper scripts
+    wrappers TEXT NOT NULL,                 -- JSON list of wrapper scripts, outermost first
+    kind TEXT NOT NULL,                     -- nvcc, gcc, clang, hipcc, unknown
+    version_text TEXT NOT NULL,             -- full `--version` output
+    binary_digest TEXT,                     -- xxh3-128 of the resolved binary
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    host_id INTEGER REFERENCES compilers(id),
+    error TEXT
+);
+
+-- JSON values shared between records: argv, effective argv, environment, tracked sets, notes.
+CREATE TABLE IF NOT EXISTS blobs (
+    id INTEGER PRIMARY KEY,
+    digest TEXT NOT NULL UNIQUE,
+    body TEXT NOT NULL
+);
+
+-- One observed compile or cache lookup: the four answers of the design card.
+CREATE TABLE IF NOT EXISTS records (
+    id INTEGER PRIMARY KEY,
+    record_uuid TEXT NOT NULL UNIQUE,       -- survives `combine`
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    event TEXT NOT NULL CHECK (event IN ('compile', 'disk-hit', 'memory-hit')),
+    runtime TEXT,                           -- deepjit, torch-ext, triton, ... or NULL if unknown
+    kernel TEXT,                            -- the runtime's name for the kernel
+    key TEXT,                               -- the runtime's cache key, when it has one
+    entry_id INTEGER REFERENCES files(id),  -- the cache entry the record belongs to
+    compiler_id INTEGER REFERENCES compilers(id),
+    argv_id INTEGER REFERENCES blobs(id),            -- JSON list, argv[0] excluded
+    effective_argv_id INTEGER REFERENCES blobs(id),  -- JSON list of [token, origin]
+    env_id INTEGER REFERENCES blobs(id),             -- JSON object, registry variables only
+    cwd_id INTEGER REFERENCES files(id),
+    sources_id INTEGER REFERENCES graphs(id),        -- the primary source files
+    graph_id INTEGER REFERENCES graphs(id),          -- everything else the compiler read
+    outputs_id INTEGER REFERENCES graphs(id),        -- what the compile wrote
+    tracked_id INTEGER REFERENCES blobs(id),         -- JSON list of paths the key covers
+    exit_code INTEGER,
+    signal INTEGER,                         -- the signal that ended the compiler, if any
+    started_ns INTEGER NOT NULL,
+    duration_ns INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    host TEXT NOT NULL,
+    test_id TEXT,                           -- pytest node id, when recorded under the plugin
+    observer TEXT NOT NULL,                 -- shim, adapter:<runtime>, reader:<layout>
+    notes_id INTEGER REFERENCES blobs(id),           -- JSON list of recording problems
+    extra_id INTEGER REFERENCES blobs(id)            -- JSON object, observer-specific facts
+);
+
+CREATE INDEX IF NOT EXISTS records_by_kernel ON records (runtime, kernel, started_ns);
+
+CREATE INDEX IF NOT EXISTS records_by_key ON records (key);
+
+CREATE INDEX IF NOT EXISTS records_by_entry ON records (entry_id);
+
+-- Verdicts of an audit, each with its evidence.
+CREATE TABLE IF NOT EXISTS findings (
+    id INTEGER PRIMARY KEY,
+    audit_uuid TEXT NOT NULL,               -- one audit pass
+    found_ns INTEGER NOT NULL,
+    code TEXT NOT NULL,                     -- CA101 ...
+    severity TEXT NOT NULL,
+    subject TEXT NOT NULL,                  -- the file or variable
+    message TEXT NOT NULL,
+    recorded TEXT,                          -- the value at build time
+    current TEXT,                           -- the value now
+    how TEXT NOT NULL,                      -- how it was established
+    inferred INTEGER NOT NULL,              -- 1 when inferred from timestamps, not content
+    record_uuid TEXT,
+    entry TEXT,
+    runtime TEXT,
+    kernel TEXT,
+    hint TEXT NOT NULL
+);
+
+CREATE INDEX IF NOT EXISTS findings_by_audit ON findings (audit_uuid)
+"""
+
+BUSY_TIMEOUT_S = 30.0
+_RETRY_DEADLINE_S = 60.0
+
+T = TypeVar("T")
+
+
+def _statements(schema: str) -> list[str]:
+    return [s.strip() for s in schema.split(";\n") if s.strip()]
+
+
+def default_ledger_path(env: Mapping[str, str] | None = None) -> str:
+    """CACHEAUDIT_LEDGER, else `$XDG_CACHE_HOME/cacheaudit/ledger.db`, else ~/.cache/..."""
+    env = os.environ if env is None else env
+    explicit = env.get("CACHEAUDIT_LEDGER")
+    if explicit:
+        return os.path.abspath(os.path.expanduser(explicit))
+    cache_home = env.get("XDG_CACHE_HOME")
+    if not cache_home or not os.path.isabs(cache_home):
+        # The XDG spec: a relative value is invalid and must be ignored.
+        cache_home = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache_home, "cacheaudit", "ledger.db")
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+def _retrying(action: Callable[[], T], deadline_s: float = _RETRY_DEADLINE_S) -> T:
+    """Run `action`, retrying with jittered backoff while another writer holds the lock.
+
+    The busy timeout already waits inside SQLite; this outer loop covers the cases where SQLite
+    gives up at once (a deadlock between two readers upgrading to writers, say).
+    """
+    deadline = time.monotonic() + deadline_s
+    delay = 0.005
+    while True:
+        try:
+            return action()
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay * (0.5 + random.random()))
+        delay = min(delay * 2, 0.5)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """The process tree a record belongs to."""
+
+    run_uuid: str
+    label: str
+    started_ns: int = field(default_factory=time.time_ns)
+    host: str = field(default_factory=socket.gethostname)
+    pid: int = field(default_factory=os.getpid)
+    command: tuple[str, ...] | None = None
+
+
+def _blob_json(value: Any) -> str:
+    # ASCII escapes carry surrogate-escaped bytes (undecodable paths) through SQLite's UTF-8 TEXT.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def _storable(value: Any) -> Any:
+    """A str SQLite can hold: paths and compiler output may carry undecodable bytes as surrogate
+    escapes, which UTF-8 TEXT refuses; those are stored as their original bytes instead."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return os.fsencode(value)
+    return value
+
+
+def _params(values: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(_storable(v) for v in values)
+
+
+def _text(value: Any) -> Any:
+    return os.fsdecode(value) if isinstance(value, bytes) else value
+
+
+def _texts(row: Sequence[Any]) -> list[Any]:
+    return [_text(v) for v in row]
+
+
+class Ledger:
+    """An open ledger file. Use `Ledger.open()`; close it, or use it as a context manager."""
+
+    def __init__(self, path: str, conn: sqlite3.Connection) -> None:
+        self.path = path
+        self.conn = conn
+        self._ids: dict[tuple[str, str], int] = {}
+        self._graph_cache: dict[int, IncludeGraph] = {}
+        self._compiler_cache: dict[int, CompilerIdentity] = {}
+        self._blob_cache: dict[int, Any] = {}
+
+    # ---------------------------------------------------------------- opening
+
+    @classmethod
+    def open(cls, path: str | None = None, *, create: bool = True) -> Ledger:
+        """Open (and with `create`, make or upgrade) the ledger at `path` or the default place."""
+        path = os.path.abspath(path or default_ledger_path())
+        exists = os.path.exists(path)
+        if not exists and not create:
+            raise LedgerError(f"no ledger at {path}")
+        if exists and os.path.isdir(path):
+            raise LedgerError(f"{path} is a directory, not a cacheaudit ledger")
+        if not exists:
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+            except OSError as exc:
+                raise LedgerError(f"cannot create a ledger at {path}: {exc.strerror}") from exc
+        try:
+            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                   check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot open {path}: {exc}") from exc
+        ledger = cls(path, conn)
+        try:
+            ledger._prepare(create)
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            if "not a database" in str(exc) or "malformed" in str(exc):
+                raise LedgerError(
+                    f"{path} is not a cacheaudit ledger (not an SQLite file)") from exc
+            raise LedgerError(f"cannot use ledger {path}: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        return ledger
+
+    def _prepare(self, create: bool) -> None:
+        conn = self.conn
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        # In WAL mode NORMAL never corrupts; a power cut may lose the last records, which an
+        # auditor can afford, while an fsync per compile record it cannot.
+        conn.execute("PRAGMA synchronous = NORMAL")
+        version = self._schema_version()
+        if version == SCHEMA_VERSION:
+            return
+        if version is not None and version > SCHEMA_VERSION:
+            raise LedgerError(
+                f"{self.path} has ledger schema version {version}, newer than this cacheaudit "
+                f"({__version__}) understands ({SCHEMA_VERSION}); upgrade cacheaudit")
+        if not create:
+            raise LedgerError(f"{self.path} needs a schema upgrade; open it with create=True")
+        _retrying(lambda: _enable_wal(conn))
+        _retrying(self._migrate)
+
+    def _schema_version(self) -> int | None:
+        """The schema version, None for an empty file; LedgerError for a foreign database."""
+        tables = {row[0] for row in self.conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables:
+            return None
+        application_id = self.conn.execute("PRAGMA application_id").fetchone()[0]
+        if "meta" not in tables or application_id != APPLICATION_ID:
+            raise LedgerError(
+                f"{self.path} is an SQLite database but not a cacheaudit ledger "
+                f"(tables: {', '.join(sorted(tables)[:5])})")
+        row = self.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            raise LedgerError(f"{self.path} is a damaged cacheaudit ledger: no schema version")
+        return int(row[0])
+
+    def _migrate(self) -> None:
+        """Create or upgrade the schema under one write lock, so racing shims do it once."""
+        import sqlite_utils
+
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if self._schema_version() != SCHEMA_VERSION:
+                _MIGRATIONS.apply(sqlite_utils.Database(conn, execute_plugins=False))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def db(self) -> sqlite_utils.Database:
+        """The same connection seen through sqlite-utils, for queries and tooling."""
+        import sqlite_utils
+
+        return sqlite_utils.Database(self.conn, execute_plugins=False)
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+            self.conn.execute("COMMIT")
+        except BaseException:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            self._ids.clear()  # ids handed out inside the rolled-back transaction are void
+            raise
+
+    # ---------------------------------------------------------------- interning
+
+    def _intern(self, kind: str, insert: str, select: str, params: tuple[Any, ...],
+                memo_key: str) -> int:
+        cached = self._ids.get((kind, memo_key))
+        if cached is not None:
+            return cached
+        stored = _params(params)
+        cursor = self.conn.execute(insert, stored)
+        if cursor.rowcount == 1 and cursor.lastrowid:
+            row_id = int(cursor.lastrowid)
+        else:
+            row_id = int(self.conn.execute(select, stored).fetchone()[0])
+        self._ids[(kind, memo_key)] = row_id
+        return row_id
+
+    def _file_id(self, path: str) -> int:
+        return self._intern("file", "INSERT OR IGNORE INTO files (path) VALUES (?)",
+                            "SELECT id FROM files WHERE path = ?", (path,), path)
+
+    def _state_id(self, state: FileState) -> int:
+        params = (self._file_id(state.path), int(state.exists), state.size, state.mtime_ns,
+                  state.ctime_ns, state.inode, state.digest or "", int(state.settled),
+                  state.error or "")
+        return self._intern(
+            "state",
+            "INSERT OR IGNORE INTO file_states (file_id, present, size, mtime_ns, ctime_ns, inode,"
+            " digest, settled, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "SELECT id FROM file_states WHERE file_id = ? AND present = ? AND size = ? AND"
+            " mtime_ns = ? AND ctime_ns = ? AND inode = ? AND digest = ? AND settled = ? AND"
+            " error = ?",
+            params, repr(params))
+
+    def _graph_id(self, graph: IncludeGraph | None) -> int | None:
+        if graph is None:
+            return None
+        digest = graph.digest
+        cached = self._ids.get(("graph", digest))
+        if cached is not None:
+            return cached
+        row = self.conn.execute("SELECT id FROM graphs WHERE digest = ?", (digest,)).fetchone()
+        if row is not None:
+            self._ids[("graph", digest)] = int(row[0])
+            return int(row[0])
+        cursor = self.conn.execute(
+            "INSERT INTO graphs (digest, method, file_count) VALUES (?, ?, ?)",
+            (digest, graph.method, len(graph.files)))
+        graph_id = int(cursor.lastrowid or 0)
+        self.conn.executemany(
+            "INSERT INTO graph_files (graph_id, position, state_id, written_id)"
+            " VALUES (?, ?, ?, ?)",
+            [(graph_id, position, self._state_id(f.state), self._file_id(f.written))
+             for position, f in enumerate(graph.files)])
+        self._ids[("graph", digest)] = graph_id
+        return graph_id
+
+    def _states_graph_id(self, states: Sequence[FileState], method: str) -> int | None:
+        if not states:
+            return None
+        return self._graph_id(IncludeGraph(tuple(GraphFile(s, s.path) for s in states), method))
+
+    def _blob_id(self, value: Any) -> int | None:
+        if value is None:
+            return None
+        body = _blob_json(value)
+        digest = content_digest(body.encode("utf-8", "surrogateescape"))
+        return self._intern("blob", "INSERT OR IGNORE INTO blobs (digest, body) VALUES (?, ?)",
+                            "SELECT id FROM blobs WHERE digest = ?", (digest, body), digest)
+
+    def _compiler_id(self, compiler: CompilerIdentity | None) -> int | None:
+        if compiler is None:
+            return None
+        digest = compiler.identity_digest
+        cached = self._ids.get(("compiler", digest))
+        if cached is not None:
+            return cached
+        host_id = self._compiler_id(compiler.host)
+        self.conn.execute(
+            "INSERT OR IGNORE INTO compilers (digest, invoked, path, resolved, wrappers, kind,"
+            " version_text, binary_digest, size, mtime_ns, host_id, error)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            _params((digest, compiler.invoked, compiler.path, compiler.resolved,
+             _blob_json(list(compiler.wrappers)), compiler.kind, compiler.version_text,
+             compiler.digest, compiler.size, compiler.mtime_ns, host_id, compiler.error)))
+        row_id = int(self.conn.execute("SELECT id FROM compilers WHERE digest = ?",
+                                       (digest,)).fetchone()[0])
+        self._ids[("compiler", digest)] = row_id
+        return row_id
+
+    def _run_id(self, run: RunInfo) -> int:
+        cached = self._ids.get(("run", run.run_uuid))
+        if cached is not None:
+            return cached
+        self.conn.execute(
+            "INSERT OR IGNORE INTO runs (run_uuid, started_ns, host, pid, label, command,"
+            " cacheaudit_version) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            _params((run.run_uuid, run.started_ns, run.host, run.pid, run.label,
+                     None if run.command is None else _blob_json(list(run.command)),
+                     __version__)))
+        row_id = int(self.conn.execute("SELECT id FROM runs WHERE run_uuid = ?",
+                                       (run.run_uuid,)).fetchone()[0])
+        self._ids[("run", run.run_uuid)] = row_id
+        return row_id
+
+    # ---------------------------------------------------------------- writing
+
+    def add_records(self, records: Iterable[CompileRecord], run: RunInfo) -> int:
+        """Store records in one short transaction; a record already present is skipped.
+
+        Returns how many were new. Retries while other writers hold the lock.
+        """
+        batch = list(records)
+
+        def write() -> int:
+            with self._write():
+                run_id = self._run_id(run)
+                return sum(self._insert_record(r, run_id) for r in batch)
+
+        return _retrying(write)
+
+    def _insert_record(self, record: CompileRecord, run_id: int) -> int:
+        cursor = self.conn.execute(
+            "INSERT OR IGNORE INTO records (record_uuid, run_id, event, runtime, kernel, key,"
+            " entry_id, compiler_id, argv_id, effective_argv_id, env_id, cwd_id, sources_id,"
+            " graph_id, outputs_id, tracked_id, exit_code, signal, started_ns, duration_ns, pid,"
+            " host, test_id, observer, notes_id, extra_id)"
+            f" VALUES ({', '.join('?' * 26)})",
+            _params((
+                record.record_id, run_id, record.event, record.runtime, record.kernel, record.key,
+                self._file_id(record.entry) if record.entry else None,
+                self._compiler_id(record.compiler),
+                self._blob_id(list(record.argv)) if record.argv else None,
+                self._blob_id([t.to_list() for t in record.effective_argv])
+                if record.effective_argv else None,
+                self._blob_id(dict(record.env)) if record.env else None,
+                self._file_id(record.cwd) if record.cwd else None,
+                self._states_graph_id(record.sources, "sources"),
+                self._graph_id(record.graph),
+                self._states_graph_id(record.outputs, "outputs"),
+                self._blob_id(list(record.tracked)) if record.tracked is not None else None,
+                record.exit_code, record.signal, record.started_ns, record.duration_ns,
+                record.pid, record.host, record.test_id, record.observer,
+                self._blob_id(list(record.notes)) if record.notes else None,
+                self._blob_id(dict(record.extra)) if record.extra else None,
+            )))
+        return cursor.rowcount
+
+    def add_findings(self, findings: Iterable[Finding], audit_uuid: str | None = None) -> str:
+        """Store the findings of one audit pass; returns its audit id."""
+        audit_uuid = audit_uuid or uuid.uuid4().hex
+        now = time.time_ns()
+        rows = [_params((audit_uuid, now, f.code, f.severity.value, f.subject, f.message,
+                         f.recorded, f.current, f.how, int(f.inferred), f.record_id, f.entry,
+                         f.runtime, f.kernel, f.hint)) for f in findings]
+
+        def write() -> None:
+            with self._write() as conn:
+                conn.executemany(
+                    "INSERT INTO findings (audit_uuid, found_ns, code, severity, subject, message,"
+                    " recorded, current, how, inferred, record_uuid, entry, runtime, kernel, hint)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+        _retrying(write)
+        return audit_uuid
+
+    # ---------------------------------------------------------------- reading
+
+    def count(self, table: str = "records") -> int:
+        if table not in _TABLES:
+            raise ValueError(f"unknown ledger table {table!r}")
+        return int(self.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+    def integrity_check(self) -> str:
+        return "; ".join(row[0] for row in self.conn.execute("PRAGMA integrity_check"))
+
+    def load_graph(self, graph_id: int | None) -> IncludeGraph | None:
+        """A stored graph, loaded once per ledger object (shared graphs are read once)."""
+        if graph_id is None:
+            return None
+        cached = self._graph_cache.get(graph_id)
+        if cached is not None:
+            return cached
+        method_row = self.conn.execute("SELECT method FROM graphs WHERE id = ?",
+                                       (graph_id,)).fetchone()
+        if method_row is None:
+            return None
+        rows = self.conn.execute(
+            "SELECT f.path, s.present, s.size, s.mtime_ns, s.ctime_ns, s.inode, s.digest,"
+            " s.settled, s.error, w.path FROM graph_files g"
+            " JOIN file_states s ON s.id = g.state_id JOIN files f ON f.id = s.file_id"
+            " JOIN files w ON w.id = g.written_id WHERE g.graph_id = ? ORDER BY g.position",
+            (graph_id,)).fetchall()
+        graph = IncludeGraph(
+            tuple(GraphFile(FileState(path=_text(r[0]), exists=bool(r[1]), size=r[2],
+                                      mtime_ns=r[3], ctime_ns=r[4], inode=r[5],
+                                      digest=r[6] or None, settled=bool(r[7]),
+                                      error=r[8] or None), _text(r[9]))
+                  for r in rows),
+            method_row[0])
+        self._graph_cache[graph_id] = graph
+        return graph
+
+    def _load_blob(self, blob_id: int | None) -> Any:
+        if blob_id is None:
+            return None
+        if blob_id not in self._blob_cache:
+            row = self.conn.execute("SELECT body FROM blobs WHERE id = ?", (blob_id,)).fetchone()
+            self._blob_cache[blob_id] = json.loads(row[0]) if row else None
+        return self._blob_cache[blob_id]
+
+    def load_compiler(self, compiler_id: int | None) -> CompilerIdentity | None:
+        if compiler_id is None:
+            return None
+        if compiler_id not in self._compiler_cache:
+            row = self.conn.execute(
+                "SELECT invoked, path, resolved, wrappers, kind, version_text, binary_digest,"
+                " size, mtime_ns, host_id, error FROM compilers WHERE id = ?",
+                (compiler_id,)).fetchone()
+            if row is None:
+                return None
+            row = _texts(row)
+            self._compiler_cache[compiler_id] = CompilerIdentity(
+                invoked=row[0], path=row[1], resolved=row[2], wrappers=tuple(json.loads(row[3])),
+                kind=row[4], version_text=row[5], digest=row[6], size=row[7], mtime_ns=row[8],
+                host=self.load_compiler(row[9]), error=row[10])
+        return self._compiler_cache[compiler_id]
+
+    _RECORD_COLUMNS = (
+        "r.record_uuid, r.event, r.started_ns, r.runtime, r.kernel, r.key, e.path, r.compiler_id,"
+        " r.argv_id, r.effective_argv_id, r.env_id, c.path, r.sources_id, r.graph_id,"
+        " r.outputs_id, r.tracked_id, r.exit_code, r.signal, r.duration_ns, r.pid, r.host,"
+        " r.test_id, r.observer, r.notes_id, r.extra_id, runs.run_uuid")
+    _RECORD_FROM = (
+        " FROM records r JOIN runs ON runs.id = r.run_id"
+        " LEFT JOIN files e ON e.id = r.entry_id LEFT JOIN files c ON c.id = r.cwd_id")
+
+    def records(self, *, where: str = "", params: Sequence[Any] = (), order: str = "r.id",
+                limit: int | None = None, with_graphs: bool = True) -> list[CompileRecord]:
+        """Records matching an SQL condition on `records r` (and `runs`), oldest first."""
+        sql = f"SELECT {self._RECORD_COLUMNS}{self._RECORD_FROM}"
+        if where:
+            sql += f" WHERE {where}"
+        sql += f" ORDER BY {order}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [self._record_from_row(_texts(row), with_graphs)
+                for row in self.conn.execute(sql, _params(params)).fetchall()]
+
+    def record(self, record_uuid: str) -> CompileRecord | None:
+        found = self.records(where="r.record_uuid = ?", params=(record_uuid,))
+        return found[0] if found else None
+
+    def history(self, runtime: str | None, kernel: str) -> list[CompileRecord]:
+        """Every record of one kernel, oldest first."""
+        return self.records(where="r.runtime IS ? AND r.kernel = ?", params=(runtime, kernel),
+                            order="r.started_ns, r.id")
+
+    def _record_from_row(self, row: Sequence[Any], with_graphs: bool) -> CompileRecord:
+        sources = self.load_graph(row[12]) if with_graphs else None
+        outputs = self.load_graph(row[14]) if with_graphs else None
+        tracked = self._load_blob(row[15])
+        effective = self._load_blob(row[9]) or []
+        extra = dict(self._load_blob(row[24]) or {})
+        extra["run_uuid"] = row[25]
+        if not with_graphs:
+            extra["graph_id"] = row[13]
+        return CompileRecord(
+            record_id=row[0], event=row[1], started_ns=row[2], runtime=row[3], kernel=row[4],
+            key=row[5], entry=row[6], compiler=self.load_compiler(row[7]),
+            argv=tuple(self._load_blob(row[8]) or ()),
+            effective_argv=tuple(ArgToken(t, o) for t, o in effective),
+            env=dict(self._load_blob(row[10]) or {}), cwd=row[11] or "",
+            sources=tuple(f.state for f in sources.files) if sources else (),
+            graph=self.load_graph(row[13]) if with_graphs else None,
+            outputs=tuple(f.state for f in outputs.files) if outputs else (),
+            tracked=tuple(tracked) if tracked is not None else None,
+            exit_code=row[16], signal=row[17], duration_ns=row[18], pid=row[19], host=row[20],
+            test_id=row[21], observer=row[22], notes=tuple(self._load_blob(row[23]) or ()),
+            extra=extra)
+
+    def findings(self, audit_uuid: str | None = None) -> list[Finding]:
+        """The findings of one audit pass, by default the latest."""
+        if audit_uuid is None:
+            row = self.conn.execute(
+                "SELECT audit_uuid FROM findings ORDER BY found_ns DESC, id DESC LIMIT 1"
+            ).fetchone()
+            if row is None:
+                return []
+            audit_uuid = row[0]
+        rows = self.conn.execute(
+            "SELECT code, subject, message, recorded, current, how, record_uuid, entry, runtime,"
+            " kernel, inferred, hint FROM findings WHERE audit_uuid = ? ORDER BY id",
+            (audit_uuid,))
+        return [Finding(code=r[0], subject=r[1], message=r[2], recorded=r[3], current=r[4],
+                        how=r[5], record_id=r[6], entry=r[7], runtime=r[8], kernel=r[9],
+                        inferred=bool(r[10]), hint=r[11]) for r in map(_texts, rows)]
+
+
+_TABLES = ("meta", "runs", "files", "file_states", "graphs", "graph_files", "compilers", "blobs",
+           "records", "findings")
+
+
+def _enable_wal(conn: sqlite3.Connection) -> None:
+    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    if str(mode).lower() != "wal":
+        # A filesystem without shared memory (some network mounts) refuses WAL: keep going in
+        # the default journal mode, slower under contention but correct.
+        return
+
+
+def _build_migrations() -> Any:
+    from sqlite_utils.migrations import Migrations
+
+    migrations = Migrations("cacheaudit")
+
+    @migrations(name="0001_initial")
+    def initial(db: sqlite_utils.Database) -> None:
+        for statement in _statements(SCHEMA):
+            db.conn.execute(statement)
+        db.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        meta = {"schema_version": "1", "ledger_id": uuid.uuid4().hex,
+                "created_at": str(time.time_ns()), "created_by": f"cacheaudit {__version__}"}
+        db.conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                            sorted(meta.items()))
+
+    return migrations
+
+
+class _LazyMigrations:
+    """Builds the sqlite-utils migration set on first use, keeping sqlite-utils off the hot path."""
+
+    _migrations: Any = None
+
+    def apply(self, db: sqlite_utils.Database) -> None:
+        if self._migrations is None:
+            self._migrations = _build_migrations()
+        self._migrations.apply(db)
+
+
+_MIGRATIONS = _LazyMigrations()
+
+
+def new_record_id() -> str:
+    return uuid.uuid4().hex
+
+
+# ------------------------------------------------------------------------------------ the spool
+#
+# When a writer cannot reach the ledger (locked past every retry, disk full, a damaged file), the
+# record goes to `<ledger>.spool/<record id>.json` instead, and the next reader folds it in: fail
+# open, lose nothing.
+
+
+def record_to_json(record: CompileRecord, run: RunInfo) -> dict[str, Any]:
+    """A record and its run as plain JSON, the spool's format."""
+    return {
+        "format": 1,
+        "run": {"run_uuid": run.run_uuid, "label": run.label, "started_ns": run.started_ns,
+                "host": run.host, "pid": run.pid,
+                "command": list(run.command) if run.command is not None else None},
+        "record": {
+            "record_id": record.record_id, "event": record.event,
+            "started_ns": record.started_ns, "runtime": record.runtime,
+            "kernel": record.kernel, "key": record.key, "entry": record.entry,
+            "compiler": record.compiler.to_dict() if record.compiler else None,
+            "argv": list(record.argv),
+            "effective_argv": [t.to_list() for t in record.effective_argv],
+            "cwd": record.cwd, "env": dict(record.env),
+            "sources": [s.to_dict() for s in record.sources],
+            "graph": None if record.graph is None else {
+                "method": record.graph.method,
+                "files": [[f.written, f.state.to_dict()] for f in record.graph.files]},
+            "outputs": [s.to_dict() for s in record.outputs],
+            "tracked": list(record.tracked) if record.tracked is not None else None,
+            "exit_code": record.exit_code, "signal": record.signal,
+            "duration_ns": record.duration_ns, "pid": record.pid, "host": record.host,
+            "test_id": record.test_id, "observer": record.observer,
+            "notes": list(record.notes), "extra": dict(record.extra),
+        },
+    }
+
+
+def record_from_json(data: Mapping[str, Any]) -> tuple[CompileRecord, RunInfo]:
+    run_data = data["run"]
+    run = RunInfo(run_uuid=run_data["run_uuid"], label=run_data["label"],
+                  started_ns=run_data["started_ns"], host=run_data["host"], pid=run_data["pid"],
+                  command=tuple(run_data["command"]) if run_data.get("command") else None)
+    r = dict(data["record"])
+    graph = r.get("graph")
+    record = CompileRecord(
+        record_id=r["record_id"], event=r["event"], started_ns=r["started_ns"],
+        runtime=r.get("runtime"), kernel=r.get("kernel"), key=r.get("key"),
+        entry=r.get("entry"), compiler=CompilerIdentity.from_dict(r.get("compiler")),
+        argv=tuple(r.get("argv") or ()),
+        effective_argv=tuple(ArgToken(t, o) for t, o in r.get("effective_argv") or ()),
+        cwd=r.get("cwd") or "", env=dict(r.get("env") or {}),
+        sources=tuple(FileState.from_dict(s) for s in r.get("sources") or ()),
+        graph=None if graph is None else IncludeGraph(
+            tuple(GraphFile(FileState.from_dict(s), w) for w, s in graph["files"]),
+            graph["method"]),
+        outputs=tuple(FileState.from_dict(s) for s in r.get("outputs") or ()),
+        tracked=tuple(r["tracked"]) if r.get("tracked") is not None else None,
+        exit_code=r.get("exit_code"), signal=r.get("signal"),
+        duration_ns=r.get("duration_ns") or 0, pid=r.get("pid") or 0, host=r.get("host") or "",
+        test_id=r.get("test_id"), observer=r.get("observer") or "",
+        notes=tuple(r.get("notes") or ()), extra=dict(r.get("extra") or {}))
+    return record, run
+
+
+def spool_dir(ledger_path: str) -> str:
+    return ledger_path + ".spool"
+
+
+def spool_record(ledger_path: str, record: CompileRecord, run: RunInfo) -> str:
+    """Write a record beside the ledger for a later reader to fold in; returns the file."""
+    directory = spool_dir(ledger_path)
+    os.makedirs(directory, exist_ok=True)
+    final = os.path.join(directory, f"{record.record_id}.json")
+    temporary = f"{final}.{os.getpid()}.tmp"
+    with open(temporary, "w", encoding="utf-8", errors="surrogateescape") as handle:
+        json.dump(record_to_json(record, run), handle, ensure_ascii=False)
+    os.replace(temporary, final)
+    return final
+
+
+def ingest_spool(ledger: Ledger) -> int:
+    """Fold spooled records into the ledger and delete their files; returns how many."""
+    directory = spool_dir(ledger.path)
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
+    except OSError:
+        return 0
+    added = 0
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            with open(path, encoding="utf-8", errors="surrogateescape") as handle:
+                record, run = record_from_json(json.load(handle))
+        except (OSError, ValueError, KeyError, TypeError):
+            # Keep what we cannot read, out of the way, for a human to look at.
+            with contextlib.suppress(OSError):
+                os.replace(path, path + ".bad")
+            continue
+        added += ledger.add_records([record], run)
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(directory)
+    return added

@@ -1,0 +1,295 @@
+"""The shared vocabulary: file states, include graphs, compiler identities, records, findings.
+
+Plain frozen dataclasses with no behaviour beyond comparison and (de)serialisation, so that every
+layer (observers, ledger, audit, output) can exchange them without importing one another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import xxhash
+
+Event = Literal["compile", "disk-hit", "memory-hit"]
+EVENTS: tuple[Event, ...] = ("compile", "disk-hit", "memory-hit")
+
+
+class Severity(str, enum.Enum):
+    """How bad a finding is; ordered so that `--fail-on` can compare."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+    @property
+    def rank(self) -> int:
+        return _SEVERITY_RANK[self]
+
+
+_SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2}
+
+
+@dataclass(frozen=True)
+class FindingCode:
+    code: str
+    name: str
+    severity: Severity
+
+
+# Stable once released, like ccache's statistics numbers: a code is never reused; a retired one
+# stays here, marked in its name, so that old ledgers still render.
+_E, _W, _I = Severity.ERROR, Severity.WARNING, Severity.INFO
+FINDING_CODES: dict[str, FindingCode] = {
+    code: FindingCode(code, name, severity)
+    for code, severity, name in (
+        ("CA101", _E, "stale hit: untracked dependency changed, key unchanged"),
+        ("CA102", _W, "untracked dependency: a future edit would go unseen"),
+        ("CA103", _E, "tracked input changed but the key did not"),
+        ("CA104", _W, "dependency vanished since the build"),
+        ("CA105", _E, "a header earlier in the search path shadows the recorded one"),
+        ("CA106", _E, "in-memory staleness: file changed after the runtime hashed it"),
+        ("CA201", _W, "implicit input set: compile-affecting variable not in the key"),
+        ("CA202", _E, "environment drift: implicit input differs from build time"),
+        ("CA203", _I, "prefix fallback in effect"),
+        ("CA204", _W, "configuration changed after the runtime was constructed"),
+        ("CA301", _E, "compiler drift: same path, different binary or version"),
+        ("CA302", _E, "host compiler drift behind nvcc"),
+        ("CA401", _E, "input modified during the compile"),
+        ("CA402", _W, "corrupt or partial cache entry"),
+        ("CA403", _E, "rebuild oracle: a fresh compile differs from the cached binary"),
+        ("CA404", _W, "non-deterministic build: same inputs, different binaries"),
+        ("CA501", _W, "unverifiable: a file unreadable or a compiler missing"),
+    )
+}
+
+
+def content_digest(data: bytes) -> str:
+    """The one content hash of the project: xxh3-128, as hex."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def json_digest(parts: Iterable[Any]) -> str:
+    """A stable digest over a sequence of JSON-able parts, used for content addressing."""
+    hasher = xxhash.xxh3_128()
+    for part in parts:
+        text = repr(part).encode("utf-8", "surrogateescape")
+        hasher.update(len(text).to_bytes(8, "little"))
+        hasher.update(text)
+    return hasher.hexdigest()
+
+
+@dataclass(frozen=True)
+class FileState:
+    """What a file was at one moment: the stat fields that betray a change, and its content hash.
+
+    `settled` is False when the file's mtime or ctime fell inside the timestamp-granularity window
+    at capture time: a same-size rewrite within that window would leave every stat field equal, so
+    a later stat match is no proof of equal content (ccache's "too new" rule).
+    """
+
+    path: str
+    exists: bool
+    size: int = -1
+    mtime_ns: int = 0
+    ctime_ns: int = 0
+    inode: int = 0
+    digest: str | None = None
+    settled: bool = True
+    error: str | None = None
+
+    @classmethod
+    def missing(cls, path: str, error: str | None = None) -> FileState:
+        return cls(path=path, exists=False, error=error)
+
+    @property
+    def readable(self) -> bool:
+        return self.exists and self.digest is not None
+
+    def stat_key(self) -> tuple[int, int, int, int]:
+        return (self.size, self.mtime_ns, self.ctime_ns, self.inode)
+
+    def same_content(self, other: FileState) -> bool:
+        return self.exists == other.exists and self.size == other.size and (
+            self.digest == other.digest
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FileState:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+
+
+@dataclass(frozen=True)
+class GraphFile:
+    """One file of an include graph: its state (under the realpath) and the path as written."""
+
+    state: FileState
+    written: str
+
+    @property
+    def path(self) -> str:
+        return self.state.path
+
+
+@dataclass(frozen=True)
+class IncludeGraph:
+    """Every file a compile read besides its primary sources, as reported by the compiler itself.
+
+    Stored once by `digest`: thousands of kernels built against one CUTLASS tree share a graph.
+    """
+
+    files: tuple[GraphFile, ...]
+    method: str
+
+    @property
+    def digest(self) -> str:
+        return json_digest(
+            [self.method]
+            + [(f.written, f.state.path, f.state.exists, f.state.size, f.state.mtime_ns,
+                f.state.ctime_ns, f.state.inode, f.state.digest, f.state.settled)
+               for f in self.files]
+        )
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(f.path for f in self.files)
+
+    def by_path(self) -> dict[str, GraphFile]:
+        return {f.path: f for f in self.files}
+
+
+Origin = str
+"""Where an argument token came from: "argv", "env:NVCC_PREPEND_FLAGS", "env:NVCC_APPEND_FLAGS",
+"file:<path>" for a response or options file."""
+
+
+@dataclass(frozen=True)
+class ArgToken:
+    text: str
+    origin: Origin = "argv"
+
+    def to_list(self) -> list[str]:
+        return [self.text, self.origin]
+
+
+@dataclass(frozen=True)
+class CompilerIdentity:
+    """Who compiled: the name as invoked, how it resolved, and what the binary really is."""
+
+    invoked: str
+    path: str
+    resolved: str
+    kind: str
+    version_text: str
+    digest: str | None
+    wrappers: tuple[str, ...] = ()
+    size: int = -1
+    mtime_ns: int = 0
+    host: CompilerIdentity | None = None
+    error: str | None = None
+
+    @property
+    def version_line(self) -> str:
+        """The most telling line of `--version`: nvcc's release line, else the first line."""
+        lines = [ln for ln in self.version_text.splitlines() if ln.strip()]
+        for line in lines:
+            if "release" in line:
+                return line.strip()
+        return lines[0].strip() if lines else ""
+
+    @property
+    def identity_digest(self) -> str:
+        return json_digest([self.resolved, self.digest, self.version_text,
+                            self.host.identity_digest if self.host else None])
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["wrappers"] = list(self.wrappers)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> CompilerIdentity | None:
+        if not data:
+            return None
+        values = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
+        values["wrappers"] = tuple(values.get("wrappers") or ())
+        values["host"] = cls.from_dict(data.get("host"))
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class CompileRecord:
+    """One observed compile or cache lookup, with the four answers of the design card.
+
+    1. `compiler`; 2. `argv` and `effective_argv` (labelled by origin) with `env`;
+    3. `event`; 4. `sources` and `graph` (the inputs) with `tracked` when the runtime's policy
+    or adapter knows which of them entered the key.
+    """
+
+    record_id: str
+    event: Event
+    started_ns: int
+    runtime: str | None = None
+    kernel: str | None = None
+    key: str | None = None
+    entry: str | None = None
+    compiler: CompilerIdentity | None = None
+    argv: tuple[str, ...] = ()
+    effective_argv: tuple[ArgToken, ...] = ()
+    cwd: str = ""
+    env: Mapping[str, str] = field(default_factory=dict)
+    sources: tuple[FileState, ...] = ()
+    graph: IncludeGraph | None = None
+    outputs: tuple[FileState, ...] = ()
+    tracked: tuple[str, ...] | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    duration_ns: int = 0
+    pid: int = 0
+    host: str = ""
+    test_id: str | None = None
+    observer: str = ""
+    notes: tuple[str, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code in (0, None) and self.signal is None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A verdict with a stable code and its evidence: the subject, both values, and how we know."""
+
+    code: str
+    subject: str
+    message: str
+    recorded: str | None = None
+    current: str | None = None
+    how: str = ""
+    record_id: str | None = None
+    entry: str | None = None
+    runtime: str | None = None
+    kernel: str | None = None
+    inferred: bool = False
+    hint: str = ""
+
+    @property
+    def severity(self) -> Severity:
+        return FINDING_CODES[self.code].severity
+
+    @property
+    def name(self) -> str:
+        return FINDING_CODES[self.code].name
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["severity"] = self.severity.value
+        data["name"] = self.name
+        return data
