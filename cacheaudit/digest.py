@@ -47,28 +47,64 @@ def _unreadable(path: str, st: os.stat_result, error: str) -> FileState:
                      error=error)
 
 
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def _hash_fd(fd: int, size: int) -> str:
+    if size <= _CHUNK:
+        # Headers are small: one read and one call into xxhash beat a streaming hasher.
+        data = os.read(fd, size + 1)
+        if len(data) <= size:
+            while len(data) < size and (more := os.read(fd, size - len(data) + 1)):
+                data += more
+            return xxhash.xxh3_128_hexdigest(data)
+        hasher = xxhash.xxh3_128(data)
+    else:
+        hasher = xxhash.xxh3_128()
+    while chunk := os.read(fd, _CHUNK):
+        hasher.update(chunk)
+    return hasher.hexdigest()
+
+
 def read_state(path: str, window_ns: int = SETTLE_WINDOW_NS) -> FileState:
-    """Capture a file's state by reading it. A file that changes while being read is re-read."""
+    """Capture a file's state by reading it. A file that changes while being read is re-read.
+
+    Works on one descriptor (fstat, read, fstat): no second path lookup, and a file swapped by
+    rename meanwhile is still hashed consistently as the inode we opened. O_NONBLOCK keeps a FIFO
+    in an include graph from hanging us.
+    """
     try:
-        before = os.stat(path)
+        fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
         return FileState.missing(path)
+    except IsADirectoryError:
+        return _unreadable(path, os.stat(path), "not a regular file")
     except OSError as exc:
-        return FileState.missing(path, error=f"{type(exc).__name__}: {exc.strerror or exc}")
-    if not stat_module.S_ISREG(before.st_mode):
-        return _unreadable(path, before, "not a regular file")
-    for _ in range(_READ_RETRIES):
+        error = f"{type(exc).__name__}: {exc.strerror or exc}"
         try:
-            digest = hash_file(path)
-            after = os.stat(path)
-        except OSError as exc:
-            return _unreadable(path, before, f"{type(exc).__name__}: {exc.strerror or exc}")
-        if _stat_key(after) == _stat_key(before):
-            return FileState(path=path, exists=True, size=after.st_size,
-                             mtime_ns=after.st_mtime_ns, ctime_ns=after.st_ctime_ns,
-                             inode=after.st_ino, digest=digest,
-                             settled=is_settled(after, time.time_ns(), window_ns))
-        before = after
+            return _unreadable(path, os.stat(path), error)
+        except OSError:
+            return FileState.missing(path, error=error)
+    try:
+        before = os.fstat(fd)
+        if not stat_module.S_ISREG(before.st_mode):
+            return _unreadable(path, before, "not a regular file")
+        for attempt in range(_READ_RETRIES):
+            try:
+                if attempt:
+                    os.lseek(fd, 0, os.SEEK_SET)
+                digest = _hash_fd(fd, before.st_size)
+                after = os.fstat(fd)
+            except OSError as exc:
+                return _unreadable(path, before, f"{type(exc).__name__}: {exc.strerror or exc}")
+            mtime_ns, ctime_ns = after.st_mtime_ns, after.st_ctime_ns
+            if (after.st_size == before.st_size and mtime_ns == before.st_mtime_ns
+                    and ctime_ns == before.st_ctime_ns):
+                return FileState(path, True, after.st_size, mtime_ns, ctime_ns, after.st_ino,
+                                 digest, time.time_ns() - max(mtime_ns, ctime_ns) > window_ns)
+            before = after
+    finally:
+        os.close(fd)
     # Still changing after several reads: keep the last content seen, never trust its stat.
     return FileState(path=path, exists=True, size=before.st_size, mtime_ns=before.st_mtime_ns,
                      ctime_ns=before.st_ctime_ns, inode=before.st_ino, digest=digest,
@@ -137,3 +173,30 @@ def normalise_path(path: str, cwd: str | None = None) -> str:
     if cwd and not os.path.isabs(path):
         path = os.path.join(cwd, path)
     return os.path.realpath(path)
+
+
+def changed_files(recorded: Iterable[FileState], cache: StateCache | None = None
+                  ) -> list[tuple[FileState, FileState]]:
+    """(recorded, current) for every file whose content or existence differs from the record.
+
+    The hot loop of an audit, kept flat on purpose: one `os.stat` a file when nothing changed and
+    the record is settled (what `StateCache.verify` decides, inlined).
+    """
+    cache = cache or StateCache()
+    stat = os.stat
+    changes = []
+    for state in recorded:
+        path, _exists, size, mtime_ns, ctime_ns, inode, digest, settled, _error = state
+        if settled and digest is not None:
+            try:
+                st = stat(path)
+            except OSError:
+                pass
+            else:
+                if (st.st_mtime_ns == mtime_ns and st.st_size == size
+                        and st.st_ctime_ns == ctime_ns and st.st_ino == inode):
+                    continue
+        current = cache.capture(path)
+        if not current.same_content(state):
+            changes.append((state, current))
+    return changes

@@ -404,7 +404,9 @@ class Ledger:
     # ---------------------------------------------------------------- interning
 
     def _intern(self, kind: str, insert: str, select: str, params: tuple[Any, ...],
-                memo_key: str) -> int:
+                memo_key: str, key_params: int | None = None) -> int:
+        """The id of a row, inserting it first if new; `select` takes the first `key_params`
+        of `params` (all of them by default)."""
         cached = self._ids.get((kind, memo_key))
         if cached is not None:
             return cached
@@ -413,7 +415,7 @@ class Ledger:
         if cursor.rowcount == 1 and cursor.lastrowid:
             row_id = int(cursor.lastrowid)
         else:
-            row_id = int(self.conn.execute(select, stored).fetchone()[0])
+            row_id = int(self.conn.execute(select, stored[:key_params]).fetchone()[0])
         self._ids[(kind, memo_key)] = row_id
         return row_id
 
@@ -468,7 +470,8 @@ class Ledger:
         body = _blob_json(value)
         digest = content_digest(body.encode("utf-8", "surrogateescape"))
         return self._intern("blob", "INSERT OR IGNORE INTO blobs (digest, body) VALUES (?, ?)",
-                            "SELECT id FROM blobs WHERE digest = ?", (digest, body), digest)
+                            "SELECT id FROM blobs WHERE digest = ?", (digest, body), digest,
+                            key_params=1)
 
     def _compiler_id(self, compiler: CompilerIdentity | None) -> int | None:
         if compiler is None:

@@ -10,7 +10,7 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import xxhash
 
@@ -82,13 +82,15 @@ def json_digest(parts: Iterable[Any]) -> str:
     return hasher.hexdigest()
 
 
-@dataclass(frozen=True)
-class FileState:
+class FileState(NamedTuple):
     """What a file was at one moment: the stat fields that betray a change, and its content hash.
 
     `settled` is False when the file's mtime or ctime fell inside the timestamp-granularity window
     at capture time: a same-size rewrite within that window would leave every stat field equal, so
     a later stat match is no proof of equal content (ccache's "too new" rule).
+
+    A NamedTuple rather than a dataclass: an audit builds one per header per entry, and tuple
+    construction is four times cheaper than a frozen dataclass's.
     """
 
     path: str
@@ -118,11 +120,11 @@ class FileState:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self._asdict()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FileState:
-        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+        return cls(**{name: data[name] for name in cls._fields if name in data})
 
 
 @dataclass(frozen=True)

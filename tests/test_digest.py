@@ -6,7 +6,7 @@ import os
 
 import xxhash
 
-from cacheaudit.digest import StateCache, normalise_path, read_state
+from cacheaudit.digest import StateCache, changed_files, normalise_path, read_state
 
 OLD_NS = 946_684_800_000_000_000  # 2000-01-01: well outside any timestamp window
 
@@ -101,3 +101,19 @@ def test_normalise_path_resolves_dotdot_and_symlinks(tmp_path):
     written = str(tmp_path / "bin" / ".." / "inc" / "cuda.h")
     assert normalise_path(written) == str(real / "cuda.h")
     assert normalise_path("include/cuda.h", str(tmp_path / "targets")) == str(real / "cuda.h")
+
+
+def test_changed_files_names_edits_and_deletions_only(tmp_path):
+    files = []
+    for name in ("a.h", "b.h", "c.h"):
+        (tmp_path / name).write_text(f"// {name}\n")
+        files.append(str(tmp_path / name))
+    recorded = [StateCache(window_ns=0).capture(p) for p in files]
+    assert changed_files(recorded) == []
+    (tmp_path / "b.h").write_text("// b.h edited\n")
+    (tmp_path / "c.h").unlink()
+    changes = changed_files(recorded)
+    assert [(old.path, new.exists) for old, new in changes] == [(files[1], True), (files[2], False)]
+    # touched but equal content is not a change
+    os.utime(files[0], ns=(OLD_NS, OLD_NS))
+    assert [old.path for old, _ in changed_files(recorded)] == files[1:]

@@ -91,6 +91,22 @@ def test_adding_the_same_record_twice_stores_it_once(tmp_path):
         assert ledger.count("records") == 1
 
 
+def test_separate_writers_share_rows_they_both_need(tmp_path):
+    # One ledger object per record, as one shim process per compile: every shared row (argv,
+    # environment, compiler, graph) is found again by a fresh connection instead of inserted.
+    path = str(tmp_path / "ledger.db")
+    for kernel in ("a", "b", "c"):
+        with Ledger.open(path) as ledger:
+            ledger.add_records([_record(kernel)], RUN)
+    with Ledger.open(path) as ledger:
+        assert ledger.count("records") == 3
+        assert ledger.count("compilers") == 2
+        assert ledger.conn.execute(
+            "SELECT count(DISTINCT argv_id), count(DISTINCT env_id) FROM records").fetchone() == (
+            1, 1)
+        assert {r.kernel for r in ledger.records()} == {"a", "b", "c"}
+
+
 def test_a_shared_graph_is_stored_once(tmp_path):
     shared = _graph(200)
     with Ledger.open(str(tmp_path / "ledger.db")) as ledger:

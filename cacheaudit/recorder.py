@@ -1,0 +1,220 @@
+"""Turning an observed compile into a record and getting it into the ledger, whatever happens.
+
+The shim uses `ShimRecorder`; adapters reuse `write_record` and `current_run`. Everything here
+fails open: an error becomes a note on the record, a spooled record, or one line on stderr, never a
+failed compile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from cacheaudit import compilers, envvars, graph
+from cacheaudit.digest import StateCache, normalise_path
+from cacheaudit.ledger import Ledger, RunInfo, default_ledger_path, new_record_id, spool_record
+from cacheaudit.model import ArgToken, CompileRecord, CompilerIdentity, FileState, IncludeGraph
+
+RUN_VARIABLE = "CACHEAUDIT_RUN"
+RUN_LABEL_VARIABLE = "CACHEAUDIT_RUN_LABEL"
+RUNTIME_VARIABLE = "CACHEAUDIT_RUNTIME"
+TEST_ID_VARIABLE = "CACHEAUDIT_TEST_ID"
+
+
+def _process_start_ticks(pid: int) -> str:
+    """The start time of a process in clock ticks since boot; tells a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "0"
+
+
+def current_run(env: Mapping[str, str], label: str = "shim") -> RunInfo:
+    """The run a record belongs to: CACHEAUDIT_RUN, else the parent process (the JIT runtime)."""
+    explicit = env.get(RUN_VARIABLE)
+    if explicit:
+        return RunInfo(run_uuid=explicit, label=env.get(RUN_LABEL_VARIABLE, label))
+    parent = os.getppid()
+    host = socket.gethostname()
+    return RunInfo(run_uuid=f"{host}:{parent}:{_process_start_ticks(parent)}", label=label,
+                   host=host, pid=parent, command=_process_command(parent))
+
+
+def _process_command(pid: int) -> tuple[str, ...] | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    return tuple(part.decode("utf-8", "surrogateescape") for part in raw.split(b"\0") if part)
+
+
+def test_id_from(env: Mapping[str, str]) -> str | None:
+    """The pytest node id: the plugin's variable, else pytest's own PYTEST_CURRENT_TEST."""
+    explicit = env.get(TEST_ID_VARIABLE)
+    if explicit:
+        return explicit
+    current = env.get("PYTEST_CURRENT_TEST")
+    if current:
+        return current.rsplit(" (", 1)[0]
+    return None
+
+
+def write_record(record: CompileRecord, run: RunInfo, ledger_path: str | None = None) -> str | None:
+    """Store one record; spool it when the ledger cannot take it. Returns a problem, or None."""
+    path = ledger_path or default_ledger_path()
+    try:
+        with Ledger.open(path) as ledger:
+            ledger.add_records([record], run)
+        return None
+    except Exception as exc:  # noqa: BLE001 - any failure must fall back to the spool
+        problem = f"{type(exc).__name__}: {exc}"
+    try:
+        spooled = spool_record(path, record, run)
+    except OSError as exc:
+        return f"{problem}; spooling failed too ({exc.strerror}): record lost"
+    return f"{problem}; record kept in {spooled}"
+
+
+def report_problem(problem: str, stream: object = None) -> None:
+    """One line on stderr, prefixed so that users can tell it from the compiler's own output."""
+    target = stream if stream is not None else sys.stderr
+    with contextlib.suppress(Exception):
+        target.write(f"cacheaudit: recording failed, the compile is unaffected: {problem}\n")  # type: ignore[attr-defined]
+        target.flush()  # type: ignore[attr-defined]
+
+
+def modified_since(states: Sequence[FileState], started_ns: int) -> list[FileState]:
+    """Inputs whose mtime or ctime is not older than the compile's start: the compiler may have
+    read a different version than the one hashed afterwards (ccache's "too new" race)."""
+    return [s for s in states
+            if s.exists and (s.mtime_ns >= started_ns or s.ctime_ns >= started_ns)]
+
+
+@dataclass
+class ShimRecorder:
+    """The recording side of one shim invocation; the shim owns the process plumbing."""
+
+    name: str
+    real: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    kind: str
+    effective: tuple[ArgToken, ...]
+    command: compilers.ParsedCommand
+    cwd: str
+    notes: list[str] = field(default_factory=list)
+    started_ns: int = 0
+    compiler: CompilerIdentity | None = None
+    dependency_pass: graph.DependencyPass | None = None
+    depfile: str | None = None
+    method: str = ""
+
+    @classmethod
+    def prepare(cls, name: str, real: str, argv: Sequence[str],
+                env: Mapping[str, str]) -> ShimRecorder | None:
+        """A recorder for a compile or link; None for a query such as `--version`."""
+        kind = compilers.compiler_kind(name)
+        cwd = os.getcwd()
+        expansion = compilers.expand_argv(kind, argv, env, cwd)
+        command = compilers.parse_command(kind, [t.text for t in expansion.tokens])
+        if not command.records:
+            return None
+        return cls(name=name, real=real, argv=tuple(argv), env=dict(env), kind=kind,
+                   effective=expansion.tokens, command=command, cwd=cwd,
+                   notes=list(expansion.notes))
+
+    def start(self, child_env: Mapping[str, str], started_ns: int, workdir: str) -> None:
+        """Runs while the compiler runs: the dependency pass, the identity, the environment."""
+        self.started_ns = started_ns
+        if self.command.sources:
+            self.depfile = os.path.join(workdir, "deps.d")
+            dep_env = dict(child_env)
+            # The effective argv already holds these flags, in nvcc's own order.
+            dep_env.pop("NVCC_PREPEND_FLAGS", None)
+            dep_env.pop("NVCC_APPEND_FLAGS", None)
+            self.method = f"{self.name} -M"
+            self.dependency_pass = graph.start_dependency_pass(
+                self.real, self.command.dependency_argv(self.depfile), self.cwd, dep_env)
+        from cacheaudit.shim import skip_directory
+
+        # The same environment as the compile: a wrapper that calls `g++` by name must not
+        # come back into this shim through the masquerade directory.
+        self.compiler = compilers.identify(self.name, env=child_env, skip=skip_directory,
+                                           path=self.real,
+                                           argv=[t.text for t in self.effective])
+
+    def finish(self, returncode: int, duration_ns: int) -> None:
+        """After the compile: hash inputs and outputs, write the record. Never raises."""
+        try:
+            record = self._build(returncode, duration_ns)
+        except Exception as exc:  # noqa: BLE001 - fail open
+            report_problem(f"{type(exc).__name__}: {exc}")
+            return
+        problem = write_record(record, current_run(self.env))
+        if problem:
+            report_problem(problem)
+
+    def _build(self, returncode: int, duration_ns: int) -> CompileRecord:
+        cache = StateCache()
+        source_paths = [normalise_path(s, self.cwd) for s in self.command.sources]
+        sources: tuple[FileState, ...] = ()
+        include_graph: IncludeGraph | None = None
+        if self.dependency_pass is not None:
+            if returncode < 0:
+                # Interrupted: whoever stopped the compile wants the process gone, not a graph.
+                self.dependency_pass.kill()
+            result = self.dependency_pass.wait(timeout=_dependency_timeout(duration_ns))
+            if result.ok and result.depfile_text is not None:
+                try:
+                    sources, include_graph = graph.graph_from_depfile(
+                        result.depfile_text, self.cwd, source_paths, cache, self.method)
+                except graph.DepfileError as exc:
+                    self.notes.append(f"dependency pass wrote an unreadable depfile: {exc}")
+            else:
+                reason = result.error or f"exit {result.exit_code}"
+                self.notes.append(f"dependency pass failed ({reason}): "
+                                  f"{(result.stderr or '').strip()[:500]}")
+        if not sources:
+            sources = tuple(cache.capture(p) for p in source_paths)
+        objects = tuple(cache.capture(normalise_path(o, self.cwd)) for o in self.command.objects)
+        outputs = tuple(cache.capture(normalise_path(o, self.cwd))
+                        for o in compilers.output_paths(self.kind, self.command, self.cwd))
+        inputs = sources + objects + (tuple(f.state for f in include_graph.files)
+                                      if include_graph else ())
+        extra: dict[str, object] = {}
+        late = modified_since(inputs, self.started_ns)
+        if late:
+            extra["modified_during_compile"] = [s.path for s in late]
+        signal_number = -returncode if returncode < 0 else None
+        return CompileRecord(
+            record_id=new_record_id(), event="compile", started_ns=self.started_ns,
+            runtime=self.env.get(RUNTIME_VARIABLE) or None,
+            kernel=_kernel_name(self.command.sources or self.command.objects),
+            compiler=self.compiler, argv=self.argv, effective_argv=self.effective,
+            cwd=self.cwd, env=envvars.compile_environment(self.env),
+            sources=sources + objects, graph=include_graph, outputs=outputs,
+            exit_code=None if signal_number else returncode, signal=signal_number,
+            duration_ns=duration_ns, pid=os.getpid(), host=socket.gethostname(),
+            test_id=test_id_from(self.env), observer=f"shim:{self.name}",
+            notes=tuple(self.notes), extra=extra)
+
+
+def _dependency_timeout(compile_ns: int) -> float:
+    # The dependency pass does less work than the compile; allow it generously more time, so that a
+    # loaded machine still yields a graph, but never hang the runtime on it.
+    return max(30.0, 4 * compile_ns / 1e9)
+
+
+def _kernel_name(paths: Sequence[str]) -> str | None:
+    if not paths:
+        return None
+    stem = os.path.basename(paths[0])
+    return stem.rsplit(".", 1)[0] if "." in stem else stem
+

@@ -1,0 +1,271 @@
+"""The compiler shim: stands in for nvcc, g++, gcc, c++, clang++, hipcc and records each compile.
+
+It is installed as a masquerade directory of symlinks (`cacheaudit shim install DIR`) or named
+directly in a runtime's compiler setting (`DG_JIT_NVCC_COMPILER=DIR/nvcc`). For each compile it
+starts the real compiler with the user's stdin, stdout and stderr untouched, runs the compiler's
+own dependency pass concurrently (measured on the CUTLASS reference TU: free in wall-clock on two
+cores, where `-MD` in the same invocation cost 18%; see docs/design.md), and while both run it
+works out the compiler identity, the effective argv and the environment. After the compile it
+hashes the include graph and the outputs and writes one record to the ledger.
+
+Transparency is the first rule: the same bytes on stdout and stderr, the same exit status, the
+same death by signal, `--version` byte-identical (DeepJIT hashes it), and a compile that runs and
+succeeds even when recording fails; that failure is reported once on stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from cacheaudit.recorder import ShimRecorder
+
+# What a masquerade directory holds: every name below, each a symlink to the shim, and a marker
+# file that tells any shim (and `cacheaudit shim install`) that the directory is ours.
+MASQUERADE_NAMES = ("nvcc", "gcc", "g++", "cc", "c++", "clang", "clang++", "hipcc")
+MARKER = ".cacheaudit-shim"
+
+# Set in the real compiler's environment: a shim reached from inside a compile (nvcc calling
+# a masqueraded g++ by absolute path) hands straight through instead of recording twice.
+ACTIVE_VARIABLE = "CACHEAUDIT_SHIM_ACTIVE"
+DISABLE_VARIABLE = "CACHEAUDIT_DISABLE"
+
+_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+                      signal.SIGUSR1, signal.SIGUSR2)
+_MAX_DEPTH = 8
+
+
+class ShimError(Exception):
+    """The shim cannot even start the real compiler; exits like a shell that found no program."""
+
+
+def _is_masquerade_dir(directory: str) -> bool:
+    return os.path.isfile(os.path.join(directory or ".", MARKER))
+
+
+def _shim_targets() -> set[str]:
+    """Real paths that are this shim, so that a lookup can never land on itself."""
+    targets = {os.path.realpath(sys.argv[0])}
+    main = sys.modules.get("__main__")
+    if main is not None and getattr(main, "__file__", None):
+        targets.add(os.path.realpath(main.__file__))  # type: ignore[arg-type]
+    return targets
+
+
+def skip_directory(directory: str) -> bool:
+    """A PATH entry that the real-compiler lookup must jump over (ours)."""
+    return _is_masquerade_dir(directory)
+
+
+def strip_masquerade_dirs(path_value: str) -> str:
+    return os.pathsep.join(d for d in path_value.split(os.pathsep) if not skip_directory(d))
+
+
+def real_variable(name: str) -> str:
+    """The override variable for a name: `g++` gives CACHEAUDIT_REAL_GXX."""
+    cleaned = name.upper().replace("+", "X").replace("-", "_").replace(".", "_")
+    return f"CACHEAUDIT_REAL_{cleaned}"
+
+
+def find_real_compiler(name: str, env: Mapping[str, str]) -> str:
+    """The compiler this shim stands in for: CACHEAUDIT_REAL_<NAME>, else `name` on PATH past us."""
+    from cacheaudit.compilers import find_program
+
+    own = _shim_targets()
+    explicit = env.get(real_variable(name))
+    candidates: list[str | None] = []
+    if explicit:
+        candidates.append(find_program(explicit, env.get("PATH", os.defpath), skip_directory))
+    else:
+        candidates.append(find_program(name, env.get("PATH", os.defpath), skip_directory))
+        if name == "nvcc":
+            # Runtimes find nvcc through CUDA_HOME as often as through PATH.
+            for root in (env.get("CUDA_HOME"), env.get("CUDA_PATH"), "/usr/local/cuda"):
+                if root:
+                    candidates.append(find_program(os.path.join(root, "bin", "nvcc"), None))
+    for candidate in candidates:
+        if candidate and os.path.realpath(candidate) not in own:
+            return candidate
+    where = real_variable(name) if explicit else "PATH"
+    raise ShimError(f"cannot find the real {name} (looked in {where}, skipping shim directories)")
+
+
+@dataclass(frozen=True)
+class Invocation:
+    name: str
+    argv: tuple[str, ...]
+
+
+def _invocation(argv: Sequence[str]) -> Invocation:
+    """`nvcc ARGS` through a masquerade symlink, or `cacheaudit-shim nvcc ARGS` called directly."""
+    name = os.path.basename(argv[0]) if argv else "cacheaudit-shim"
+    rest = tuple(argv[1:])
+    if name.startswith("cacheaudit-shim") or name.startswith("shim.py"):
+        if not rest:
+            raise ShimError("usage: cacheaudit-shim COMPILER [ARGS...]")
+        return Invocation(rest[0], rest[1:])
+    return Invocation(name, rest)
+
+
+def _exec(real: str, argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:
+    try:
+        os.execve(real, [real, *argv], dict(env))
+    except OSError as exc:
+        sys.stderr.write(f"cacheaudit-shim: cannot run {real}: {exc.strerror}\n")
+        sys.exit(126 if isinstance(exc, PermissionError) else 127)
+
+
+def compiler_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment the real compiler runs in: our directories off PATH, so that it finds the
+    real host compiler, and the nesting depth, so that a shim reached anyway hands through."""
+    child = dict(env)
+    child[ACTIVE_VARIABLE] = str(_depth(env) + 1)
+    if "PATH" in child:
+        child["PATH"] = strip_masquerade_dirs(child["PATH"])
+    return child
+
+
+def _depth(env: Mapping[str, str]) -> int:
+    try:
+        return max(0, int(env.get(ACTIVE_VARIABLE, "0")))
+    except ValueError:
+        return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv if argv is None else argv)
+    env = dict(os.environ)
+    try:
+        invocation = _invocation(argv)
+        real = find_real_compiler(invocation.name, env)
+        if _depth(env) >= _MAX_DEPTH:
+            raise ShimError(f"{invocation.name} leads back into the shim {_MAX_DEPTH} times; "
+                            f"is {real_variable(invocation.name)} a wrapper that calls the shim?")
+    except ShimError as exc:
+        sys.stderr.write(f"cacheaudit-shim: {exc}\n")
+        return 127
+    child_env = compiler_env(env)
+    if _depth(env) or env.get(DISABLE_VARIABLE, "") not in ("", "0"):
+        _exec(real, invocation.argv, child_env)
+    try:
+        from cacheaudit.recorder import ShimRecorder  # imported late: keeps `--version` cheap
+
+        recorder = ShimRecorder.prepare(invocation.name, real, invocation.argv, env)
+    except Exception as exc:  # noqa: BLE001 - a bug of ours must not cost the user a compile
+        sys.stderr.write(f"cacheaudit: recording failed, the compile is unaffected: "
+                         f"{type(exc).__name__}: {exc}\n")
+        recorder = None
+    if recorder is None:
+        _exec(real, invocation.argv, child_env)
+    return run_and_record(recorder, real, invocation.argv, child_env)
+
+
+def run_and_record(recorder: ShimRecorder, real: str, argv: Sequence[str],
+                   child_env: Mapping[str, str]) -> int:
+    """Run the compile transparently while the recorder works beside it; exit as it exited."""
+    started_ns = time.time_ns()
+    started = time.perf_counter()
+    try:
+        child = subprocess.Popen([real, *argv], env=child_env)
+    except OSError as exc:
+        sys.stderr.write(f"cacheaudit-shim: cannot run {real}: {exc.strerror}\n")
+        return 126 if isinstance(exc, PermissionError) else 127
+    previous = {sig: signal.signal(sig, lambda s, _f: _forward(child, s))
+                for sig in _FORWARDED_SIGNALS}
+    workdir: str | None = None
+    try:
+        try:
+            workdir = tempfile.mkdtemp(prefix="cacheaudit-shim-")
+            recorder.start(child_env, started_ns, workdir)
+        except Exception as exc:  # noqa: BLE001 - the compile is running: never disturb it
+            recorder.notes.append(f"recording setup failed: {type(exc).__name__}: {exc}")
+        returncode = _wait(child)
+        duration_ns = int((time.perf_counter() - started) * 1e9)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        recorder.finish(returncode, duration_ns)
+    finally:
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if returncode < 0:
+        _die_like(-returncode)
+    return returncode
+
+
+def _forward(child: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        child.send_signal(sig)
+
+
+def _wait(child: subprocess.Popen[bytes]) -> int:
+    while True:
+        try:
+            return child.wait()
+        except InterruptedError:  # pragma: no cover - PEP 475 retries for us
+            continue
+
+
+def _die_like(sig: int) -> None:
+    """End this process by the signal that ended the compiler, as the bare compiler would."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+    # A signal whose default action is not to terminate (or one blocked by our parent): fall
+    # back to the shell convention.
+    sys.exit(128 + sig)
+
+
+def shim_executable() -> str:
+    """The `cacheaudit-shim` script of this installation, for masquerade symlinks to point at."""
+    beside_python = os.path.join(os.path.dirname(sys.executable), "cacheaudit-shim")
+    if os.access(beside_python, os.X_OK):
+        return beside_python
+    found = shutil.which("cacheaudit-shim")
+    if found is None:
+        raise ShimError("the cacheaudit-shim script is not installed (reinstall cacheaudit)")
+    return os.path.abspath(found)
+
+
+def install_masquerade(directory: str, names: Sequence[str] | None = None,
+                       force: bool = False) -> list[str]:
+    """Fill `directory` with compiler names that lead to the shim; returns what was done."""
+    from cacheaudit.exceptions import UsageError
+
+    chosen = tuple(names) if names else MASQUERADE_NAMES
+    unknown = [n for n in chosen if "/" in n or not n]
+    if unknown:
+        raise UsageError(f"not a compiler name: {unknown[0]!r}")
+    try:
+        target = shim_executable()
+    except ShimError as exc:
+        raise UsageError(str(exc)) from exc
+    os.makedirs(directory, exist_ok=True)
+    done: list[str] = []
+    for name in chosen:
+        link = os.path.join(directory, name)
+        if os.path.lexists(link):
+            ours = os.path.islink(link) and os.path.realpath(link) == os.path.realpath(target)
+            if not ours and not force:
+                raise UsageError(f"{link} exists and is not the shim (use --force to replace it)")
+            os.remove(link)
+        os.symlink(target, link)
+        done.append(f"{link} -> {target}")
+    with open(os.path.join(directory, MARKER), "w", encoding="utf-8") as handle:
+        handle.write("This directory holds cacheaudit compiler shims; PATH lookups of the real\n"
+                     "compiler skip it.\n")
+    return done
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

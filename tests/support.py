@@ -1,0 +1,61 @@
+"""Helpers shared by the tests: toolchain probes that say why they skip, the shim harness."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cacheaudit.model import CompileRecord
+
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+
+
+@dataclass
+class ShimEnv:
+    """A masquerade directory first on PATH and a private ledger, for real shim subprocesses."""
+
+    bin: Path
+    ledger: Path
+    env: dict[str, str]
+
+    def run(self, argv: list[str], *, cwd: Path, env: Mapping[str, str] | None = None,
+            **kwargs: object) -> subprocess.CompletedProcess[bytes]:
+        merged = dict(self.env)
+        merged.update(env or {})
+        return subprocess.run(argv, cwd=cwd, env=merged, capture_output=True, timeout=300,
+                              **kwargs)  # type: ignore[call-overload]
+
+    def bare_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The same environment without the shim on PATH."""
+        env = dict(self.env)
+        env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
+                                      if p != str(self.bin))
+        env.update(extra or {})
+        return env
+
+    def records(self) -> list[CompileRecord]:
+        from cacheaudit.ledger import Ledger, ingest_spool
+
+        with Ledger.open(str(self.ledger)) as ledger:
+            ingest_spool(ledger)
+            return ledger.records()
+
+
+def clean_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CACHEAUDIT", "NVCC_", "PYTEST_")) and k not in (
+               "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH")}
+    env["CACHEAUDIT_LEDGER"] = str(tmp_path / "ledger.db")
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return env
+
+

@@ -1,0 +1,279 @@
+"""The compiler shim, run for real: real compilers, real files, real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from cacheaudit.graph import depfile_inputs, parse_depfile
+from cacheaudit.shim import MARKER, MASQUERADE_NAMES, install_masquerade
+
+from support import NVCC, ShimEnv, needs_gxx, needs_nvcc
+
+
+def _script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + textwrap.dedent(body))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def _compiler_deps(argv: list[str], cwd: Path, env: dict[str, str], depfile: Path) -> set[str]:
+    """The compiler's own `-M` list for the same command, as realpaths."""
+    subprocess.run([*argv, "-M", "-MF", str(depfile)], cwd=cwd, env=env, check=True,
+                   capture_output=True)
+    return {os.path.realpath(os.path.join(cwd, p))
+            for p in depfile_inputs(parse_depfile(depfile.read_text()))}
+
+
+def _recorded_inputs(record) -> set[str]:
+    return {s.path for s in record.sources} | set(record.graph.paths)
+
+
+@needs_gxx
+def test_gxx_shared_object_records_the_four_answers(shim_env: ShimEnv, header_tree: Path):
+    args = ["-shared", "-fPIC", "-I", "../inc", "k.cpp", "-o", "../out/k.so"]
+    extra = {"CPATH": str(header_tree / "cpath")}
+    done = shim_env.run(["g++", *args], cwd=header_tree / "src", env=extra)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == b""
+    [record] = shim_env.records()
+    # 1. the compiler
+    assert record.compiler.kind == "gcc"
+    assert os.path.realpath(record.compiler.resolved) == record.compiler.resolved
+    assert record.compiler.version_text.startswith("g++")
+    # 2. the options, and the environment that changed the compile
+    assert list(record.argv) == args
+    assert record.env["CPATH"] == str(header_tree / "cpath")
+    # 3. the event
+    assert record.event == "compile" and record.exit_code == 0
+    # 4. the inputs: exactly what the compiler's own -M pass lists for the same command
+    expected = _compiler_deps(["g++", *args[:-2]], header_tree / "src",
+                              shim_env.bare_env(extra), header_tree / "check.d")
+    assert _recorded_inputs(record) == expected
+    assert [s.path for s in record.sources] == [str(header_tree / "src" / "k.cpp")]
+    paths = set(record.graph.paths)
+    for header in ("src/local.h", "inc/lib/api.h", "inc/lib/detail.h", "cpath/envconst.h"):
+        assert str(header_tree / header) in paths
+    so = header_tree / "out" / "k.so"
+    [output] = record.outputs
+    assert output.path == str(so)
+    assert output.digest == xxhash.xxh3_128_hexdigest(so.read_bytes())
+
+
+@needs_nvcc
+def test_nvcc_cubin_records_graph_and_env_injected_flags(shim_env: ShimEnv, header_tree: Path):
+    args = ["-cubin", "-arch=sm_90", "-I../inc", "k.cu", "-o", "../out/k.cubin"]
+    extra = {"CPATH": str(header_tree / "cpath"), "NVCC_APPEND_FLAGS": "-DEXTRA=1"}
+    done = shim_env.run(["nvcc", *args], cwd=header_tree / "src", env=extra)
+    assert done.returncode == 0, done.stderr
+    [record] = shim_env.records()
+    assert record.compiler.kind == "nvcc"
+    assert "release" in record.compiler.version_line
+    assert record.compiler.host is not None and record.compiler.host.kind == "gcc"
+    last = record.effective_argv[-1]
+    assert (last.text, last.origin) == ("-DEXTRA=1", "env:NVCC_APPEND_FLAGS")
+    assert [t.origin for t in record.effective_argv[:-1]] == ["argv"] * len(args)
+    expected = _compiler_deps(["nvcc", *args[:-2]], header_tree / "src",
+                              shim_env.bare_env(extra), header_tree / "check.d")
+    assert _recorded_inputs(record) == expected
+    # nvcc writes CUDA headers as <cuda>/bin/../targets/...: stored realpath'd, written form kept
+    cuda = [f for f in record.graph.files if "/bin/../" in f.written]
+    assert cuda and all("/../" not in f.path for f in cuda)
+    cubin = header_tree / "out" / "k.cubin"
+    assert record.outputs[0].digest == xxhash.xxh3_128_hexdigest(cubin.read_bytes())
+    # The cubin equals the one the bare nvcc builds: the shim changed nothing.
+    bare = shim_env.run([NVCC, *args[:-1], "../out/bare.cubin"], cwd=header_tree / "src",
+                        env=shim_env.bare_env(extra))
+    assert bare.returncode == 0
+    assert (header_tree / "out" / "bare.cubin").read_bytes() == cubin.read_bytes()
+
+
+@needs_gxx
+def test_a_failing_compile_is_byte_identical_and_recorded(shim_env: ShimEnv, header_tree: Path):
+    (header_tree / "src" / "bad.cpp").write_text('#include "missing.h"\nint f() { return 1; }\n')
+    argv = ["g++", "-c", "bad.cpp", "-o", "../out/bad.o"]
+    shimmed = shim_env.run(argv, cwd=header_tree / "src")
+    bare = shim_env.run(argv, cwd=header_tree / "src", env=shim_env.bare_env())
+    assert shimmed.returncode == bare.returncode != 0
+    assert shimmed.stderr == bare.stderr and b"missing.h" in bare.stderr
+    assert shimmed.stdout == bare.stdout
+    [record] = shim_env.records()
+    assert record.exit_code == bare.returncode
+
+
+@needs_nvcc
+def test_nvcc_failure_is_byte_identical(shim_env: ShimEnv, header_tree: Path):
+    (header_tree / "src" / "bad.cu").write_text("__global__ void k() { undeclared(); }\n")
+    argv = ["nvcc", "-cubin", "-arch=sm_90", "bad.cu", "-o", "../out/bad.cubin"]
+    shimmed = shim_env.run(argv, cwd=header_tree / "src")
+    bare = shim_env.run(argv, cwd=header_tree / "src", env=shim_env.bare_env())
+    assert (shimmed.returncode, shimmed.stdout, shimmed.stderr) == (
+        bare.returncode, bare.stdout, bare.stderr)
+    assert bare.returncode != 0
+    assert shim_env.records()[0].exit_code == bare.returncode
+
+
+@pytest.mark.parametrize("name", ["g++", pytest.param("nvcc", marks=needs_nvcc)])
+def test_version_is_byte_identical_and_not_recorded(shim_env: ShimEnv, tmp_path: Path, name):
+    shimmed = shim_env.run([name, "--version"], cwd=tmp_path)
+    bare = shim_env.run([name, "--version"], cwd=tmp_path, env=shim_env.bare_env())
+    assert (shimmed.returncode, shimmed.stdout, shimmed.stderr) == (
+        bare.returncode, bare.stdout, bare.stderr)
+    assert not shim_env.ledger.exists()
+
+
+def test_stdout_stderr_bytes_and_exit_status_pass_through(shim_env: ShimEnv, tmp_path: Path):
+    (tmp_path / "x.c").write_text("int x;\n")
+    fake = _script(tmp_path / "fake-gcc", r"""
+        printf 'out\377\000bytes' ; printf 'err\nno newline' >&2 ; exit 3
+    """)
+    env = {"CACHEAUDIT_REAL_GCC": str(fake)}
+    shimmed = shim_env.run(["gcc", "-c", "x.c"], cwd=tmp_path, env=env)
+    bare = subprocess.run([str(fake), "-c", "x.c"], cwd=tmp_path, capture_output=True)
+    assert shimmed.stdout == bare.stdout == b"out\xff\x00bytes"
+    assert shimmed.stderr == bare.stderr
+    assert shimmed.returncode == 3
+    [record] = shim_env.records()
+    assert record.exit_code == 3 and record.compiler.path == str(fake)
+
+
+def test_death_by_signal_is_reproduced(shim_env: ShimEnv, tmp_path: Path):
+    (tmp_path / "x.c").write_text("int x;\n")
+    fake = _script(tmp_path / "fake-gcc", "kill -TERM $$\nsleep 5\n")
+    done = shim_env.run(["gcc", "-c", "x.c"], cwd=tmp_path, env={"CACHEAUDIT_REAL_GCC": str(fake)})
+    assert done.returncode == -signal.SIGTERM
+    [record] = shim_env.records()
+    assert record.signal == signal.SIGTERM and record.exit_code is None
+
+
+def test_a_signal_sent_to_the_shim_reaches_the_compiler(shim_env: ShimEnv, tmp_path: Path):
+    (tmp_path / "x.c").write_text("int x;\n")
+    seen = tmp_path / "seen"
+    fake = _script(tmp_path / "fake-gcc", f"""
+        case "$*" in *--version*|*-MF*) echo fake; exit 0;; esac
+        trap 'echo got-term > {seen}; exit 42' TERM
+        echo started > {tmp_path / 'started'}
+        i=0; while [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+    """)
+    env = dict(shim_env.env, CACHEAUDIT_REAL_GCC=str(fake))
+    proc = subprocess.Popen(["gcc", "-c", "x.c"], cwd=tmp_path, env=env)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "started").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 42
+    assert seen.read_text().strip() == "got-term"
+
+
+@needs_gxx
+def test_recording_failure_never_fails_the_compile_and_loses_nothing(
+        shim_env: ShimEnv, header_tree: Path):
+    not_a_ledger = header_tree / "notes.txt"
+    not_a_ledger.write_text("my notes\n")
+    env = {"CACHEAUDIT_LEDGER": str(not_a_ledger), "CPATH": str(header_tree / "cpath")}
+    done = shim_env.run(["g++", "-c", "-I../inc", "k.cpp", "-o", "../out/k.o"],
+                        cwd=header_tree / "src", env=env)
+    assert done.returncode == 0
+    assert (header_tree / "out" / "k.o").exists()
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cacheaudit: recording failed")
+    assert "not a cacheaudit ledger" in lines[0]
+    assert not_a_ledger.read_text() == "my notes\n"
+    spooled = list((header_tree / "notes.txt.spool").glob("*.json"))
+    assert len(spooled) == 1
+
+
+@needs_gxx
+def test_unwritable_ledger_still_compiles(shim_env: ShimEnv, header_tree: Path):
+    env = {"CACHEAUDIT_LEDGER": "/proc/cacheaudit/ledger.db", "CPATH": str(header_tree / "cpath")}
+    done = shim_env.run(["g++", "-c", "-I../inc", "k.cpp", "-o", "../out/k.o"],
+                        cwd=header_tree / "src", env=env)
+    assert done.returncode == 0 and (header_tree / "out" / "k.o").exists()
+    assert done.stderr.decode().count("\n") == 1
+    assert "record lost" in done.stderr.decode()
+
+
+@needs_nvcc
+def test_no_recursion_when_the_host_compiler_is_masqueraded_too(
+        shim_env: ShimEnv, header_tree: Path):
+    # nvcc finds g++ on PATH; the masquerade directory is first there, and holds g++.
+    done = shim_env.run(["nvcc", "-c", "-I../inc", "k.cu", "-o", "../out/k.o"],
+                        cwd=header_tree / "src", env={"CPATH": str(header_tree / "cpath")})
+    assert done.returncode == 0, done.stderr
+    records = shim_env.records()
+    assert [r.observer for r in records] == ["shim:nvcc"]
+
+
+def test_a_real_compiler_that_is_the_shim_itself_is_refused(shim_env: ShimEnv, tmp_path: Path):
+    env = {"CACHEAUDIT_REAL_GCC": str(shim_env.bin / "gcc")}
+    done = shim_env.run(["gcc", "--version"], cwd=tmp_path, env=env)
+    assert done.returncode == 127
+    assert b"cannot find the real gcc" in done.stderr
+
+
+@needs_gxx
+def test_input_modified_during_the_compile_is_flagged(shim_env: ShimEnv, header_tree: Path):
+    header = header_tree / "inc" / "lib" / "detail.h"
+    # Only the compile itself races; the shim's `--version` probe and dependency pass run the
+    # same script and must not edit the header a second time.
+    racing = _script(header_tree / "racing-g++", f"""
+        case "$*" in *--version*|*-MF*) exec g++ "$@";; esac
+        sleep 0.3
+        echo '#pragma once' > {header}
+        echo '#define DETAIL_VALUE 11' >> {header}
+        exec g++ "$@"
+    """)
+    env = {"CACHEAUDIT_REAL_GXX": str(racing), "CPATH": str(header_tree / "cpath")}
+    done = shim_env.run(["g++", "-c", "-I../inc", "k.cpp", "-o", "../out/k.o"],
+                        cwd=header_tree / "src", env=env)
+    assert done.returncode == 0, done.stderr
+    [record] = shim_env.records()
+    assert record.extra["modified_during_compile"] == [str(header)]
+
+
+@needs_gxx
+def test_response_file_tokens_are_labelled_and_followed(shim_env: ShimEnv, header_tree: Path):
+    rsp = header_tree / "src" / "flags.rsp"
+    rsp.write_text('-I../inc "-DEXTRA=2"\n')
+    done = shim_env.run(["g++", "-c", "@flags.rsp", "k.cpp", "-o", "../out/k.o"],
+                        cwd=header_tree / "src", env={"CPATH": str(header_tree / "cpath")})
+    assert done.returncode == 0, done.stderr
+    [record] = shim_env.records()
+    from_file = [t for t in record.effective_argv if t.origin.startswith("file:")]
+    assert [t.text for t in from_file] == ["-I../inc", "-DEXTRA=2"]
+    assert str(header_tree / "inc" / "lib" / "api.h") in record.graph.paths
+
+
+def test_shim_install_lays_out_names_and_protects_foreign_files(tmp_path: Path):
+    masq = tmp_path / "bin"
+    install_masquerade(str(masq))
+    assert (masq / MARKER).exists()
+    for name in MASQUERADE_NAMES:
+        assert os.path.islink(masq / name)
+    install_masquerade(str(masq))  # twice is fine
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "nvcc").write_text("#!/bin/sh\n")
+    from cacheaudit.exceptions import UsageError
+
+    with pytest.raises(UsageError, match="not the shim"):
+        install_masquerade(str(other), names=["nvcc"])
+    assert (other / "nvcc").read_text() == "#!/bin/sh\n"
+
+
+def test_cli_shim_install(tmp_path: Path):
+    done = subprocess.run([sys.executable, "-m", "cacheaudit", "shim", "install",
+                           str(tmp_path / "b"), "--name", "nvcc"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert os.path.islink(tmp_path / "b" / "nvcc")
+    assert not (tmp_path / "b" / "g++").exists()
