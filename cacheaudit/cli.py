@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cacheaudit.exceptions import CacheAuditError, ExitCode
+from cacheaudit.exceptions import CacheAuditError, ExitCode, UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -68,7 +68,15 @@ def report(
     if runtime:
         conditions.append("r.runtime = ?")
         params.append(runtime)
-    with _open_ledger(ledger, create=True) as opened:
+    from cacheaudit.ledger import default_ledger_path
+
+    location = str(ledger) if ledger else default_ledger_path()
+    if not os.path.exists(location):
+        typer.echo(f"no ledger at {location} yet: nothing has been recorded there", err=True)
+        if json_output:
+            sys.stdout.write(output.records_json([]) + "\n")
+        return
+    with _open_ledger(ledger) as opened:
         records = opened.records(where=" AND ".join(conditions), params=params,
                                  order="r.started_ns DESC, r.id DESC", limit=limit)
     records.reverse()
@@ -76,6 +84,41 @@ def report(
         sys.stdout.write(output.records_json(records, with_graph=graph) + "\n")
     else:
         output.render_records(records, _console())
+
+
+@app.command()
+def demo(
+    keep: Annotated[bool, typer.Option(help="Keep the temporary directory.")] = False,
+    compiler: Annotated[str, typer.Option(
+        help="auto (nvcc when on PATH, else g++), nvcc or g++.")] = "auto",
+    json_output: JsonOption = False,
+) -> None:
+    """Record a built-in example through the shim and show the four answers per compile."""
+    import shutil
+
+    from cacheaudit import output
+    from cacheaudit.demo import run_demo
+
+    console = _console()
+    say = (lambda _line: None) if json_output else console.print
+    if compiler not in ("auto", "nvcc", "g++"):
+        raise UsageError(f"--compiler must be auto, nvcc or g++, not {compiler!r}")
+    result = run_demo(say=say, compiler=compiler)
+    try:
+        if json_output:
+            sys.stdout.write(output.records_json(result.records) + "\n")
+            return
+        output.render_records(result.records, console)
+        console.print(
+            "The two compiles had the same argv; the second one's binary differs because the "
+            "environment changed what the compiler did (highlighted above). A runtime keyed on "
+            "argv and source alone would have served the first binary for both. "
+            f"Ledger: {result.workdir}/ledger.db")
+    finally:
+        if keep:
+            console.print(f"kept {result.workdir}")
+        else:
+            shutil.rmtree(result.workdir, ignore_errors=True)
 
 
 @shim_app.command("install")
@@ -103,13 +146,14 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code
+    except typer.Abort:
+        sys.stderr.write("cacheaudit: aborted\n")
+        return ExitCode.USAGE
     except Exception as exc:  # click's own usage errors, and the unexpected
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            return ExitCode.USAGE
-        if isinstance(exc, click.exceptions.Abort):
+        # typer vendors click in some releases: recognise its exceptions by shape, not class.
+        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None),
+                                                                  int):
+            exc.show()  # type: ignore[attr-defined]
             return ExitCode.USAGE
         if os.environ.get("CACHEAUDIT_DEBUG"):
             raise

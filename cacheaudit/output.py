@@ -91,68 +91,81 @@ def records_json(records: Iterable[CompileRecord], *, with_graph: bool = False) 
                       indent=2, ensure_ascii=False)
 
 
-def _compiler_cell(compiler: CompilerIdentity | None) -> str:
+def _compiler_lines(compiler: CompilerIdentity | None) -> list[str]:
     if compiler is None:
-        return "-"
-    lines = [f"{compiler.path}", f"{compiler.version_line or compiler.kind}",
-             f"xxh3 {_short(compiler.digest)}"]
-    if compiler.wrappers:
-        lines.insert(1, f"-> {compiler.resolved}")
+        return ["-"]
+    first = compiler.path
+    if compiler.resolved and compiler.resolved != compiler.path:
+        first += f" -> {compiler.resolved}"
+    lines = [first, f"{compiler.version_line or compiler.kind}  [dim]xxh3 "
+             f"{_short(compiler.digest)}[/dim]"]
     if compiler.host is not None:
-        lines.append(f"host {compiler.host.path} ({compiler.host.version_line})")
+        lines.append(f"host {compiler.host.path}: {compiler.host.version_line}")
     if compiler.error:
         lines.append(f"[yellow]{compiler.error}[/yellow]")
-    return "\n".join(lines)
+    return lines
 
 
-def _options_cell(record: CompileRecord, width: int = 60) -> str:
-    argv = " ".join(t.text for t in record.effective_argv if t.origin == "argv")
-    if len(argv) > width:
-        argv = argv[: width - 1] + "…"
-    lines = [argv or "-"]
+def _option_lines(record: CompileRecord) -> list[str]:
+    lines = [" ".join(t.text for t in record.effective_argv if t.origin == "argv") or "-"]
     for token in record.effective_argv:
         if token.origin != "argv":
-            lines.append(f"[bold magenta]{token.text}[/bold magenta] ({token.origin})")
+            lines.append(f"[bold magenta]+ {token.text}[/bold magenta]  (from {token.origin})")
     for name, value in sorted(record.env.items()):
-        if name in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "NVCC_CCBIN"):
-            lines.append(f"{name}={value}")
-    return "\n".join(lines)
+        if name in _SHOWN_VARIABLES:
+            lines.append(f"[magenta]{name}={value}[/magenta]")
+    return lines
 
 
-def _inputs_cell(record: CompileRecord) -> str:
-    lines = [", ".join(s.path.rsplit("/", 1)[-1] for s in record.sources) or "-"]
+# Shown beside the options because they change what the compiler reads without touching argv.
+_SHOWN_VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "NVCC_CCBIN")
+
+
+def _event_line(record: CompileRecord) -> str:
+    if record.signal:
+        status = f"[red]killed by signal {record.signal}[/red]"
+    elif record.exit_code not in (0, None):
+        status = f"[red]exit {record.exit_code}[/red]"
+    else:
+        status = "ok"
+    took = f"{record.duration_ns / 1e6:.0f} ms"
+    return f"{record.event}, {status}, {took}  [dim]{record.observer}[/dim]"
+
+
+def _input_lines(record: CompileRecord) -> list[str]:
+    first = ", ".join(s.path for s in record.sources) or "-"
     if record.graph is not None:
-        lines.append(f"{len(record.graph.files)} headers ({record.graph.method}, "
-                     f"graph {_short(record.graph.digest, 8)})")
+        first += (f" + {len(record.graph.files)} headers  [dim]({record.graph.method}, graph "
+                  f"{_short(record.graph.digest, 8)})[/dim]")
+    lines = [first]
     late = record.extra.get("modified_during_compile")
     if late:
-        lines.append(f"[bold red]CA401 modified during compile: {len(late)}[/bold red]")
-    return "\n".join(lines)
-
-
-def _status_cell(record: CompileRecord) -> str:
-    if record.signal:
-        return f"[red]signal {record.signal}[/red]"
-    if record.exit_code not in (0, None):
-        return f"[red]exit {record.exit_code}[/red]"
-    return "ok"
+        lines.append(f"[bold red]CA401 modified during the compile: {', '.join(late)}[/bold red]")
+    for note in record.notes:
+        lines.append(f"[yellow]{note}[/yellow]")
+    return lines
 
 
 def render_records(records: Sequence[CompileRecord], console: Any) -> None:
-    """The recorded compiles, one row a record, the four answers as columns."""
+    """The recorded compiles, one block a record, the four answers as numbered lines."""
     from rich.table import Table
 
-    table = Table(title=f"{len(records)} recorded compile(s)", show_lines=True)
-    table.add_column("when / kernel", overflow="fold")
-    table.add_column("1. compiler", overflow="fold")
-    table.add_column("2. options (env-injected in magenta)", overflow="fold")
-    table.add_column("3. event", no_wrap=True)
-    table.add_column("4. inputs", overflow="fold")
+    console.print(f"[bold]{len(records)} recorded compile(s)[/bold]")
     for record in records:
-        who = "\n".join(x for x in (
-            _when(record.started_ns), f"{record.runtime or '?'}:{record.kernel or '?'}",
-            record.test_id or "") if x)
-        table.add_row(who, _compiler_cell(record.compiler), _options_cell(record),
-                      f"{record.event}\n{_status_cell(record)}\n{record.duration_ns / 1e6:.0f} ms",
-                      _inputs_cell(record))
-    console.print(table)
+        title = (f"[bold]{record.runtime or '-'}:{record.kernel or '?'}[/bold]  "
+                 f"{_when(record.started_ns)}")
+        if record.test_id:
+            title += f"  [dim]{record.test_id}[/dim]"
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="cyan", no_wrap=True)
+        grid.add_column(overflow="fold")
+        grid.add_row("1 compiler", "\n".join(_compiler_lines(record.compiler)))
+        grid.add_row("2 options", "\n".join(_option_lines(record)))
+        grid.add_row("3 event", _event_line(record))
+        grid.add_row("4 inputs", "\n".join(_input_lines(record)))
+        if record.outputs:
+            grid.add_row("  outputs", "\n".join(
+                f"{s.path}  [dim]xxh3 {_short(s.digest)}[/dim]" for s in record.outputs))
+        console.print(title)
+        console.print(grid)
+        console.print()

@@ -16,6 +16,7 @@ import xxhash
 
 from cacheaudit.graph import depfile_inputs, parse_depfile
 from cacheaudit.shim import MARKER, MASQUERADE_NAMES, install_masquerade
+from fixtures import reference_tu
 
 from support import NVCC, ShimEnv, needs_gxx, needs_nvcc
 
@@ -277,3 +278,20 @@ def test_cli_shim_install(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     assert os.path.islink(tmp_path / "b" / "nvcc")
     assert not (tmp_path / "b" / "g++").exists()
+
+
+@needs_nvcc
+@pytest.mark.slow
+@pytest.mark.skipif(reference_tu.cutlass_include() is None, reason="nvidia-cutlass not installed")
+def test_cutlass_reference_tu_graph_equals_nvcc_m(shim_env: ShimEnv, tmp_path: Path):
+    include = reference_tu.cutlass_include()
+    source = reference_tu.write_source(str(tmp_path / "tu"))
+    flags = reference_tu.nvcc_flags(include)
+    done = shim_env.run(["nvcc", *flags, "-cubin", source, "-o", "ref.cubin"],
+                        cwd=tmp_path / "tu")
+    assert done.returncode == 0, done.stderr[-2000:]
+    [record] = shim_env.records()
+    expected = _compiler_deps(["nvcc", *flags, source], tmp_path / "tu", shim_env.bare_env(),
+                              tmp_path / "check.d")
+    assert len(expected) > 800
+    assert _recorded_inputs(record) == expected
