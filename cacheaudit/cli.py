@@ -112,11 +112,10 @@ def demo(
         console.print(
             "The two compiles had the same argv; the second one's binary differs because the "
             "environment changed what the compiler did (highlighted above). A runtime keyed on "
-            "argv and source alone would have served the first binary for both. "
-            f"Ledger: {result.workdir}/ledger.db")
+            "argv and source alone would have served the first binary for both.")
     finally:
         if keep:
-            console.print(f"kept {result.workdir}")
+            console.print(f"kept {result.workdir} (ledger: {result.workdir}/ledger.db)")
         else:
             shutil.rmtree(result.workdir, ignore_errors=True)
 

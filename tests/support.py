@@ -14,8 +14,10 @@ import pytest
 from cacheaudit.model import CompileRecord
 
 NVCC = shutil.which("nvcc")
-needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
-needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+GXX = shutil.which("g++")
+GCC = shutil.which("gcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH: nvcc checks skipped")
+needs_gxx = pytest.mark.skipif(GXX is None or GCC is None, reason="g++/gcc is not on PATH")
 
 
 @dataclass

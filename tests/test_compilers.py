@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import stat
 import subprocess
 import time
@@ -47,12 +46,7 @@ from cacheaudit.digest import hash_file
 from cacheaudit.exceptions import TokenizeError
 from cacheaudit.model import ArgToken
 
-GXX = shutil.which("g++")
-GCC = shutil.which("gcc")
-NVCC = shutil.which("nvcc")
-
-needs_gxx = pytest.mark.skipif(GXX is None or GCC is None, reason="g++/gcc is not on PATH")
-needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH: nvcc checks skipped")
+from support import GCC, GXX, NVCC, needs_gxx, needs_nvcc
 
 
 def _env(**extra: str) -> dict[str, str]:

@@ -33,13 +33,7 @@ from cacheaudit.graph import (
     start_dependency_pass,
 )
 
-GXX = shutil.which("g++")
-NVCC = shutil.which("nvcc")
-
-needs_gxx = pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
-needs_nvcc = pytest.mark.skipif(
-    NVCC is None, reason="nvcc is not on PATH (CUDA toolkit not installed)")
-
+from support import GXX, NVCC, needs_gxx, needs_nvcc
 
 # ------------------------------------------------------------------------------------------
 # A depfile writer that follows gcc's rules (libcpp/mkdeps.cc, `munge`; checked against gcc 12)
