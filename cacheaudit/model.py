@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
@@ -149,7 +150,7 @@ class IncludeGraph:
     files: tuple[GraphFile, ...]
     method: str
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
         return json_digest(
             [self.method]
@@ -295,3 +296,44 @@ class Finding:
         data["severity"] = self.severity.value
         data["name"] = self.name
         return data
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One cached artefact as a reader found it on disk, with the key the runtime gave it.
+
+    `committed_ns` is the runtime's own disk-hit signal where it has one (DeepJIT touches
+    `.committed` on every hit); `problems` are reasons the entry is corrupt or partial (CA402).
+    """
+
+    runtime: str
+    layout: str
+    root: str
+    path: str
+    kernel: str
+    key: str | None
+    binary: FileState | None = None
+    source: FileState | None = None
+    committed_ns: int | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    include_hash: str | None = None
+    files: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+
+    @property
+    def built_ns(self) -> int | None:
+        """When the binary was written: the entry's build time as far as the disk can tell."""
+        return self.binary.mtime_ns if self.binary is not None and self.binary.exists else None
+
+
+@dataclass(frozen=True)
+class CacheLeftover:
+    """Something in a cache root that is not an entry: a crashed writer's temporary directory,
+    an unrecognised directory in the entry area. Reported as CA402 evidence."""
+
+    runtime: str
+    layout: str
+    root: str
+    path: str
+    reason: str
+    mtime_ns: int = 0

@@ -1,0 +1,197 @@
+"""What the DeepSeek JIT layouts share: entry-name grammars, temporary-area names, scanning.
+
+DeepJIT (`<tag>.<digest>`) and DeepGEMM/DeepEP (`kernel.<name>.<hash>`) both keep entries in
+`<root>/cache/` and builds in `<root>/tmp/`, and one root can hold both: `DG_JIT_CACHE_DIR` is
+read by DeepGEMM <= 2.6 and by DeepGEMM 2.8 on DeepJIT alike, so an upgrade under one setting
+leaves a mixed root. Each reader therefore knows the other's entry names, skips them instead of
+calling them leftovers, and accepts a root where its own entries are a minority.
+
+Readers only read: every file is opened O_RDONLY (through `StateCache.capture` or `read_head`),
+directories are listed with os.scandir, nothing is created, touched or removed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+
+from cacheaudit.model import CacheLeftover
+
+# DeepJIT DiskCache::entry: the tag is [A-Za-z0-9_]+ (asserted), the digest is
+# FNV1a::get_hex_digest, "{:016x}{:016x}": 32 lowercase hex digits.
+DEEPJIT_ENTRY_RE = re.compile(r"([A-Za-z0-9_]+)\.([0-9a-f]{32})")
+# DeepGEMM C++ JIT / DeepEP: "kernel.{name}.{get_hex_digest(sig)}" (32 lowercase hex);
+# the Python JIT: "kernel.{name}.{md5[:12]}". A DeepJIT tag cannot hold a dot, so the two
+# grammars never match the same name.
+DEEPGEMM_ENTRY_RE = re.compile(r"kernel\.(.+)\.([0-9a-f]{32}|[0-9a-f]{12})")
+
+# Names of build areas under <root>/tmp/: get_uuid() of DeepJIT and of DeepGEMM/DeepEP is
+# "<pid>-<8 hex>-<8 hex>-<8 hex>"; uuid4 spellings are accepted too (the reference runtime and
+# forks use them).
+TMP_NAME_RE = re.compile(
+    r"[0-9]+-[0-9a-f]{8}-[0-9a-f]{8}-[0-9a-f]{8}"
+    r"|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+    r"|[0-9a-f]{32}"
+)
+
+TMP_DIR_REASON = ("temporary build directory that was never committed "
+                  "(a crashed or interrupted compile)")
+TMP_FILE_REASON = ("temporary file that was never renamed into place "
+                   "(a crashed or interrupted compile or write)")
+CACHE_FILE_REASON = ("file lying directly in cache/: the runtime only ever publishes entry "
+                     "directories there")
+DANGLING_REASON = "dangling symlink in cache/: it points to {target!r}, which does not exist"
+
+HEAD_BYTES = 16384
+"""How much of a generated kernel.cu `read_head` reads: the include hash line and the includes
+that tell DeepGEMM from DeepEP sit at the top of every generated source."""
+
+
+def env_path_list(env: Mapping[str, str], name: str) -> list[str] | None:
+    """The non-empty items of a colon-separated path variable, or None when it is unset.
+
+    An empty item makes DeepJIT panic ("disk cache path list contains an empty path"); the
+    remaining items are still returned, since caches written under an earlier setting may sit
+    there.
+    """
+    value = env.get(name)
+    if value is None:
+        return None
+    return [item for item in value.split(":") if item]
+
+
+def unique_paths(paths: list[str]) -> list[str]:
+    """Each path once (compared after normpath), first occurrence first."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for path in paths:
+        norm = os.path.normpath(path)
+        if norm not in seen:
+            seen.add(norm)
+            out.append(norm)
+    return out
+
+
+def home_default(env: Mapping[str, str], name: str) -> str | None:
+    """`$HOME/<name>`, or None without a HOME: DeepJIT asserts that HOME is set, and DeepGEMM
+    then uses a path relative to the process's working directory, which no scan can know."""
+    home = env.get("HOME")
+    return os.path.join(home, name) if home else None
+
+
+def scandir_sorted(path: str) -> list[os.DirEntry[str]]:
+    """The entries of a directory sorted by name (scandir order is the filesystem's, not stable).
+    Raises OSError as os.scandir does."""
+    with os.scandir(path) as it:
+        return sorted(it, key=lambda e: e.name)
+
+
+def lstat_mtime_ns(entry: os.DirEntry[str]) -> int:
+    try:
+        return entry.stat(follow_symlinks=False).st_mtime_ns
+    except OSError:
+        return 0
+
+
+def outside(path: str, boundary_real: str) -> str | None:
+    """The resolved target of `path` when it lies outside `boundary_real`, else None."""
+    target = os.path.realpath(path)
+    if target == boundary_real or target.startswith(boundary_real.rstrip(os.sep) + os.sep):
+        return None
+    return target
+
+
+def read_head(path: str, limit: int = HEAD_BYTES) -> bytes | None:
+    """The first `limit` bytes of a regular file, or None when it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def has_entry_named(cache_dir: str, pattern: re.Pattern[str]) -> bool:
+    """Whether cache/ holds a directory whose name fits `pattern`.
+
+    Names come from the directory listing (no stat per name); the scan stops at the first match.
+    It reads the whole listing when there is none, because a mixed root may hold a few entries
+    of one layout among thousands of the other: a listing of 10,000 names costs milliseconds.
+    """
+    try:
+        with os.scandir(cache_dir) as it:
+            for entry in it:
+                if pattern.fullmatch(entry.name) and entry.is_dir():
+                    return True
+    except OSError:
+        return False
+    return False
+
+
+def has_tmp_named(tmp_dir: str, pattern: re.Pattern[str], *, dirs: bool, limit: int = 16) -> bool:
+    """Whether tmp/ holds, among its first `limit` names, a directory (or file) fitting
+    `pattern`."""
+    try:
+        with os.scandir(tmp_dir) as it:
+            for count, entry in enumerate(it):
+                if count >= limit:
+                    break
+                if pattern.fullmatch(entry.name) and entry.is_dir() == dirs:
+                    return True
+    except OSError:
+        return False
+    return False
+
+
+def unlistable(runtime: str, layout: str, root: str, path: str, exc: OSError) -> CacheLeftover:
+    """A leftover standing for a directory the reader could not list: evidence, not silence."""
+    reason = f"cannot list {os.path.basename(path)}/: {type(exc).__name__}: {exc.strerror or exc}"
+    return CacheLeftover(runtime=runtime, layout=layout, root=root, path=path, reason=reason)
+
+
+def cache_leftover(runtime: str, layout: str, root: str, entry: os.DirEntry[str],
+                   dir_reason: str) -> CacheLeftover:
+    """A non-entry in cache/: a stray file, a dangling link, or an odd-named directory."""
+    if entry.is_dir():
+        reason = dir_reason
+    elif entry.is_symlink() and not os.path.exists(entry.path):
+        try:
+            target = os.readlink(entry.path)
+        except OSError:
+            target = "?"
+        reason = DANGLING_REASON.format(target=target)
+    else:
+        reason = CACHE_FILE_REASON
+    return CacheLeftover(runtime=runtime, layout=layout, root=root, path=entry.path,
+                         reason=reason, mtime_ns=lstat_mtime_ns(entry))
+
+
+def tmp_leftovers(runtime: str, layout: str, root: str,
+                  file_reason: Mapping[str, str] | None = None) -> Iterator[CacheLeftover]:
+    """Everything under <root>/tmp/, sorted by name: nothing there is ever an entry.
+
+    A compile that is running right now also has a directory here; `mtime_ns` lets the judge
+    tell a fresh one from a crashed writer's. `file_reason` maps a name prefix to a more precise
+    reason for temporary files (the Python JIT's "nvcc.tmp." files).
+    """
+    tmp_dir = os.path.join(root, "tmp")
+    try:
+        entries = scandir_sorted(tmp_dir)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        yield unlistable(runtime, layout, root, tmp_dir, exc)
+        return
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            reason = TMP_DIR_REASON
+        else:
+            reason = next((text for prefix, text in (file_reason or {}).items()
+                           if entry.name.startswith(prefix)), TMP_FILE_REASON)
+        yield CacheLeftover(runtime=runtime, layout=layout, root=root, path=entry.path,
+                            reason=reason, mtime_ns=lstat_mtime_ns(entry))
