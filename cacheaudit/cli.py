@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -23,6 +25,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 shim_app = typer.Typer(help="Install and inspect the compiler shim.", no_args_is_help=True)
 app.add_typer(shim_app, name="shim")
@@ -84,6 +87,134 @@ def report(
         sys.stdout.write(output.records_json(records, with_graph=graph) + "\n")
     else:
         output.render_records(records, _console())
+
+
+FailOnOption = Annotated[str | None, typer.Option(
+    "--fail-on", help="Exit 1 when a finding reaches this severity: error, warning, info, never "
+    "(default error, or [tool.cacheaudit] fail-on).")]
+FormatOption = Annotated[str, typer.Option(
+    "--format", help="table, json or markdown.")]
+
+
+def _codes(values: list[str] | None) -> list[str]:
+    """`--select CA101,CA2 --select CA301` -> ["CA101", "CA2", "CA301"]."""
+    return [code.strip().upper() for value in values or [] for code in value.split(",")
+            if code.strip()]
+
+
+def _check_codes(codes: list[str], option: str) -> None:
+    from cacheaudit.model import FINDING_CODES
+
+    for code in codes:
+        if not any(known.startswith(code) for known in FINDING_CODES):
+            raise UsageError(f"{option} {code}: no finding code starts with it "
+                             f"(codes: {', '.join(sorted(FINDING_CODES))})")
+
+
+@app.command()
+def scan(
+    paths: Annotated[list[str] | None, typer.Argument(
+        help="Cache roots to scan (default: every root the known runtimes would use).")] = None,
+    ledger: LedgerOption = None,
+    output_format: FormatOption = "table",
+    json_output: JsonOption = False,
+    fail_on: FailOnOption = None,
+    select: Annotated[list[str] | None, typer.Option(
+        help="Only these codes or code prefixes (CA101,CA2).")] = None,
+    ignore: Annotated[list[str] | None, typer.Option(
+        help="Leave out these codes or code prefixes.")] = None,
+    reconstruct: Annotated[bool | None, typer.Option(
+        "--reconstruct/--no-reconstruct",
+        help="Run the compiler's dependency pass for entries built before recording.")] = None,
+    verify_keys: Annotated[bool | None, typer.Option(
+        "--verify-keys/--no-verify-keys",
+        help="Recompute every entry's key, not only where a tracked input changed.")] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar on long scans.")] = True,
+) -> None:
+    """Audit cache entries: every input that changed without the key noticing."""
+    from cacheaudit import audit, output
+    from cacheaudit.config import FAIL_ON_CHOICES, load_settings
+
+    settings = load_settings()
+    fail_on = fail_on or settings.fail_on
+    if fail_on not in FAIL_ON_CHOICES:
+        raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON_CHOICES)}, not {fail_on!r}")
+    output_format = "json" if json_output else output_format
+    if output_format not in ("table", "json", "markdown"):
+        raise UsageError(f"--format must be table, json or markdown, not {output_format!r}")
+    selected = _codes(select) or _codes(settings.select)
+    ignored = _codes(ignore) or _codes(settings.ignore)
+    _check_codes(selected, "--select")
+    _check_codes(ignored, "--ignore")
+    options = audit.AuditOptions(
+        select=frozenset(selected), ignore=frozenset(ignored),
+        reconstruct=settings.reconstruct if reconstruct is None else reconstruct,
+        verify_keys=settings.verify_keys if verify_keys is None else verify_keys)
+    ledger_path = ledger or (Path(settings.ledger) if settings.ledger else None)
+    console = _console()
+    with _open_ledger(ledger_path, create=True) as opened, _progress(
+            progress and output_format == "table") as advance:
+        result = audit.scan(paths or settings.paths, os.environ, ledger=opened, options=options,
+                            progress=advance)
+    summary = output.summary_line(len(result.entries), len(result.roots), result.matched,
+                                  result.reconstructed, result.findings)
+    if output_format == "json":
+        sys.stdout.write(output.findings_json(result.findings, {
+            "roots": [{"layout": layout, "root": root} for layout, root in result.roots],
+            "entries": len(result.entries), "matched": result.matched,
+            "reconstructed": result.reconstructed, "ledger": result.ledger,
+            "fail_on": fail_on, "summary": summary}) + "\n")
+    elif output_format == "markdown":
+        sys.stdout.write(output.findings_markdown(result.findings, summary))
+    else:
+        if not result.roots:
+            console.print("no cache roots found (give a path, or set DG_JIT_CACHE_DIR, "
+                          "DJ_JIT_CACHE_DIR, ...)")
+        output.render_findings(result.findings, console, summary)
+    if audit.fails(result.findings, fail_on):
+        raise typer.Exit(ExitCode.FINDINGS)
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr for scans long enough to want one, only on a terminal."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("auditing entries", total=None)
+
+        def advance(done: int, total: int) -> None:
+            if total >= 50:
+                bar.update(task, completed=done, total=total)
+
+        yield advance
+
+
+@app.command()
+def explain(
+    target: Annotated[str, typer.Argument(
+        help="An entry directory (or a file in it), a key prefix, or a record id.")],
+    ledger: LedgerOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """One entry in full: the four answers, the key's labelled components, and what changed
+    since the kernel's previous compile."""
+    from cacheaudit import output
+    from cacheaudit.explain import explain as build
+    from cacheaudit.ledger import default_ledger_path
+
+    has_ledger = os.path.exists(str(ledger) if ledger else default_ledger_path())
+    with contextlib.ExitStack() as stack:
+        opened = stack.enter_context(_open_ledger(ledger)) if has_ledger else None
+        explanation = build(target, os.environ, opened)
+        if json_output:
+            sys.stdout.write(output.explanation_json(explanation) + "\n")
+        else:
+            output.render_explanation(explanation, _console())
 
 
 @app.command()

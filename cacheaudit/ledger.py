@@ -684,6 +684,57 @@ class Ledger:
             test_id=row[21], observer=row[22], notes=tuple(self._load_blob(row[23]) or ()),
             extra=extra)
 
+    def compiles_by_output(self) -> dict[str, str]:
+        """Output digest -> the newest successful compile record that wrote it.
+
+        This is how an entry found on disk is tied to the compile that built it: JIT runtimes
+        build in a temporary directory and rename it into place, so paths differ but the
+        binary's bytes do not.
+        """
+        rows = self.conn.execute(
+            "SELECT s.digest, r.record_uuid FROM records r"
+            " JOIN graph_files g ON g.graph_id = r.outputs_id"
+            " JOIN file_states s ON s.id = g.state_id"
+            " WHERE r.event = 'compile' AND r.exit_code = 0 AND s.digest != ''"
+            " ORDER BY r.started_ns, r.id")
+        return {digest: record_uuid for digest, record_uuid in rows}
+
+    def records_by_uuid(self, uuids: Sequence[str], chunk: int = 500) -> dict[str, CompileRecord]:
+        found: dict[str, CompileRecord] = {}
+        for start in range(0, len(uuids), chunk):
+            part = list(uuids[start:start + chunk])
+            marks = ", ".join("?" * len(part))
+            for record in self.records(where=f"r.record_uuid IN ({marks})", params=part):
+                found[record.record_id] = record
+        return found
+
+    def lookups_by_entry(self) -> dict[str, list[CompileRecord]]:
+        """Hit records (disk-hit, memory-hit) per entry path, oldest first."""
+        by_entry: dict[str, list[CompileRecord]] = {}
+        for record in self.records(where="r.event != 'compile' AND r.entry_id IS NOT NULL",
+                                   order="r.started_ns, r.id"):
+            if record.entry:
+                by_entry.setdefault(record.entry, []).append(record)
+        return by_entry
+
+    def attribute(self, record_uuid: str, *, runtime: str, kernel: str, key: str | None,
+                  entry: str) -> None:
+        """Fill in what a compile's observer could not know (the shim sees `kernel.cu` in a
+        temporary directory) once an audit has tied the compile to its cache entry. Fields an
+        observer already set are left alone."""
+
+        def write() -> None:
+            with self._write():
+                entry_id = self._file_id(entry)
+                self.conn.execute(
+                    "UPDATE records SET runtime = coalesce(runtime, ?),"
+                    " kernel = CASE WHEN entry_id IS NULL THEN ? ELSE kernel END,"
+                    " key = coalesce(key, ?), entry_id = coalesce(entry_id, ?)"
+                    " WHERE record_uuid = ?",
+                    _params((runtime, kernel, key, entry_id, record_uuid)))
+
+        _retrying(write)
+
     def findings(self, audit_uuid: str | None = None) -> list[Finding]:
         """The findings of one audit pass, by default the latest."""
         if audit_uuid is None:

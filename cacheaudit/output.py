@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from cacheaudit.model import CompileRecord, CompilerIdentity, FileState
+from cacheaudit.model import CompileRecord, CompilerIdentity, FileState, Finding
 
 ENV_ORIGIN_PREFIX = "env:"
 
@@ -122,6 +123,8 @@ _SHOWN_VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "NVCC_CCBIN
 
 
 def _event_line(record: CompileRecord) -> str:
+    if record.extra.get("runtime_error"):
+        return f"[red]refused by the runtime: {record.extra['runtime_error']}[/red]"
     if record.signal:
         status = f"[red]killed by signal {record.signal}[/red]"
     elif record.exit_code not in (0, None):
@@ -169,3 +172,193 @@ def render_records(records: Sequence[CompileRecord], console: Any) -> None:
         console.print(title)
         console.print(grid)
         console.print()
+
+
+# ------------------------------------------------------------------------------------ findings
+
+_SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def group_findings(findings: Sequence[Finding]) -> list[tuple[Finding, list[Finding]]]:
+    """Findings that say the same thing about many entries (one variable drifted under 300
+    kernels) collapse into one row; the first stands for the group."""
+    groups: dict[tuple[Any, ...], list[Finding]] = {}
+    for finding in findings:
+        key = (finding.code, finding.subject, finding.recorded, finding.current, finding.inferred)
+        groups.setdefault(key, []).append(finding)
+    ordered = sorted(groups.values(), key=lambda g: (-g[0].severity.rank, g[0].code,
+                                                       g[0].subject))
+    return [(group[0], group) for group in ordered]
+
+
+def _where(group: list[Finding]) -> str:
+    first = group[0]
+    name = f"{first.runtime or '-'}:{first.kernel}" if first.kernel else (first.entry or "-")
+    return name if len(group) == 1 else f"{name} and {len(group) - 1} more"
+
+
+def summary_line(scanned: int, roots: int, matched: int, reconstructed: int,
+                 findings: Sequence[Finding]) -> str:
+    counts = Counter(f.severity.value for f in findings)
+    verdict = ", ".join(f"{counts[s]} {s}{'s' if counts[s] != 1 else ''}"
+                        for s in ("error", "warning", "info") if counts[s]) or "no findings"
+    return (f"{scanned} entr{'y' if scanned == 1 else 'ies'} in {roots} cache "
+            f"root{'' if roots == 1 else 's'} ({matched} tied to a recorded compile, "
+            f"{reconstructed} reconstructed): {verdict}")
+
+
+def render_findings(findings: Sequence[Finding], console: Any, summary: str) -> None:
+    from rich.table import Table
+
+    if not findings:
+        console.print(f"[green]{summary}[/green]")
+        return
+    table = Table(show_lines=True, title=summary, title_justify="left")
+    table.add_column("code", no_wrap=True)
+    table.add_column("where", overflow="fold")
+    table.add_column("what", overflow="fold")
+    table.add_column("recorded -> now", overflow="fold")
+    for first, group in group_findings(findings):
+        style = _SEVERITY_STYLE[first.severity.value]
+        code = f"[{style}]{first.code}[/{style}]\n{first.severity.value}"
+        if first.inferred:
+            code += "\n[dim]inferred[/dim]"
+        what = f"[bold]{first.subject}[/bold]\n{first.message}\n[dim]how: {first.how}[/dim]"
+        if first.hint:
+            what += f"\n[green]fix: {first.hint}[/green]"
+        values = "" if first.recorded is None and first.current is None else (
+            f"{first.recorded or '-'}\n-> {first.current or '-'}")
+        table.add_row(code, _where(group), what, values)
+    console.print(table)
+
+
+def findings_json(findings: Sequence[Finding], extra: Mapping[str, Any]) -> str:
+    counts = Counter(f.code for f in findings)
+    return json.dumps({**extra, "counts": dict(sorted(counts.items())),
+                       "findings": [f.to_dict() for f in findings]}, indent=2,
+                      ensure_ascii=False)
+
+
+def _md(text: str | None) -> str:
+    return (text or "").replace("|", "\\|").replace("\n", "<br>")
+
+
+def findings_markdown(findings: Sequence[Finding], summary: str) -> str:
+    lines = ["## cacheaudit scan", "", summary, ""]
+    if not findings:
+        return "\n".join(lines)
+    lines += ["| code | severity | where | subject | recorded | now |",
+              "|---|---|---|---|---|---|"]
+    for first, group in group_findings(findings):
+        lines.append(f"| {first.code} | {first.severity.value}"
+                     f"{' (inferred)' if first.inferred else ''} | {_md(_where(group))} | "
+                     f"{_md(first.subject)} | {_md(first.recorded)} | {_md(first.current)} |")
+    lines += ["", "<details><summary>Details</summary>", ""]
+    for first, group in group_findings(findings):
+        lines += [f"- **{first.code}** {_md(first.subject)}: {_md(first.message)}",
+                  f"  - how: {_md(first.how)}"]
+        if first.hint:
+            lines.append(f"  - fix: {_md(first.hint)}")
+        lines += [f"  - entry: `{f.entry}`" for f in group[:20] if f.entry]
+        if len(group) > 20:
+            lines.append(f"  - and {len(group) - 20} more entries")
+    lines += ["", "</details>", ""]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ explain
+
+
+def explanation_json(explanation: Any) -> str:
+    record = explanation.record
+    entry = explanation.entry
+    return json.dumps({
+        "entry": None if entry is None else {
+            "runtime": entry.runtime, "layout": entry.layout, "path": entry.path,
+            "kernel": entry.kernel, "key": entry.key,
+            "binary": entry.binary.to_dict() if entry.binary else None,
+            "built": _when(entry.built_ns) if entry.built_ns else None,
+            "last_hit": _when(entry.committed_ns) if entry.committed_ns else None,
+            "problems": list(entry.problems)},
+        "record": None if record is None else record_summary(record, with_graph=True),
+        "previous_record": explanation.previous.record_id if explanation.previous else None,
+        "lookups": [{"event": r.event, "at": _when(r.started_ns), "pid": r.pid}
+                    for r in explanation.lookups],
+        "tracked": None if explanation.tracked is None else {
+            "names": dict(explanation.tracked.names), "paths": sorted(explanation.tracked.paths),
+            "error": explanation.tracked.error, "how": explanation.tracked.how},
+        "key": None if explanation.key is None else {
+            "entry": entry.key if entry else None, "recomputed": explanation.key.recomputed,
+            "matches": explanation.key.matches(entry.key if entry else None),
+            "note": explanation.key.note,
+            "components": [{"label": c.label, "value": c.value, "digest": c.digest}
+                           for c in explanation.key.components]},
+        "changes_since_previous": [{"component": c.component, "item": c.item, "old": c.old,
+                                    "new": c.new} for c in explanation.changes],
+        "findings": [f.to_dict() for f in explanation.findings],
+    }, indent=2, ensure_ascii=False)
+
+
+def render_explanation(explanation: Any, console: Any) -> None:
+    from rich.table import Table
+
+    entry, record = explanation.entry, explanation.record
+    if entry is not None:
+        console.print(f"[bold]{entry.runtime}:{entry.kernel}[/bold]  {entry.path}")
+        console.print(f"  key {entry.key}  built {_when(entry.built_ns) if entry.built_ns else '-'}"
+                      f"  last disk hit or commit "
+                      f"{_when(entry.committed_ns) if entry.committed_ns else '-'}")
+        for problem in entry.problems:
+            console.print(f"  [yellow]{problem}[/yellow]")
+    if record is not None:
+        console.print()
+        render_records([record], console)
+        if record.compiler is not None and record.compiler.version_text:
+            console.print("[cyan]compiler --version[/cyan]")
+            console.print(record.compiler.version_text.rstrip(), markup=False)
+            console.print()
+    for lookup in explanation.lookups:
+        console.print(f"  {lookup.event} at {_when(lookup.started_ns)} (pid {lookup.pid})")
+    if explanation.tracked is not None:
+        tracked = explanation.tracked
+        console.print(f"[cyan]tracked set[/cyan] ({tracked.how})")
+        for name, path in sorted(tracked.names.items()):
+            console.print(f"  <{name}> -> {path}")
+        if not tracked.names:
+            console.print("  only the source itself")
+        if tracked.error:
+            console.print(f"  [yellow]{tracked.error}[/yellow]")
+        if record is not None and record.graph is not None:
+            untracked = [f for f in record.graph.files if f.path not in tracked.paths]
+            console.print(f"  untracked: {len(untracked)} of {len(record.graph.files)} files "
+                          f"the compiler read")
+    if explanation.key is not None:
+        key = explanation.key
+        table = Table(title="key components (as a new runtime would compute them now)",
+                      title_justify="left")
+        table.add_column("component")
+        table.add_column("value", overflow="fold")
+        table.add_column("digest", no_wrap=True)
+        for component in key.components:
+            table.add_row(component.label, component.value, component.digest or "")
+        if key.components:
+            console.print(table)
+        matches = key.matches(entry.key if entry else None)
+        verdict = {True: "[green]matches the entry's key[/green]",
+                   False: "[bold red]differs from the entry's key[/bold red]",
+                   None: f"[yellow]not recomputed: {key.note}[/yellow]"}[matches]
+        console.print(f"recomputed key {key.recomputed or '-'}: {verdict}")
+    if explanation.previous is not None:
+        table = Table(title=f"changes since the previous compile of this kernel "
+                            f"({_when(explanation.previous.started_ns)})", title_justify="left")
+        for column in ("component", "item", "before", "now"):
+            table.add_column(column, overflow="fold")
+        for change in explanation.changes:
+            table.add_row(change.component, change.item, change.old or "-", change.new or "-")
+        if not explanation.changes:
+            table.add_row("-", "nothing", "", "")
+        console.print(table)
+    if explanation.findings:
+        render_findings(explanation.findings, console, f"{len(explanation.findings)} finding(s)")
+    else:
+        console.print("[green]no findings[/green]")

@@ -11,6 +11,7 @@ import contextlib
 import os
 import socket
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from cacheaudit import compilers, envvars, graph
 from cacheaudit.digest import StateCache, normalise_path
 from cacheaudit.ledger import Ledger, RunInfo, default_ledger_path, new_record_id, spool_record
 from cacheaudit.model import ArgToken, CompileRecord, CompilerIdentity, FileState, IncludeGraph
+from cacheaudit.processes import runtime_process
 
 RUN_VARIABLE = "CACHEAUDIT_RUN"
 RUN_LABEL_VARIABLE = "CACHEAUDIT_RUN_LABEL"
@@ -25,24 +27,16 @@ RUNTIME_VARIABLE = "CACHEAUDIT_RUNTIME"
 TEST_ID_VARIABLE = "CACHEAUDIT_TEST_ID"
 
 
-def _process_start_ticks(pid: int) -> str:
-    """The start time of a process in clock ticks since boot; tells a reused pid apart."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-            return handle.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return "0"
-
-
-def current_run(env: Mapping[str, str], label: str = "shim") -> RunInfo:
-    """The run a record belongs to: CACHEAUDIT_RUN, else the parent process (the JIT runtime)."""
+def current_run(env: Mapping[str, str], label: str = "shim", *,
+                in_process: bool = False) -> RunInfo:
+    """The run a record belongs to: CACHEAUDIT_RUN, else the runtime's process: this one for an
+    in-process adapter, the shim's nearest non-shell ancestor for the shim."""
     explicit = env.get(RUN_VARIABLE)
     if explicit:
         return RunInfo(run_uuid=explicit, label=env.get(RUN_LABEL_VARIABLE, label))
-    parent = os.getppid()
+    parent, ticks = runtime_process(os.getpid() if in_process else None)
     host = socket.gethostname()
-    return RunInfo(run_uuid=f"{host}:{parent}:{_process_start_ticks(parent)}", label=label,
+    return RunInfo(run_uuid=f"{host}:{parent}:{ticks}", label=label,
                    host=host, pid=parent, command=_process_command(parent))
 
 
@@ -80,6 +74,27 @@ def write_record(record: CompileRecord, run: RunInfo, ledger_path: str | None = 
     except OSError as exc:
         return f"{problem}; spooling failed too ({exc.strerror}): record lost"
     return f"{problem}; record kept in {spooled}"
+
+
+def record_lookup(*, runtime: str, kernel: str | None, event: str, key: str | None = None,
+                  entry: str | None = None, observer: str, notes: Sequence[str] = (),
+                  extra: Mapping[str, object] | None = None,
+                  env: Mapping[str, str] | None = None) -> str | None:
+    """Store what an in-process adapter saw: a hit, or a lookup the runtime refused.
+
+    Returns a problem, or None; never raises, so that an adapter can call it from inside the
+    runtime's own code path.
+    """
+    env = os.environ if env is None else env
+    try:
+        record = CompileRecord(
+            record_id=new_record_id(), event=event, started_ns=time.time_ns(), runtime=runtime,
+            kernel=kernel, key=key, entry=entry, pid=os.getpid(), host=socket.gethostname(),
+            test_id=test_id_from(env), observer=observer, notes=tuple(notes),
+            extra=dict(extra or {}))
+        return write_record(record, current_run(env, observer, in_process=True))
+    except Exception as exc:  # noqa: BLE001 - fail open inside the runtime
+        return f"{type(exc).__name__}: {exc}"
 
 
 def report_problem(problem: str, stream: object = None) -> None:

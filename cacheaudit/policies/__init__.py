@@ -1,0 +1,94 @@
+"""Policies: what each runtime's cache key covers, and a recomputation of that key where possible.
+
+A policy turns "the runtime keys on X" from an assumption into a check: it computes the tracked set
+by the runtime's own rules (DeepJIT's prefix parser, DeepGEMM's include regex) and, where the
+entry carries enough, recomputes the runtime's digest from the files on disk now. The audit then
+compares: a tracked file that changed must change the key (else CA103), an untracked one that
+changed never does (CA101).
+
+Adding a runtime: a module here with a `POLICIES` mapping (runtime -> object satisfying
+`Policy`), and one line in `_MODULES`. Runtimes that share a recipe share a module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from cacheaudit import envvars
+from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity
+
+_MODULES = {"deepjit": "deepjit", "deepgemm": "deepgemm", "deepep": "deepgemm"}
+
+
+@dataclass(frozen=True)
+class KeyComponent:
+    """One labelled part of a runtime's key, in the order the runtime hashes it."""
+
+    label: str
+    value: str
+    digest: str | None = None
+
+
+@dataclass(frozen=True)
+class TrackedSet:
+    """The inputs a runtime's key covers for one entry, found by the runtime's own rules."""
+
+    paths: frozenset[str]
+    names: Mapping[str, str] = field(default_factory=dict)
+    error: str | None = None
+    how: str = ""
+
+
+@dataclass(frozen=True)
+class KeyCheck:
+    """The runtime's key recomputed from the entry and the files on disk now."""
+
+    recomputed: str | None
+    components: tuple[KeyComponent, ...] = ()
+    note: str = ""
+
+    def matches(self, key: str | None) -> bool | None:
+        if self.recomputed is None or key is None:
+            return None
+        return self.recomputed == key
+
+
+class Policy(Protocol):
+    runtime: str
+    env_prefixes: tuple[str, ...]
+    """The `<PREFIX>_JIT_*` families this runtime reads (for CA203, CA204)."""
+
+    def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
+        """Which files the entry's key covers, resolved against the disk now."""
+        ...
+
+    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None) -> KeyCheck:
+        """Recompute the entry's key from the files on disk now (and the recorded compile, where
+        the entry alone does not carry the recipe); `recomputed` None when something the recipe
+        needs is missing (the note says what)."""
+        ...
+
+    def compiler_change_in_key(self, recorded: CompilerIdentity,
+                               current: CompilerIdentity) -> bool:
+        """Whether this compiler change alters the runtime's key (so a hit is impossible)."""
+        ...
+
+    def dependency_command(self, entry: CacheEntry) -> tuple[list[str], str] | None:
+        """(argv, cwd) that compiles the entry's source as the runtime did, for a dependency pass
+        over an entry built before recording started; None when the entry does not say."""
+        ...
+
+
+def policy_for(runtime: str) -> Policy:
+    module = _MODULES.get(runtime)
+    if module is None:
+        raise KeyError(f"no policy for runtime {runtime!r}")
+    return importlib.import_module(f"cacheaudit.policies.{module}").POLICIES[runtime]  # type: ignore[attr-defined]
+
+
+def implicit_inputs(runtime: str, names: set[str]) -> list[str]:
+    """The variables among `names` that change a compile but not this runtime's key."""
+    return sorted(n for n in names if envvars.is_implicit_input(n, runtime))

@@ -1,0 +1,654 @@
+"""The judge: cache entries and compile records, checked against the disk and environment now.
+
+Each entry a reader found is tied to the compile that built it (by the binary's bytes), the
+runtime's policy says which inputs its key covers, and every difference between what the compile
+read then and what is on disk now becomes a finding with its evidence: the file or variable, the
+recorded and the current value, and how that was established. Entries built before recording
+started are reconstructed by running the compiler's dependency pass with the entry's own recorded
+command; what that yields is marked as inferred from timestamps, not proven by content.
+
+Reads the ledger and the disk; writes nothing but reconstructed records and attributions back to
+the ledger (so that the next scan need not repeat the work).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from cacheaudit import compilers, envvars
+from cacheaudit.digest import StateCache, changed_files, normalise_path
+from cacheaudit.ledger import Ledger, RunInfo, new_record_id
+from cacheaudit.model import (
+    FINDING_CODES,
+    CacheEntry,
+    CacheLeftover,
+    CompileRecord,
+    CompilerIdentity,
+    FileState,
+    Finding,
+    IncludeGraph,
+    Severity,
+)
+from cacheaudit.policies import Policy, TrackedSet, policy_for
+from cacheaudit.processes import run_process_alive
+from cacheaudit.readers import Reader, all_readers
+
+# Variables whose drift is judged through what they select, not their text: each picks a
+# compiler (or the toolkit it comes from), and the compilers' identities are compared directly
+# (CA301, CA302). A shell that lacks DG_JIT_NVCC_COMPILER is no evidence of another compiler.
+_JUDGED_ELSEWHERE = frozenset({"PATH", "CC", "CXX", "NVCC_CCBIN", "CUDAHOSTCXX", "CUDA_HOME",
+                               "CUDA_PATH", "PYTORCH_NVCC", "FLASHINFER_NVCC"})
+_COMPILER_SUFFIXES = ("_JIT_NVCC_COMPILER", "_JIT_HIPCC_COMPILER", "_NVCC_COMPILER")
+
+
+def _judged_elsewhere(name: str) -> bool:
+    return name in _JUDGED_ELSEWHERE or name.endswith(_COMPILER_SUFFIXES)
+
+HINTS = {
+    "CA101": "evict the entry ({entry}) so that the runtime compiles again, or feed a digest of "
+             "the file into the runtime's extra signature",
+    "CA102": "feed a digest of these files into the runtime's extra signature, or evict the "
+             "runtime's cache whenever they change",
+    "CA103": "the runtime's own keying is broken for this input: evict the entry and report it "
+             "to the runtime's maintainers",
+    "CA104": "evict the entry: the next compile would read a different set of files",
+    "CA105": "evict the entry, or remove the shadowing header",
+    "CA106": "restart the process that holds the runtime: it keeps serving what it hashed before",
+    "CA201": "add the variable's value to the runtime's extra signature, or unset it",
+    "CA202": "evict the entry, or restore the value it was built with",
+    "CA203": "set the prefixed variable explicitly if the fallback is not intended",
+    "CA301": "evict the runtime's cache after replacing a compiler in place",
+    "CA302": "evict the runtime's cache after changing the host compiler",
+    "CA401": "evict the entry: the binary may come from another version of the file",
+    "CA402": "remove the entry or leftover; the runtime would fail on it or ignore it",
+    "CA501": "make the file or compiler available again, or evict the entry",
+}
+
+
+@dataclass(frozen=True)
+class AuditOptions:
+    select: frozenset[str] = frozenset()
+    ignore: frozenset[str] = frozenset()
+    reconstruct: bool = True
+    verify_keys: bool = False
+
+
+@dataclass
+class ScanResult:
+    roots: list[tuple[str, str]]
+    entries: list[CacheEntry]
+    leftovers: list[CacheLeftover]
+    findings: list[Finding]
+    matched: int = 0
+    reconstructed: int = 0
+    ledger: str | None = None
+
+    def counts(self) -> Counter[str]:
+        return Counter(f.code for f in self.findings)
+
+    def worst(self) -> Severity | None:
+        return max((f.severity for f in self.findings), key=lambda s: s.rank, default=None)
+
+
+def fails(findings: Iterable[Finding], fail_on: str) -> bool:
+    """Whether any finding reaches the `--fail-on` threshold (error, warning, info or never)."""
+    if fail_on == "never":
+        return False
+    threshold = Severity(fail_on).rank
+    return any(f.severity.rank >= threshold for f in findings)
+
+
+def keep(findings: Iterable[Finding], options: AuditOptions) -> list[Finding]:
+    """`--select`/`--ignore` by code or code prefix (`CA1` selects CA101-CA106)."""
+    def wanted(code: str) -> bool:
+        if options.select and not any(code.startswith(s) for s in options.select):
+            return False
+        return not any(code.startswith(i) for i in options.ignore)
+
+    return [f for f in findings if wanted(f.code)]
+
+
+def _finding(code: str, *, subject: str, message: str, entry: CacheEntry | None = None,
+             record: CompileRecord | None = None, recorded: str | None = None,
+             current: str | None = None, how: str = "", inferred: bool = False) -> Finding:
+    if code not in FINDING_CODES:
+        raise ValueError(f"unknown finding code {code}")
+    hint = HINTS.get(code, "").format(entry=entry.path if entry else "the entry")
+    return Finding(code=code, subject=subject, message=message, recorded=recorded,
+                   current=current, how=how, record_id=record.record_id if record else None,
+                   entry=entry.path if entry else None,
+                   runtime=entry.runtime if entry else (record.runtime if record else None),
+                   kernel=entry.kernel if entry else (record.kernel if record else None),
+                   inferred=inferred, hint=hint)
+
+
+def _ns_text(ns: int | None) -> str:
+    if not ns:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
+
+
+def _state_text(state: FileState) -> str:
+    if not state.exists:
+        return "absent"
+    if state.digest is None:
+        return f"unreadable ({state.error})"
+    return f"xxh3 {state.digest[:16]}, {state.size} bytes, mtime {_ns_text(state.mtime_ns)}"
+
+
+# ------------------------------------------------------------------------------ search paths
+
+
+def search_directories(record: CompileRecord) -> list[str]:
+    """Where the compiler looked for `<...>` headers, in order: -I, CPATH, -isystem,
+    C/CPLUS_INCLUDE_PATH, -idirafter (gcc's rules, which nvcc's preprocessor follows)."""
+    kind = record.compiler.kind if record.compiler else "gcc"
+    command = compilers.parse_command(kind, [t.text for t in record.effective_argv])
+    by_option: dict[str, list[str]] = {}
+    for option, directory in command.include_dirs:
+        by_option.setdefault(option, []).append(normalise_path(directory, record.cwd or "/"))
+
+    def env_dirs(name: str) -> list[str]:
+        return [normalise_path(d, record.cwd or "/") for d in record.env.get(name, "").split(":")
+                if d]
+
+    ordered = (by_option.get("-I", []) + by_option.get("--include-path", [])
+               + env_dirs("CPATH") + by_option.get("-isystem", [])
+               + by_option.get("--system-include", []) + env_dirs("CPLUS_INCLUDE_PATH")
+               + env_dirs("C_INCLUDE_PATH") + by_option.get("-idirafter", []))
+    seen: set[str] = set()
+    return [d for d in ordered if not (d in seen or seen.add(d))]  # type: ignore[func-returns-value]
+
+
+# ------------------------------------------------------------------------------ the auditor
+
+
+@dataclass
+class _Compiled:
+    """A compiler's identity now, looked up once per scan."""
+
+    identity: CompilerIdentity | None
+    error: str | None = None
+
+
+@dataclass
+class Auditor:
+    """Judges entries one at a time; remembers what entries share (graphs, compilers)."""
+
+    env: Mapping[str, str]
+    ledger: Ledger | None = None
+    options: AuditOptions = field(default_factory=AuditOptions)
+    cache: StateCache = field(default_factory=StateCache)
+    now_ns: int = field(default_factory=time.time_ns)
+    _by_output: dict[str, str] = field(default_factory=dict)
+    _records: dict[str, CompileRecord] = field(default_factory=dict)
+    _lookups: dict[str, list[CompileRecord]] = field(default_factory=dict)
+    _graph_changes: dict[str, list[tuple[FileState, FileState]]] = field(default_factory=dict)
+    _shadows: dict[tuple[str, tuple[str, ...]], list[tuple[str, str]]] = field(
+        default_factory=dict)
+    _compilers: dict[str, _Compiled] = field(default_factory=dict)
+    _env_now: dict[str, str] = field(default_factory=dict)
+    reconstructed: int = 0
+    matched: int = 0
+
+    def __post_init__(self) -> None:
+        self._env_now = envvars.compile_environment(self.env)
+
+    # ---------------------------------------------------------------- the ledger side
+
+    def load(self, entries: Sequence[CacheEntry]) -> None:
+        """Tie entries to their compile records, in a few queries for the whole scan."""
+        if self.ledger is None:
+            return
+        self._by_output = self.ledger.compiles_by_output()
+        wanted = sorted({self._by_output[e.binary.digest] for e in entries
+                         if e.binary is not None and e.binary.digest in self._by_output})
+        self._records = self.ledger.records_by_uuid(wanted)
+        self._lookups = self.ledger.lookups_by_entry()
+        # Known file states let an unchanged header be verified by one stat.
+        for record in self._records.values():
+            if record.graph is not None:
+                self.cache.remember(f.state for f in record.graph.files)
+
+    def record_for(self, entry: CacheEntry) -> CompileRecord | None:
+        if entry.binary is None or entry.binary.digest is None:
+            return None
+        record_id = self._by_output.get(entry.binary.digest)
+        return self._records.get(record_id) if record_id else None
+
+    def lookups_for(self, entry: CacheEntry) -> list[CompileRecord]:
+        """Hits an in-process observer saw for this entry, oldest first."""
+        return self._lookups.get(entry.path, [])
+
+    # ---------------------------------------------------------------- per entry
+
+    def audit_leftover(self, leftover: CacheLeftover) -> Finding:
+        return _finding("CA402", subject=leftover.path, message=leftover.reason,
+                        current=f"last changed {_ns_text(leftover.mtime_ns)}",
+                        how=f"{leftover.layout} layout of {leftover.root}")
+
+    def audit_entry(self, entry: CacheEntry) -> list[Finding]:
+        findings = [_finding("CA402", subject=entry.path, message=problem, entry=entry,
+                             how=f"{entry.layout} layout") for problem in entry.problems]
+        try:
+            policy = policy_for(entry.runtime)
+        except KeyError:
+            return findings
+        record = self.record_for(entry)
+        if record is None and self.options.reconstruct:
+            record = self._reconstruct(entry, policy, findings)
+        if record is None:
+            findings.append(_finding(
+                "CA501", subject=entry.path, entry=entry,
+                message="no recorded compile for this entry and no way to reconstruct its "
+                        "inputs: nothing about its dependencies can be verified",
+                how="ledger lookup by the binary's content digest"))
+            return findings
+        self.matched += 1
+        if self.ledger is not None and not record.entry:
+            self.ledger.attribute(record.record_id, runtime=entry.runtime, kernel=entry.kernel,
+                                  key=entry.key, entry=entry.path)
+        tracked = policy.tracked(entry, record)
+        if tracked.error:
+            findings.append(_finding(
+                "CA501", subject=entry.path, entry=entry, record=record,
+                message=f"the runtime's tracked set cannot be computed: {tracked.error}",
+                how=tracked.how))
+        findings += self._inputs(entry, record, policy, tracked)
+        findings += self._shadowing(entry, record)
+        if not record.extra.get("reconstructed"):
+            # A reconstruction knows the files, not the environment of the original compile.
+            findings += self._environment(entry, record)
+        findings += self._compiler(entry, record, policy)
+        findings += self._during_compile(entry, record)
+        return findings
+
+    def _inputs(self, entry: CacheEntry, record: CompileRecord, policy: Policy,
+                tracked: TrackedSet) -> list[Finding]:
+        findings: list[Finding] = []
+        graph = record.graph
+        if graph is None:
+            return findings
+        changes = self._changes(graph)
+        inferred = bool(record.extra.get("reconstructed"))
+        if inferred and entry.built_ns:
+            changes = changes + [(f.state, f.state) for f in graph.files
+                                 if f.state.exists and f.state.mtime_ns > entry.built_ns]
+        changed_tracked: list[tuple[FileState, FileState]] = []
+        seen: set[str] = set()
+        for old, new in changes:
+            if old.path in seen:
+                continue
+            seen.add(old.path)
+            if old.path in tracked.paths:
+                # A tracked file touched after the build but equal in content is the key's
+                # business: recomputing the key tells whether the runtime would see it.
+                if new is not old:
+                    changed_tracked.append((old, new))
+            elif not new.exists:
+                findings.append(_finding(
+                    "CA104", subject=old.path, entry=entry, record=record,
+                    message="a file the compiler read is gone: the next compile of this kernel "
+                            "reads something else, while the cached binary still holds it",
+                    recorded=_state_text(old), current="absent",
+                    how="stat of the recorded path"))
+            elif inferred and new is old:
+                findings.append(_finding(
+                    "CA101", subject=old.path, entry=entry, record=record, inferred=True,
+                    message=f"untracked dependency modified after the binary was written "
+                            f"({_ns_text(entry.built_ns)}); the key does not cover it",
+                    recorded=f"binary written {_ns_text(entry.built_ns)}",
+                    current=f"mtime {_ns_text(old.mtime_ns)}",
+                    how="timestamps: the entry predates recording, its dependencies come from "
+                        "a dependency pass run now (inferred, not proven by content)"))
+            else:
+                last_hit = entry.committed_ns if entry.committed_ns and (
+                    entry.committed_ns > new.mtime_ns) else None
+                served = (f"; the runtime has hit the entry since ({_ns_text(last_hit)})"
+                          if last_hit else "")
+                findings.append(_finding(
+                    "CA101", subject=old.path, entry=entry, record=record,
+                    message=f"untracked dependency changed since the build, key unchanged: a "
+                            f"hit serves a binary built from the old content{served}",
+                    recorded=_state_text(old), current=_state_text(new),
+                    how="content hash (xxh3-128) of the recorded file against the file now"))
+        findings += self._tracked_changes(entry, record, policy, changed_tracked)
+        untracked = [f for f in graph.files if f.path not in tracked.paths
+                     and f.path not in seen]
+        if untracked:
+            roots = Counter(os.path.dirname(f.path) for f in untracked)
+            top = ", ".join(f"{d} ({n})" for d, n in roots.most_common(3))
+            findings.append(_finding(
+                "CA102", subject=f"{len(untracked)} untracked dependencies", entry=entry,
+                record=record,
+                message=f"the compiler read {len(untracked)} files the key does not cover, "
+                        f"unchanged so far; an edit to any of them would go unseen (under {top})",
+                how=f"include graph ({graph.method}) minus the tracked set ({tracked.how})"))
+        return findings
+
+    def _tracked_changes(self, entry: CacheEntry, record: CompileRecord, policy: Policy,
+                         changes: list[tuple[FileState, FileState]]) -> list[Finding]:
+        findings: list[Finding] = []
+        if not changes and not self.options.verify_keys:
+            return findings
+        check = policy.check_key(entry, record)
+        matches = check.matches(entry.key)
+        alive = run_process_alive(record.extra.get("run_uuid"))
+        if not changes:
+            if matches is False:
+                findings.append(_finding(
+                    "CA501", subject=entry.path, entry=entry, record=record,
+                    message="the key recomputed from unchanged inputs differs from the entry's: "
+                            "this runtime version keys differently from the policy, so claims "
+                            "about its tracked set are unverified",
+                    recorded=entry.key, current=check.recomputed, how="key recomputation"))
+            return findings
+        proven = self._memory_hits_after(entry, changes)
+        for old, new in changes:
+            if old.path in proven:
+                findings.append(proven[old.path])
+            elif matches is True:
+                findings.append(_finding(
+                    "CA103", subject=old.path, entry=entry, record=record,
+                    message="a tracked input changed but the key recomputed from it did not: the "
+                            "runtime would serve the old binary",
+                    recorded=_state_text(old), current=_state_text(new),
+                    how=f"key recomputation ({entry.key}) with the file as it is now"))
+            elif alive is not None:
+                findings.append(_finding(
+                    "CA106", subject=old.path, entry=entry, record=record,
+                    message=f"a tracked header changed after the runtime in process {alive} "
+                            f"hashed it; that process caches header digests for its lifetime and "
+                            f"keeps computing the old key",
+                    recorded=_state_text(old), current=_state_text(new),
+                    how=f"content hash; the compiling process {alive} is still running "
+                        f"(inferred from the process table)", inferred=True))
+            elif matches is None and check.note:
+                findings.append(_finding(
+                    "CA501", subject=old.path, entry=entry, record=record,
+                    message=f"a tracked input changed and the key cannot be recomputed to "
+                            f"confirm the runtime sees it: {check.note}",
+                    recorded=_state_text(old), current=_state_text(new),
+                    how="key recomputation"))
+        return findings
+
+    def _memory_hits_after(self, entry: CacheEntry, changes: list[tuple[FileState, FileState]]
+                           ) -> dict[str, Finding]:
+        """CA106 proven: an in-process observer saw a memory hit after a tracked file changed."""
+        proven: dict[str, Finding] = {}
+        for hit in self._lookups.get(entry.path, []):
+            if hit.event != "memory-hit":
+                continue
+            for old, new in changes:
+                if hit.started_ns > new.mtime_ns and old.path not in proven:
+                    proven[old.path] = _finding(
+                        "CA106", subject=old.path, entry=entry, record=hit,
+                        message=f"the runtime served this kernel from memory at "
+                                f"{_ns_text(hit.started_ns)} (pid {hit.pid}), after this tracked "
+                                f"header changed: its in-process header digests were stale",
+                        recorded=_state_text(old), current=_state_text(new),
+                        how="memory hit observed in the runtime's process after the file's mtime")
+        return proven
+
+    def _changes(self, graph: IncludeGraph) -> list[tuple[FileState, FileState]]:
+        key = graph.digest
+        if key not in self._graph_changes:
+            self._graph_changes[key] = changed_files((f.state for f in graph.files), self.cache)
+        return self._graph_changes[key]
+
+    def _shadowing(self, entry: CacheEntry, record: CompileRecord) -> list[Finding]:
+        if record.graph is None:
+            return []
+        directories = tuple(search_directories(record))
+        memo_key = (record.graph.digest, directories)
+        if memo_key not in self._shadows:
+            self._shadows[memo_key] = _find_shadows(record.graph, directories, record.started_ns)
+        return [_finding(
+            "CA105", subject=original, entry=entry, record=record,
+            message=f"{shadow} now comes earlier in the include search path than the header the "
+                    f"compiler used: a new compile reads it, the cached binary does not",
+            recorded=original, current=shadow,
+            how="search path rebuilt from the recorded -I/-isystem/CPATH, checked on disk now")
+            for original, shadow in self._shadows[memo_key]]
+
+    def _environment(self, entry: CacheEntry, record: CompileRecord) -> list[Finding]:
+        findings = []
+        for name in sorted(set(record.env) | set(self._env_now)):
+            if _judged_elsewhere(name) or not envvars.is_implicit_input(name, entry.runtime):
+                continue
+            then, now = record.env.get(name), self._env_now.get(name)
+            if then != now:
+                findings.append(_finding(
+                    "CA202", subject=name, entry=entry, record=record,
+                    message=f"{name} changes what the compiler does but not {entry.runtime}'s "
+                            f"key: a hit serves a binary built under the recorded value",
+                    recorded="(unset)" if then is None else then,
+                    current="(unset)" if now is None else now,
+                    how="recorded compile environment against this environment"))
+        return findings
+
+    def _identify(self, compiler: CompilerIdentity) -> _Compiled:
+        key = compiler.path
+        if key not in self._compilers:
+            if not os.path.exists(compiler.path):
+                self._compilers[key] = _Compiled(None, f"{compiler.path} no longer exists")
+            else:
+                from cacheaudit.shim import skip_directory
+
+                now = compilers.identify(compiler.path, env=self.env, skip=skip_directory,
+                                         path=compiler.path)
+                self._compilers[key] = _Compiled(now, now.error)
+        return self._compilers[key]
+
+    def _compiler(self, entry: CacheEntry, record: CompileRecord,
+                  policy: Policy) -> list[Finding]:
+        recorded = record.compiler
+        if recorded is None or record.extra.get("reconstructed"):
+            return []
+        found = self._identify(recorded)
+        if found.identity is None:
+            return [_finding("CA501", subject=recorded.path, entry=entry, record=record,
+                             message=f"the compiler that built this entry is gone: {found.error}",
+                             recorded=recorded.version_line, current="absent",
+                             how="stat of the recorded compiler path")]
+        now = found.identity
+        findings = []
+        if (now.digest != recorded.digest or now.version_text != recorded.version_text
+                or now.resolved != recorded.resolved) and not policy.compiler_change_in_key(
+                    recorded, now):
+            findings.append(_finding(
+                "CA301", subject=recorded.path, entry=entry, record=record,
+                message=f"the compiler at {recorded.path} is not the one that built this entry, "
+                        f"and {entry.runtime}'s key does not change with it",
+                recorded=f"{recorded.resolved} xxh3 {(recorded.digest or '-')[:16]} "
+                         f"({recorded.version_line})",
+                current=f"{now.resolved} xxh3 {(now.digest or '-')[:16]} ({now.version_line})",
+                how="content hash and --version of the compiler now"))
+        old_host, new_host = recorded.host, now.host
+        if old_host is not None and new_host is not None and (
+                old_host.digest != new_host.digest or old_host.version_text
+                != new_host.version_text or old_host.resolved != new_host.resolved):
+            findings.append(_finding(
+                "CA302", subject=old_host.path, entry=entry, record=record,
+                message=f"nvcc's host compiler changed; it preprocesses and compiles part of "
+                        f"every kernel, and {entry.runtime}'s key never covers it",
+                recorded=f"{old_host.resolved} ({old_host.version_line})",
+                current=f"{new_host.resolved} ({new_host.version_line})",
+                how="identity of the host compiler nvcc would use now"))
+        return findings
+
+    def _during_compile(self, entry: CacheEntry, record: CompileRecord) -> list[Finding]:
+        return [_finding(
+            "CA401", subject=path, entry=entry, record=record,
+            message="this input was modified while the compiler ran: the binary may hold a "
+                    "version other than the one recorded",
+            recorded=f"compile started {_ns_text(record.started_ns)}",
+            current="mtime or ctime after the start",
+            how="timestamps at the end of the compile (ccache's too-new rule)")
+            for path in record.extra.get("modified_during_compile", [])]
+
+    # ---------------------------------------------------------------- reconstruction
+
+    def _reconstruct(self, entry: CacheEntry, policy: Policy,
+                     findings: list[Finding]) -> CompileRecord | None:
+        command = policy.dependency_command(entry)
+        if command is None or entry.source is None:
+            return None
+        argv, cwd = command
+        if not argv or not os.path.exists(argv[0]):
+            findings.append(_finding(
+                "CA501", subject=argv[0] if argv else entry.path, entry=entry,
+                message="the entry predates recording and its compiler is gone: its inputs "
+                        "cannot be reconstructed", how="the compile command in the entry"))
+            return None
+        from cacheaudit import graph as graph_module
+
+        kind = compilers.compiler_kind(argv[0])
+        command_line = compilers.parse_command(kind, argv[1:])
+        with tempfile.TemporaryDirectory(prefix="cacheaudit-scan-") as workdir:
+            depfile = os.path.join(workdir, "deps.d")
+            result = graph_module.start_dependency_pass(
+                argv[0], command_line.dependency_argv(depfile), cwd, self.env).wait(timeout=300)
+        if not result.ok or result.depfile_text is None:
+            findings.append(_finding(
+                "CA501", subject=entry.path, entry=entry,
+                message=f"the entry predates recording and the dependency pass over its "
+                        f"recorded command failed: {result.error or result.stderr.strip()[:300]}",
+                how="the compile command in the entry, run with -M"))
+            return None
+        sources, include_graph = graph_module.graph_from_depfile(
+            result.depfile_text, cwd, [entry.source.path], self.cache, f"{kind} -M (reconstructed)")
+        from cacheaudit.shim import skip_directory
+
+        record = CompileRecord(
+            record_id=new_record_id(), event="compile", started_ns=entry.built_ns or 0,
+            runtime=entry.runtime, kernel=entry.kernel, key=entry.key, entry=entry.path,
+            compiler=compilers.identify(argv[0], env=self.env, skip=skip_directory, path=argv[0]),
+            argv=tuple(argv[1:]), cwd=cwd, sources=sources, graph=include_graph,
+            outputs=(entry.binary,) if entry.binary is not None else (), exit_code=0,
+            pid=os.getpid(), host=socket.gethostname(), observer=f"reconstructed:{entry.layout}",
+            notes=("reconstructed after the fact: the graph is what the compiler reads now",),
+            extra={"reconstructed": True})
+        self.reconstructed += 1
+        if self.ledger is not None:
+            # Kept so that the next scan need not run the pass again; a scan that cannot write
+            # still reports.
+            with contextlib.suppress(Exception):
+                self.ledger.add_records([record], RunInfo(run_uuid=f"scan:{uuid.uuid4().hex}",
+                                                          label="scan"))
+        return record
+
+    # ---------------------------------------------------------------- environment, once
+
+    def environment_findings(self, runtimes: set[str]) -> list[Finding]:
+        findings = []
+        for name, value in sorted(self._env_now.items()):
+            if _judged_elsewhere(name):
+                continue
+            blind = sorted(r for r in runtimes if envvars.is_implicit_input(name, r))
+            if blind:
+                findings.append(_finding(
+                    "CA201", subject=name,
+                    message=f"{name} is set and changes compiles, but the key of "
+                            f"{', '.join(blind)} does not include it: entries built under "
+                            f"another value are served as if it were the same",
+                    current=value, how="this environment against the variable registry"))
+        for prefix in ("DG", "EP"):
+            for setting in envvars.resolve_jit_settings(prefix, self.env):
+                if setting.origin == "fallback":
+                    findings.append(_finding(
+                        "CA203", subject=f"{prefix}_{setting.suffix}",
+                        message=f"{prefix}_{setting.suffix} is unset; DeepJIT falls back to "
+                                f"{setting.name}",
+                        current=f"{setting.name}={setting.value}",
+                        how="DeepJIT's lookup order: prefixed, then DJ_, then the default"))
+        return findings
+
+
+def _find_shadows(graph: IncludeGraph, directories: Sequence[str],
+                  started_ns: int) -> list[tuple[str, str]]:
+    shadows = []
+    for graph_file in graph.files:
+        path = graph_file.path
+        for index, directory in enumerate(directories):
+            if not path.startswith(directory.rstrip("/") + "/"):
+                continue
+            relative = path[len(directory.rstrip("/")) + 1:]
+            for earlier in directories[:index]:
+                candidate = os.path.join(earlier, relative)
+                try:
+                    st = os.stat(candidate)
+                except OSError:
+                    continue
+                if os.path.realpath(candidate) != path and st.st_ctime_ns > started_ns:
+                    shadows.append((path, candidate))
+                    break
+            break
+    return shadows
+
+
+# ------------------------------------------------------------------------------ scanning
+
+
+def discover(paths: Sequence[str], env: Mapping[str, str]) -> list[tuple[Reader, str]]:
+    """Cache roots to scan: the given paths (each matched to the layout it has), or with none,
+    every existing default root of every known runtime."""
+    readers = all_readers()
+    found: list[tuple[Reader, str]] = []
+    if paths:
+        for path in paths:
+            absolute = os.path.abspath(os.path.expanduser(path))
+            matching = [r for r in readers if r.is_root(absolute)]
+            found.extend((r, absolute) for r in matching)
+            if not matching:
+                from cacheaudit.exceptions import UsageError
+
+                if not os.path.exists(absolute):
+                    raise UsageError(f"{path}: no such directory")
+                raise UsageError(f"{path}: not a cache root of any known runtime "
+                                 f"({', '.join(r.layout for r in readers)})")
+        return found
+    for reader in readers:
+        for root in reader.default_roots(env):
+            if os.path.isdir(root) and reader.is_root(root):
+                found.append((reader, root))
+    return found
+
+
+def scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None = None,
+         options: AuditOptions | None = None,
+         progress: Callable[[int, int], None] | None = None) -> ScanResult:
+    """Read every root, tie entries to their compiles, judge them, filter by select/ignore."""
+    options = options or AuditOptions()
+    roots = discover(paths, env)
+    auditor = Auditor(env=env, ledger=ledger, options=options)
+    entries: list[CacheEntry] = []
+    leftovers: list[CacheLeftover] = []
+    seen: set[str] = set()
+    for reader, root in roots:
+        for item in reader.read(root, auditor.cache):
+            # A root may hold both DeepGEMM and DeepJIT entries (DG_JIT_CACHE_DIR serves both
+            # generations): each reader then reports the shared tmp/ leftovers.
+            if item.path in seen:
+                continue
+            seen.add(item.path)
+            (entries if isinstance(item, CacheEntry) else leftovers).append(item)
+    auditor.load(entries)
+    findings: list[Finding] = [auditor.audit_leftover(left) for left in leftovers]
+    for done, entry in enumerate(entries, 1):
+        findings += auditor.audit_entry(entry)
+        if progress is not None:
+            progress(done, len(entries))
+    findings += auditor.environment_findings({e.runtime for e in entries})
+    return ScanResult(roots=[(r.layout, root) for r, root in roots], entries=entries,
+                      leftovers=leftovers, findings=keep(findings, options),
+                      matched=auditor.matched, reconstructed=auditor.reconstructed,
+                      ledger=ledger.path if ledger else None)

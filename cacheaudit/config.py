@@ -1,0 +1,95 @@
+"""Settings from `[tool.cacheaudit]` in pyproject.toml, in one table with their defaults.
+
+Precedence, lowest first: 1. the defaults below; 2. `[tool.cacheaudit]` of the nearest
+pyproject.toml at or above the working directory; 3. command-line options.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cacheaudit.exceptions import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - 3.10
+    import tomli as tomllib
+
+FAIL_ON_CHOICES = ("error", "warning", "info", "never")
+
+
+@dataclass
+class Settings:
+    fail_on: str = "error"
+    select: list[str] = field(default_factory=list)
+    ignore: list[str] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    ledger: str | None = None
+    reconstruct: bool = True
+    verify_keys: bool = False
+    source: str | None = None
+
+
+# key in [tool.cacheaudit] -> (attribute, expected type)
+_TABLE: dict[str, tuple[str, type]] = {
+    "fail-on": ("fail_on", str),
+    "select": ("select", list),
+    "ignore": ("ignore", list),
+    "paths": ("paths", list),
+    "ledger": ("ledger", str),
+    "reconstruct": ("reconstruct", bool),
+    "verify-keys": ("verify_keys", bool),
+}
+
+
+def find_pyproject(start: str | None = None) -> str | None:
+    directory = os.path.abspath(start or os.getcwd())
+    while True:
+        candidate = os.path.join(directory, "pyproject.toml")
+        if os.path.isfile(candidate):
+            return candidate
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
+
+
+def load_settings(start: str | None = None) -> Settings:
+    settings = Settings()
+    path = find_pyproject(start)
+    if path is None:
+        return settings
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc}") from exc
+    table = data.get("tool", {}).get("cacheaudit")
+    if table is None:
+        return settings
+    apply_table(settings, table, path)
+    return settings
+
+
+def apply_table(settings: Settings, table: Mapping[str, Any], path: str) -> None:
+    for key, value in table.items():
+        if key not in _TABLE:
+            known = ", ".join(sorted(_TABLE))
+            raise ConfigError(f"{path}: [tool.cacheaudit] has no setting {key!r} (known: {known})")
+        attribute, expected = _TABLE[key]
+        if not isinstance(value, expected) or (expected is list and not all(
+                isinstance(v, str) for v in value)):
+            raise ConfigError(f"{path}: [tool.cacheaudit] {key} must be a {expected.__name__}"
+                              f"{' of strings' if expected is list else ''}, not {value!r}")
+        setattr(settings, attribute, value)
+    if settings.fail_on not in FAIL_ON_CHOICES:
+        raise ConfigError(f"{path}: [tool.cacheaudit] fail-on must be one of "
+                          f"{', '.join(FAIL_ON_CHOICES)}, not {settings.fail_on!r}")
+    if settings.ledger and not os.path.isabs(settings.ledger):
+        settings.ledger = os.path.join(os.path.dirname(path), settings.ledger)
+    settings.source = path
+

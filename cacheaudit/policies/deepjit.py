@@ -1,0 +1,302 @@
+"""DeepJIT's key (DeepJIT itself, DeepGEMM 2.8+, DeepEP): what it covers, recomputed.
+
+Source: deepseek-ai/DeepJIT, `runtime/runtime.hpp` (`Runtime::cache_key`), `utils/hash.hpp`
+(`FNV1a`), `utils/parser.hpp` (`Parser`), `backend/cuda/backend.hpp` (`CompilerInfo`, the compile
+command, meta.json). The key is an FNV-1a chain, each update prefixed with its length:
+
+1. `Config::extra_signature`
+2. the digest of the full `nvcc --version` text (the nvcc *path* is not hashed)
+3. the compile flags joined by single spaces
+4. the post-hook digest ("" without a post hook)
+5. `Parser::parse_into_hash(source)`: the source, then recursively each header reached through a
+   literal `#include <...>` line whose name starts with one of `include_prefixes`
+
+Not covered, by design (DeepJIT's README says so): `NVCC_PREPEND_FLAGS`, `NVCC_APPEND_FLAGS`,
+`CPATH`, the host compiler, every header outside the prefixes (CUTLASS, CuTe, CUDA, libstdc++),
+`include_dirs` themselves. Header digests are cached by include name for the runtime's lifetime,
+and the configuration is read once when the runtime is built.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity
+from cacheaudit.policies import KeyCheck, KeyComponent, TrackedSet
+
+_MASK = (1 << 64) - 1
+_PRIME_0 = 0x100000001B3
+_PRIME_1 = 0x9E3779B97F4A7C15
+_SEED_0 = 0xC6A4A7935BD1E995
+_SEED_1 = 0xFF51AFD7ED558CCD
+
+
+def _split_mix(value: int) -> int:
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK
+    return value ^ (value >> 31)
+
+
+class FNV1a:
+    """DeepJIT's `hash::FNV1a`: two 64-bit FNV-1a lanes, every update length-prefixed."""
+
+    __slots__ = ("state_0", "state_1")
+
+    def __init__(self) -> None:
+        self.state_0 = _SEED_0
+        self.state_1 = _SEED_1
+
+    def update(self, data: str | bytes) -> FNV1a:
+        raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+        s0, s1 = self.state_0, self.state_1
+        for byte in len(raw).to_bytes(8, "little") + raw:
+            s0 = ((s0 ^ byte) * _PRIME_0) & _MASK
+            s1 = ((s1 ^ byte) * _PRIME_1) & _MASK
+        self.state_0, self.state_1 = s0, s1
+        return self
+
+    def hexdigest(self) -> str:
+        return f"{_split_mix(self.state_0):016x}{_split_mix(self.state_1):016x}"
+
+
+def hex_digest(data: str | bytes) -> str:
+    return FNV1a().update(data).hexdigest()
+
+
+class NonStandardInclude(ValueError):
+    """DeepJIT's `DJ_PANIC("non-standard include: ...")`: the runtime refuses the source."""
+
+
+_BLANKS = " \t\f\v"
+
+
+def tracked_include(line: str, prefixes: Sequence[str]) -> str | None:
+    """The include name a line contributes to the key, by `Parser::parse_include`'s rules."""
+    line = line.lstrip(_BLANKS)
+    if not line.startswith("#"):
+        return None
+    line = line[1:].lstrip(_BLANKS)
+    if not line.startswith("include"):
+        return None
+    line = line[len("include"):].lstrip(_BLANKS)
+    if not line or line[0] not in "<\"":
+        return None
+    closing = min((i for i in (line.find(">", 1), line.find('"', 1)) if i != -1), default=-1)
+    if closing == -1:
+        return None
+    name = line[1:closing]
+    if (line[0] != "<" or line[closing] != ">" or not name or name[0] in _BLANKS
+            or name[-1] in _BLANKS):
+        raise NonStandardInclude(f"non-standard include: {line[:closing + 1]}")
+    return name if any(name.startswith(p) for p in prefixes) else None
+
+
+class _Parser:
+    """`Parser` with a fresh cache: what a new runtime object would compute from disk now."""
+
+    def __init__(self, include_dirs: Sequence[str], prefixes: Sequence[str]) -> None:
+        self.include_dirs = list(include_dirs)
+        self.prefixes = list(prefixes)
+        self.digests: dict[str, str] = {}
+        self.resolved: dict[str, str] = {}
+        self._visiting: set[str] = set()
+
+    def names_in(self, code: str) -> list[str]:
+        return [name for line in code.split("\n")
+                if (name := tracked_include(line, self.prefixes)) is not None]
+
+    def resolve(self, name: str) -> str:
+        for directory in self.include_dirs:
+            candidate = os.path.join(directory, name)
+            if os.path.exists(candidate):
+                return candidate
+        raise FileNotFoundError(f"tracked include <{name}> is in none of the include dirs")
+
+    def header_digest(self, name: str) -> str:
+        if name in self.digests:
+            return self.digests[name]
+        if name in self._visiting:
+            raise NonStandardInclude(f"circular include may occur: {name}")
+        self._visiting.add(name)
+        try:
+            path = self.resolve(name)
+            with open(path, encoding="utf-8", errors="surrogateescape") as handle:
+                code = handle.read()
+            digest = self.parse_into_hash(code)
+        finally:
+            self._visiting.discard(name)
+        self.resolved[name] = os.path.realpath(path)
+        self.digests[name] = digest
+        return digest
+
+    def parse_into_hash(self, code: str) -> str:
+        hasher = FNV1a().update(code)
+        for name in self.names_in(code):
+            hasher.update(self.header_digest(name))
+        return hasher.hexdigest()
+
+    def walk(self, code: str) -> None:
+        """Resolve every tracked header reachable from `code` without hashing anything."""
+        for name in self.names_in(code):
+            if name in self.resolved or name in self._visiting:
+                continue
+            self._visiting.add(name)
+            try:
+                path = self.resolve(name)
+                self.resolved[name] = os.path.realpath(path)
+                with open(path, encoding="utf-8", errors="surrogateescape") as handle:
+                    self.walk(handle.read())
+            finally:
+                self._visiting.discard(name)
+
+
+def _config(entry: CacheEntry) -> dict[str, Any]:
+    config = entry.meta.get("config")
+    return config if isinstance(config, dict) else {}
+
+
+def _read_source(entry: CacheEntry) -> str | None:
+    if entry.source is None or not entry.source.exists:
+        return None
+    try:
+        with open(entry.source.path, encoding="utf-8", errors="surrogateescape") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def options_flags(options: dict[str, Any]) -> list[str] | None:
+    """`CompilerOptions::get_flags` (backend/cuda/options.hpp) from the options meta.json holds:
+    the flag list the key hashes, whatever command the backend built from it."""
+    try:
+        flags = [f"--gpu-architecture=sm_{options['arch']}", f"-O{options['optimize_level']}",
+                 f"--compiler-options=-O{options['optimize_level']}"]
+        if options.get("use_fast_math"):
+            flags.append("--use_fast_math")
+        if options.get("ptxas_verbose"):
+            flags.append("--ptxas-options=--verbose")
+        flags.append("--ptxas-options=--register-usage-level="
+                     f"{options['ptxas_register_usage_level']}")
+        if options.get("check_no_spills"):
+            flags.append("--ptxas-options=--warn-on-spills")
+        if options.get("check_no_local_memory"):
+            flags.append("--ptxas-options=--warn-on-local-memory-usage")
+        if options.get("with_line_info"):
+            flags.append("--generate-line-info")
+        flags += [str(f) for f in options.get("nvcc_flags") or []]
+        flags += [str(f) for f in options.get("extra_nvcc_flags") or []]
+    except (KeyError, TypeError):
+        return None
+    return flags
+
+
+_OUTPUT_OPTIONS = ("--output-file", "-o")
+_INCLUDE_OPTIONS = ("--include-path", "-I")
+
+
+def command_flags(command: str, include_dirs: Sequence[str]) -> list[str] | None:
+    """The flags part of DeepJIT's compile command: between the output file and the trailing
+    include-path pairs (`backend.hpp` joins `[nvcc, src, --cubin, --output-file, cubin, *flags,
+    (--include-path, dir)*]` with single spaces)."""
+    tokens = command.split(" ")
+    output = next((i for i, t in enumerate(tokens) if t in _OUTPUT_OPTIONS), None)
+    if output is None:
+        return None
+    end = len(tokens) - 2 * len(include_dirs)
+    tail = tokens[end:]
+    if end < output + 2 or any(tail[2 * i] not in _INCLUDE_OPTIONS or tail[2 * i + 1] != d
+                               for i, d in enumerate(include_dirs)):
+        return None
+    return tokens[output + 2:end]
+
+
+class DeepJitPolicy:
+    runtime = "deepjit"
+    env_prefixes = ("DG", "EP", "DJ")
+
+    def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
+        config = _config(entry)
+        parser = _Parser(config.get("include_dirs") or [], config.get("include_prefixes") or [])
+        source = _read_source(entry)
+        how = (f"DeepJIT's parser over kernel.cu: literal #include <...> lines with prefixes "
+               f"{parser.prefixes or '(none)'}, resolved in {parser.include_dirs or '(none)'}")
+        paths = {entry.source.path} if entry.source is not None else set()
+        if source is None:
+            return TrackedSet(frozenset(paths), error="kernel.cu is missing", how=how)
+        try:
+            parser.walk(source)
+        except (NonStandardInclude, FileNotFoundError, OSError) as exc:
+            return TrackedSet(frozenset(paths | set(parser.resolved.values())),
+                              dict(parser.resolved), error=str(exc), how=how)
+        return TrackedSet(frozenset(paths | set(parser.resolved.values())), dict(parser.resolved),
+                          how=how)
+
+    def key_components(self, entry: CacheEntry) -> tuple[list[KeyComponent], str | None, str]:
+        """The labelled parts of the key as a new runtime would compute them now."""
+        config = _config(entry)
+        info = entry.meta.get("compiler_info") or {}
+        command = entry.meta.get("command")
+        include_dirs = config.get("include_dirs") or []
+        if not isinstance(info, dict) or "version" not in info or not isinstance(command, str):
+            return [], None, "meta.json lacks compiler_info.version or command"
+        options = entry.meta.get("compiler_options")
+        flags = options_flags(options) if isinstance(options, dict) else None
+        if flags is None:
+            flags = command_flags(command, include_dirs)
+        if flags is None:
+            return [], None, "meta.json holds neither compiler options nor a command of " \
+                             "DeepJIT's shape"
+        source = _read_source(entry)
+        if source is None:
+            return [], None, "kernel.cu is missing"
+        if isinstance(options, dict) and options.get("post_hook"):
+            return [], None, "entries with a post hook are not recomputed"
+        parser = _Parser(include_dirs, config.get("include_prefixes") or [])
+        try:
+            code_digest = parser.parse_into_hash(source)
+        except (NonStandardInclude, FileNotFoundError, OSError) as exc:
+            return [], None, f"the tracked headers cannot be hashed now: {exc}"
+        extra = str(config.get("extra_signature", ""))
+        version = str(info["version"])
+        components = [
+            KeyComponent("extra_signature", extra, hex_digest(extra)),
+            KeyComponent("compiler version (nvcc --version)", version.strip().splitlines()[-1]
+                         if version.strip() else "", hex_digest(version)),
+            KeyComponent("flags", " ".join(flags), hex_digest(" ".join(flags))),
+            KeyComponent("post hook", "(none)", hex_digest("")),
+            KeyComponent("source + tracked headers", f"kernel.cu + {len(parser.digests)} tracked",
+                         code_digest),
+        ]
+        components += [KeyComponent(f"  <{name}>", parser.resolved.get(name, "?"), digest)
+                       for name, digest in parser.digests.items()]
+        key = (FNV1a().update(extra).update(hex_digest(version)).update(" ".join(flags))
+               .update("").update(code_digest).hexdigest())
+        return components, key, ""
+
+    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None) -> KeyCheck:
+        # meta.json carries every part of the recipe; the recorded compile adds nothing.
+        components, key, note = self.key_components(entry)
+        return KeyCheck(key, tuple(components), note)
+
+    def compiler_change_in_key(self, recorded: CompilerIdentity,
+                               current: CompilerIdentity) -> bool:
+        # CompilerInfo::get_hash hashes the whole `--version` text, nothing else.
+        return recorded.version_text != current.version_text
+
+    def dependency_command(self, entry: CacheEntry) -> tuple[list[str], str] | None:
+        command = entry.meta.get("command")
+        if not isinstance(command, str) or entry.source is None:
+            return None
+        tokens = command.split(" ")
+        built_in = next((os.path.dirname(t) for t in tokens if t.endswith("/kernel.cu")), None)
+        if built_in is None:
+            return None
+        # The build ran in <root>/tmp/<uuid>/, renamed into the entry afterwards.
+        moved = [entry.path + t[len(built_in):] if t.startswith(built_in + "/") else t
+                 for t in tokens]
+        return moved, entry.path
+
+
+POLICIES = {"deepjit": DeepJitPolicy()}

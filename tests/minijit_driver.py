@@ -1,0 +1,34 @@
+"""A process that hosts one reference-runtime object, for the truth table.
+
+argv[1] is a JSON configuration; each stdin line is a request, each stdout line its answer.
+The runtime is observed by cacheaudit's minijit adapter, as a user would install it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from cacheaudit.adapters import minijit as adapter
+from fixtures.minijit import Config, DeepJITError, Runtime
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    runtime = Runtime(Config(config["root"], "DG", include_dirs=config["include_dirs"],
+                             include_prefixes=config["include_prefixes"]),
+                      backend=config["backend"])
+    adapter.install(runtime)
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            kernel = runtime.compile(request["name"], request["source"])
+            answer = {"event": kernel.event, "key": kernel.key, "path": kernel.path,
+                      "binary": kernel.binary}
+        except DeepJITError as exc:
+            answer = {"event": "error", "error": str(exc)}
+        print(json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    main()
