@@ -187,6 +187,9 @@ class Auditor:
     ledger: Ledger | None = None
     options: AuditOptions = field(default_factory=AuditOptions)
     cache: StateCache = field(default_factory=StateCache)
+    full_records: bool = False
+    """Load each record's own sources and outputs too (explain shows them; a scan needs only
+    the shared include graph)."""
     now_ns: int = field(default_factory=time.time_ns)
     _by_output: dict[str, str] = field(default_factory=dict)
     _records: dict[str, CompileRecord] = field(default_factory=dict)
@@ -195,6 +198,10 @@ class Auditor:
     _shadows: dict[tuple[str, tuple[str, ...]], list[tuple[str, str]]] = field(
         default_factory=dict)
     _compilers: dict[str, _Compiled] = field(default_factory=dict)
+    _graph_paths: dict[str, frozenset[str]] = field(default_factory=dict)
+    _untracked_memo: dict[tuple[str, frozenset[str]], tuple[int, str]] = field(
+        default_factory=dict)
+    _search_memo: dict[tuple[object, ...], tuple[str, ...]] = field(default_factory=dict)
     _env_now: dict[str, str] = field(default_factory=dict)
     reconstructed: int = 0
     matched: int = 0
@@ -211,11 +218,13 @@ class Auditor:
         self._by_output = self.ledger.compiles_by_output()
         wanted = sorted({self._by_output[e.binary.digest] for e in entries
                          if e.binary is not None and e.binary.digest in self._by_output})
-        self._records = self.ledger.records_by_uuid(wanted)
+        self._records = self.ledger.records_by_uuid(wanted, with_files=self.full_records)
         self._lookups = self.ledger.lookups_by_entry()
         # Known file states let an unchanged header be verified by one stat.
+        remembered: set[str] = set()
         for record in self._records.values():
-            if record.graph is not None:
+            if record.graph is not None and record.graph.digest not in remembered:
+                remembered.add(record.graph.digest)
                 self.cache.remember(f.state for f in record.graph.files)
 
     def record_for(self, entry: CacheEntry) -> CompileRecord | None:
@@ -321,18 +330,30 @@ class Auditor:
                     recorded=_state_text(old), current=_state_text(new),
                     how="content hash (xxh3-128) of the recorded file against the file now"))
         findings += self._tracked_changes(entry, record, policy, changed_tracked)
-        untracked = [f for f in graph.files if f.path not in tracked.paths
-                     and f.path not in seen]
-        if untracked:
-            roots = Counter(os.path.dirname(f.path) for f in untracked)
-            top = ", ".join(f"{d} ({n})" for d, n in roots.most_common(3))
+        count, top = self._untracked(graph, tracked.paths | seen)
+        if count:
             findings.append(_finding(
-                "CA102", subject=f"{len(untracked)} untracked dependencies", entry=entry,
+                "CA102", subject=f"{count} untracked dependencies", entry=entry,
                 record=record,
-                message=f"the compiler read {len(untracked)} files the key does not cover, "
+                message=f"the compiler read {count} files the key does not cover, "
                         f"unchanged so far; an edit to any of them would go unseen (under {top})",
                 how=f"include graph ({graph.method}) minus the tracked set ({tracked.how})"))
         return findings
+
+    def _untracked(self, graph: IncludeGraph, excluded: frozenset[str] | set[str]
+                   ) -> tuple[int, str]:
+        """How many graph files are outside `excluded`, and where most of them live. Thousands
+        of entries share a graph and a tracked set, so the answer is computed once for each."""
+        members = self._graph_paths.get(graph.digest)
+        if members is None:
+            members = self._graph_paths[graph.digest] = frozenset(graph.paths)
+        excluded = frozenset(excluded) & members
+        memo_key = (graph.digest, excluded)
+        if memo_key not in self._untracked_memo:
+            roots = Counter(os.path.dirname(p) for p in graph.paths if p not in excluded)
+            top = ", ".join(f"{d} ({n})" for d, n in roots.most_common(3))
+            self._untracked_memo[memo_key] = (sum(roots.values()), top)
+        return self._untracked_memo[memo_key]
 
     def _tracked_changes(self, entry: CacheEntry, record: CompileRecord, policy: Policy,
                          changes: list[tuple[FileState, FileState]]) -> list[Finding]:
@@ -407,7 +428,12 @@ class Auditor:
     def _shadowing(self, entry: CacheEntry, record: CompileRecord) -> list[Finding]:
         if record.graph is None:
             return []
-        directories = tuple(search_directories(record))
+        argv_key = (tuple(t.text for t in record.effective_argv), record.cwd,
+                    tuple(record.env.get(n) for n in ("CPATH", "C_INCLUDE_PATH",
+                                                      "CPLUS_INCLUDE_PATH")))
+        if argv_key not in self._search_memo:
+            self._search_memo[argv_key] = tuple(search_directories(record))
+        directories = self._search_memo[argv_key]
         memo_key = (record.graph.digest, directories)
         if memo_key not in self._shadows:
             self._shadows[memo_key] = _find_shadows(record.graph, directories, record.started_ns)
@@ -630,16 +656,20 @@ def scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None 
     options = options or AuditOptions()
     roots = discover(paths, env)
     auditor = Auditor(env=env, ledger=ledger, options=options)
+    seen: set[FileState] = set()
+    if ledger is not None:
+        seen = set(ledger.seen_states())
+        auditor.cache.remember(seen)
     entries: list[CacheEntry] = []
     leftovers: list[CacheLeftover] = []
-    seen: set[str] = set()
+    read: set[str] = set()
     for reader, root in roots:
         for item in reader.read(root, auditor.cache):
             # A root may hold both DeepGEMM and DeepJIT entries (DG_JIT_CACHE_DIR serves both
             # generations): each reader then reports the shared tmp/ leftovers.
-            if item.path in seen:
+            if item.path in read:
                 continue
-            seen.add(item.path)
+            read.add(item.path)
             (entries if isinstance(item, CacheEntry) else leftovers).append(item)
     auditor.load(entries)
     findings: list[Finding] = [auditor.audit_leftover(left) for left in leftovers]
@@ -648,6 +678,10 @@ def scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None 
         if progress is not None:
             progress(done, len(entries))
     findings += auditor.environment_findings({e.runtime for e in entries})
+    if ledger is not None:
+        with contextlib.suppress(Exception):  # a read-only ledger only costs the next scan time
+            ledger.remember_states(s for e in entries for s in (e.binary, e.source)
+                                   if s is not None and s not in seen)
     return ScanResult(roots=[(r.layout, root) for r, root in roots], entries=entries,
                       leftovers=leftovers, findings=keep(findings, options),
                       matched=auditor.matched, reconstructed=auditor.reconstructed,

@@ -92,7 +92,8 @@ def locate(target: str, env: Mapping[str, str], ledger: Ledger | None,
 
 
 def explain(target: str, env: Mapping[str, str], ledger: Ledger | None) -> Explanation:
-    auditor = Auditor(env=env, ledger=ledger, options=AuditOptions(verify_keys=True))
+    auditor = Auditor(env=env, ledger=ledger, options=AuditOptions(verify_keys=True),
+                      full_records=True)
     entry, record = locate(target, env, ledger, auditor.cache)
     explanation = Explanation(entry=entry, record=record)
     if entry is not None:

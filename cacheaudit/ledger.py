@@ -189,7 +189,14 @@ CREATE TABLE IF NOT EXISTS findings (
     hint TEXT NOT NULL
 );
 
-CREATE INDEX IF NOT EXISTS findings_by_audit ON findings (audit_uuid)
+CREATE INDEX IF NOT EXISTS findings_by_audit ON findings (audit_uuid);
+
+-- The last state a scan saw of each cache file (entry binaries and sources): the next scan
+-- verifies them by one stat instead of reading them again.
+CREATE TABLE IF NOT EXISTS seen_states (
+    file_id INTEGER PRIMARY KEY REFERENCES files(id),
+    state_id INTEGER NOT NULL REFERENCES file_states(id)
+)
 """
 
 BUSY_TIMEOUT_S = 30.0
@@ -274,8 +281,11 @@ def _text(value: Any) -> Any:
     return os.fsdecode(value) if isinstance(value, bytes) else value
 
 
-def _texts(row: Sequence[Any]) -> list[Any]:
-    return [_text(v) for v in row]
+def _texts(row: Sequence[Any]) -> Sequence[Any]:
+    # Nearly every row is plain text: convert only when an undecodable path is present.
+    if any(type(v) is bytes for v in row):
+        return [_text(v) for v in row]
+    return row
 
 
 class Ledger:
@@ -583,28 +593,31 @@ class Ledger:
         """A stored graph, loaded once per ledger object (shared graphs are read once)."""
         if graph_id is None:
             return None
-        cached = self._graph_cache.get(graph_id)
-        if cached is not None:
-            return cached
-        method_row = self.conn.execute("SELECT method FROM graphs WHERE id = ?",
-                                       (graph_id,)).fetchone()
-        if method_row is None:
-            return None
-        rows = self.conn.execute(
-            "SELECT f.path, s.present, s.size, s.mtime_ns, s.ctime_ns, s.inode, s.digest,"
-            " s.settled, s.error, w.path FROM graph_files g"
-            " JOIN file_states s ON s.id = g.state_id JOIN files f ON f.id = s.file_id"
-            " JOIN files w ON w.id = g.written_id WHERE g.graph_id = ? ORDER BY g.position",
-            (graph_id,)).fetchall()
-        graph = IncludeGraph(
-            tuple(GraphFile(FileState(path=_text(r[0]), exists=bool(r[1]), size=r[2],
-                                      mtime_ns=r[3], ctime_ns=r[4], inode=r[5],
-                                      digest=r[6] or None, settled=bool(r[7]),
-                                      error=r[8] or None), _text(r[9]))
-                  for r in rows),
-            method_row[0])
-        self._graph_cache[graph_id] = graph
-        return graph
+        if graph_id not in self._graph_cache:
+            self._load_graphs([graph_id])
+        return self._graph_cache.get(graph_id)
+
+    def _load_graphs(self, graph_ids: Iterable[int], chunk: int = 500) -> None:
+        """Load many graphs in a few queries: a scan ties thousands of records at once."""
+        wanted = sorted({g for g in graph_ids if g is not None and g not in self._graph_cache})
+        for start in range(0, len(wanted), chunk):
+            part = wanted[start:start + chunk]
+            marks = ", ".join("?" * len(part))
+            methods = dict(self.conn.execute(
+                f"SELECT id, method FROM graphs WHERE id IN ({marks})", part).fetchall())
+            files: dict[int, list[GraphFile]] = {graph_id: [] for graph_id in methods}
+            rows = self.conn.execute(
+                "SELECT g.graph_id, f.path, s.present, s.size, s.mtime_ns, s.ctime_ns, s.inode,"
+                " s.digest, s.settled, s.error, w.path FROM graph_files g"
+                " JOIN file_states s ON s.id = g.state_id JOIN files f ON f.id = s.file_id"
+                f" JOIN files w ON w.id = g.written_id WHERE g.graph_id IN ({marks})"
+                " ORDER BY g.graph_id, g.position", part)
+            for r in rows:
+                files[r[0]].append(GraphFile(
+                    FileState(_text(r[1]), bool(r[2]), r[3], r[4], r[5], r[6], r[7] or None,
+                              bool(r[8]), r[9] or None), _text(r[10])))
+            for graph_id, method in methods.items():
+                self._graph_cache[graph_id] = IncludeGraph(tuple(files[graph_id]), method)
 
     def _load_blob(self, blob_id: int | None) -> Any:
         if blob_id is None:
@@ -641,16 +654,25 @@ class Ledger:
         " LEFT JOIN files e ON e.id = r.entry_id LEFT JOIN files c ON c.id = r.cwd_id")
 
     def records(self, *, where: str = "", params: Sequence[Any] = (), order: str = "r.id",
-                limit: int | None = None, with_graphs: bool = True) -> list[CompileRecord]:
-        """Records matching an SQL condition on `records r` (and `runs`), oldest first."""
+                limit: int | None = None, with_graphs: bool = True,
+                with_files: bool = True) -> list[CompileRecord]:
+        """Records matching an SQL condition on `records r` (and `runs`), oldest first.
+
+        `with_graphs=False` leaves every file list out; `with_files=False` keeps the include
+        graph (shared, loaded once) and leaves out each record's own sources and outputs, which
+        an audit of thousands of entries does not need.
+        """
         sql = f"SELECT {self._RECORD_COLUMNS}{self._RECORD_FROM}"
         if where:
             sql += f" WHERE {where}"
         sql += f" ORDER BY {order}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        return [self._record_from_row(_texts(row), with_graphs)
-                for row in self.conn.execute(sql, _params(params)).fetchall()]
+        rows = [_texts(row) for row in self.conn.execute(sql, _params(params)).fetchall()]
+        if with_graphs:
+            columns = (12, 13, 14) if with_files else (13,)
+            self._load_graphs(row[c] for row in rows for c in columns)
+        return [self._record_from_row(row, with_graphs, with_files) for row in rows]
 
     def record(self, record_uuid: str) -> CompileRecord | None:
         found = self.records(where="r.record_uuid = ?", params=(record_uuid,))
@@ -661,9 +683,10 @@ class Ledger:
         return self.records(where="r.runtime IS ? AND r.kernel = ?", params=(runtime, kernel),
                             order="r.started_ns, r.id")
 
-    def _record_from_row(self, row: Sequence[Any], with_graphs: bool) -> CompileRecord:
-        sources = self.load_graph(row[12]) if with_graphs else None
-        outputs = self.load_graph(row[14]) if with_graphs else None
+    def _record_from_row(self, row: Sequence[Any], with_graphs: bool,
+                         with_files: bool = True) -> CompileRecord:
+        sources = self.load_graph(row[12]) if with_graphs and with_files else None
+        outputs = self.load_graph(row[14]) if with_graphs and with_files else None
         tracked = self._load_blob(row[15])
         effective = self._load_blob(row[9]) or []
         extra = dict(self._load_blob(row[24]) or {})
@@ -684,6 +707,28 @@ class Ledger:
             test_id=row[21], observer=row[22], notes=tuple(self._load_blob(row[23]) or ()),
             extra=extra)
 
+    def remember_states(self, states: Iterable[FileState]) -> None:
+        """Keep the settled states a scan captured, for the next scan's stat-only check."""
+        settled = [s for s in states if s.settled and s.digest is not None]
+        if not settled:
+            return
+
+        def write() -> None:
+            with self._write() as conn:
+                conn.executemany(
+                    "INSERT OR REPLACE INTO seen_states (file_id, state_id) VALUES (?, ?)",
+                    [(self._file_id(s.path), self._state_id(s)) for s in settled])
+
+        _retrying(write)
+
+    def seen_states(self) -> list[FileState]:
+        rows = self.conn.execute(
+            "SELECT f.path, s.present, s.size, s.mtime_ns, s.ctime_ns, s.inode, s.digest,"
+            " s.settled, s.error FROM seen_states v JOIN file_states s ON s.id = v.state_id"
+            " JOIN files f ON f.id = v.file_id")
+        return [FileState(_text(r[0]), bool(r[1]), r[2], r[3], r[4], r[5], r[6] or None,
+                          bool(r[7]), r[8] or None) for r in rows]
+
     def compiles_by_output(self) -> dict[str, str]:
         """Output digest -> the newest successful compile record that wrote it.
 
@@ -699,12 +744,14 @@ class Ledger:
             " ORDER BY r.started_ns, r.id")
         return {digest: record_uuid for digest, record_uuid in rows}
 
-    def records_by_uuid(self, uuids: Sequence[str], chunk: int = 500) -> dict[str, CompileRecord]:
+    def records_by_uuid(self, uuids: Sequence[str], chunk: int = 500,
+                        with_files: bool = True) -> dict[str, CompileRecord]:
         found: dict[str, CompileRecord] = {}
         for start in range(0, len(uuids), chunk):
             part = list(uuids[start:start + chunk])
             marks = ", ".join("?" * len(part))
-            for record in self.records(where=f"r.record_uuid IN ({marks})", params=part):
+            for record in self.records(where=f"r.record_uuid IN ({marks})", params=part,
+                                       with_files=with_files):
                 found[record.record_id] = record
         return found
 
@@ -754,7 +801,7 @@ class Ledger:
 
 
 _TABLES = ("meta", "runs", "files", "file_states", "graphs", "graph_files", "compilers", "blobs",
-           "records", "findings")
+           "records", "findings", "seen_states")
 
 
 def _enable_wal(conn: sqlite3.Connection) -> None:

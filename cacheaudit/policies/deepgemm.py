@@ -145,6 +145,12 @@ def _flags_and_signature(record: CompileRecord | None) -> tuple[str, str] | None
     if "-o" not in argv:
         return None
     flags = " ".join(argv[argv.index("-o") + 2:])
+    if record.compiler.kind == "gcc":
+        # The reference runtime's CPU stand-in (fixtures/minijit) signs with "GXX<major>.<minor>",
+        # the first version number on the first line of `g++ --version`.
+        first_line = record.compiler.version_text.split("\n", 1)[0]
+        match = re.search(r"(\d+)\.(\d+)", first_line)
+        return (flags, f"GXX{match.group(1)}.{match.group(2)}") if match else None
     match = _RELEASE.search(record.compiler.version_text)
     if match is None:
         return None

@@ -20,6 +20,7 @@ and the configuration is read once when the runtime is built.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,6 +66,9 @@ def hex_digest(data: str | bytes) -> str:
     return FNV1a().update(data).hexdigest()
 
 
+_DIRECTIVE = re.compile(r"^[ \t\f\v]*#[ \t\f\v]*include[^\n]*", re.MULTILINE)
+
+
 class NonStandardInclude(ValueError):
     """DeepJIT's `DJ_PANIC("non-standard include: ...")`: the runtime refuses the source."""
 
@@ -104,8 +108,10 @@ class _Parser:
         self._visiting: set[str] = set()
 
     def names_in(self, code: str) -> list[str]:
-        return [name for line in code.split("\n")
-                if (name := tracked_include(line, self.prefixes)) is not None]
+        # Only lines that can be include directives are looked at; the rules are
+        # `tracked_include`'s, applied to exactly the lines the runtime would act on.
+        return [name for match in _DIRECTIVE.finditer(code)
+                if (name := tracked_include(match.group(0), self.prefixes)) is not None]
 
     def resolve(self, name: str) -> str:
         for directory in self.include_dirs:
