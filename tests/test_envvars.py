@@ -598,7 +598,11 @@ def test_no_realistic_secret_survives(secret: str, context: str, carrier: str) -
     assert secret not in out and tail not in out
     resolved = repr(resolve_jit_settings("DG", {"DG_JIT_CACHE_DIR": value,
                                                 "DJ_JIT_NVCC_COMPILER": value}))
-    assert secret not in resolved and tail not in resolved
+    # A generated tail can spell part of a setting's own name (`IT_PTXAS_VERBOSE`): only a tail
+    # that the settings do not print anyway counts as leaked.
+    printed_anyway = repr(resolve_jit_settings("DG", {}))
+    assert secret not in resolved
+    assert tail not in resolved or tail in printed_anyway
 
 
 _PATH_SEGMENT = st.text(string.ascii_lowercase + string.digits + "._-", min_size=1, max_size=12)
