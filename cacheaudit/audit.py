@@ -333,10 +333,11 @@ class Auditor:
         count, top = self._untracked(graph, tracked.paths | seen)
         if count:
             findings.append(_finding(
-                "CA102", subject=f"{count} untracked dependencies", entry=entry,
-                record=record,
-                message=f"the compiler read {count} files the key does not cover, "
-                        f"unchanged so far; an edit to any of them would go unseen (under {top})",
+                "CA102", subject=f"{count} untracked dependenc{'y' if count == 1 else 'ies'}",
+                entry=entry, record=record,
+                message=f"the compiler read {count} file{'' if count == 1 else 's'} the key does "
+                        f"not cover, unchanged so far; an edit to any of them would go unseen "
+                        f"(under {top})",
                 how=f"include graph ({graph.method}) minus the tracked set ({tracked.how})"))
         return findings
 
@@ -447,9 +448,12 @@ class Auditor:
 
     def _environment(self, entry: CacheEntry, record: CompileRecord) -> list[Finding]:
         findings = []
+        nvcc = record.compiler is None or record.compiler.kind == "nvcc"
         for name in sorted(set(record.env) | set(self._env_now)):
             if _judged_elsewhere(name) or not envvars.is_implicit_input(name, entry.runtime):
                 continue
+            if name.startswith("NVCC_") and not nvcc:
+                continue  # only nvcc reads NVCC_*: a g++ build did not change with them
             then, now = record.env.get(name), self._env_now.get(name)
             if then != now:
                 findings.append(_finding(

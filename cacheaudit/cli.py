@@ -224,29 +224,38 @@ def demo(
         help="auto (nvcc when on PATH, else g++), nvcc or g++.")] = "auto",
     json_output: JsonOption = False,
 ) -> None:
-    """Record a built-in example through the shim and show the four answers per compile."""
+    """Make a JIT cache go stale and catch it: a reference runtime with DeepJIT's cache
+    semantics, an edited untracked header, an injected flag, and the findings."""
+    import json
     import shutil
 
     from cacheaudit import output
-    from cacheaudit.demo import run_demo
+    from cacheaudit.demo import result_json, run_demo
 
-    console = _console()
-    say = (lambda _line: None) if json_output else console.print
     if compiler not in ("auto", "nvcc", "g++"):
         raise UsageError(f"--compiler must be auto, nvcc or g++, not {compiler!r}")
+    console = _console()
+    say = (lambda _line: None) if json_output else console.print
     result = run_demo(say=say, compiler=compiler)
     try:
+        assert result.scan is not None
         if json_output:
-            sys.stdout.write(output.records_json(result.records) + "\n")
+            sys.stdout.write(json.dumps(result_json(result), indent=2) + "\n")
             return
-        output.render_records(result.records, console)
+        summary = output.summary_line(len(result.scan.entries), len(result.scan.roots),
+                                      result.scan.matched, result.scan.reconstructed,
+                                      result.scan.findings)
+        output.render_findings(result.scan.findings, console, summary)
         console.print(
-            "The two compiles had the same argv; the second one's binary differs because the "
-            "environment changed what the compiler did (highlighted above). A runtime keyed on "
-            "argv and source alone would have served the first binary for both.")
+            "The runtime served the same binary three times while the code it was built from "
+            f"changed twice: its key covers neither the edited header nor "
+            f"{result.changed_variable}. Each finding names the input, its recorded and "
+            "current value, and how that was established.")
     finally:
         if keep:
-            console.print(f"kept {result.workdir} (ledger: {result.workdir}/ledger.db)")
+            console.print(f"kept {result.workdir}: try `cacheaudit explain "
+                          f"{result.workdir}/cache/cache/<entry> --ledger "
+                          f"{result.workdir}/ledger.db`")
         else:
             shutil.rmtree(result.workdir, ignore_errors=True)
 

@@ -1,41 +1,101 @@
-"""`cacheaudit demo`: the recorder at work on a built-in example, in a temporary directory.
+"""`cacheaudit demo`: a stale JIT cache made and caught, in a temporary directory.
 
-It builds a small kernel through the compiler shim twice, the second time with a flag injected by
-`NVCC_APPEND_FLAGS` (or CPATH pointed elsewhere when only g++ is present), and shows what the
-ledger holds: the four answers for each compile. Nothing outside the temporary directory is
-touched, the user's own ledger included.
+The reference runtime (fixtures/minijit, DeepJIT's cache semantics) builds a kernel through the
+compiler shim. Then a CUTLASS-style header it never hashes is edited, and NVCC_APPEND_FLAGS is set
+(CPATH is pointed elsewhere when only g++ is present): the runtime answers with its old binary,
+which a fresh compile proves stale, and `scan` names every cause with its evidence. Nothing
+outside the temporary directory is touched, the user's own ledger and caches included.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
 
-from cacheaudit.ledger import Ledger, ingest_spool
-from cacheaudit.model import CompileRecord
+from cacheaudit.audit import ScanResult, scan
+from cacheaudit.ledger import Ledger
 from cacheaudit.shim import install_masquerade
 
 KERNEL = """\
-#include "scale.h"
-#include <tiles/tile.h>
+#include <mylib/gemm.cuh>
 
-extern "C" SCALE_QUALIFIER void scale_kernel(float* out, const float* in) {
-    out[TILE_INDEX] = in[TILE_INDEX] * SCALE;
-}
+#ifdef __CUDACC__
+__global__
+#endif
+void scaled_tile(float* out) { out[0] = TILE_ROWS * TILE_COLS * SCALE; }
 """
-SCALE_H = "#pragma once\n#ifndef SCALE\n#define SCALE 1.0f\n#endif\n"
-TILE_H = "#pragma once\n#define TILE_INDEX 0\n"
+GEMM_CUH = """\
+#pragma once
+#include <cutlite/tile.h>
+#ifndef SCALE
+#define SCALE 1.0f
+#endif
+"""
+TILE_H = "#pragma once\n#define TILE_ROWS 64\n#define TILE_COLS 64\n"
+TILE_H_EDITED = "#pragma once\n#define TILE_ROWS 128\n#define TILE_COLS 64\n"
+
+
+def load_minijit() -> ModuleType:
+    """The reference runtime: shipped in the wheel as `cacheaudit._minijit`, and importable as
+    `fixtures.minijit` from a source checkout (editable installs put the checkout on the path)."""
+    try:
+        from cacheaudit import _minijit  # type: ignore[attr-defined]
+
+        return _minijit
+    except ImportError:
+        from fixtures import minijit
+
+        return minijit
+
+
+@dataclass
+class Step:
+    title: str
+    event: str
+    key: str
+    binary_digest: str | None
+    fresh_digest: str | None = None
+
+    @property
+    def stale(self) -> bool | None:
+        if self.fresh_digest is None:
+            return None
+        return self.binary_digest != self.fresh_digest
 
 
 @dataclass
 class DemoResult:
     workdir: str
-    compiler: str
-    records: list[CompileRecord]
+    backend: str
+    steps: list[Step] = field(default_factory=list)
+    scan: ScanResult | None = None
+    changed_variable: str = ""
+
+
+@contextmanager
+def _environment(values: dict[str, str | None]) -> Iterator[None]:
+    """The runtime reads os.environ when it is built and its compiler inherits it: set what the
+    demo needs for the duration, and put everything back."""
+    saved = {name: os.environ.get(name) for name in values}
+    try:
+        for name, value in values.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _write(path: str, text: str) -> None:
@@ -44,43 +104,90 @@ def _write(path: str, text: str) -> None:
         handle.write(text)
 
 
+def _digest(path: str) -> str:
+    from cacheaudit.digest import hash_file
+
+    return hash_file(path)
+
+
 def run_demo(workdir: str | None = None, say: Callable[[str], None] = print,
              compiler: str = "auto") -> DemoResult:
-    """Compile the example twice through the shim and return what was recorded."""
+    minijit = load_minijit()
     workdir = workdir or tempfile.mkdtemp(prefix="cacheaudit-demo-")
+    backend = compiler if compiler != "auto" else ("nvcc" if shutil.which("nvcc") else "g++")
+    result = DemoResult(workdir=workdir, backend=backend)
+    include, third = os.path.join(workdir, "include"), os.path.join(workdir, "third_party")
+    _write(os.path.join(include, "mylib", "gemm.cuh"), GEMM_CUH)
+    _write(os.path.join(third, "cutlite", "tile.h"), TILE_H)
+    _write(os.path.join(workdir, "alt", "cutlite", "tile.h"), TILE_H_EDITED)
     masq = os.path.join(workdir, "shims")
-    install_masquerade(masq)
-    src = os.path.join(workdir, "src")
-    _write(os.path.join(src, "kernel.cu"), KERNEL)
-    _write(os.path.join(src, "scale.h"), SCALE_H)
-    _write(os.path.join(workdir, "include", "tiles", "tile.h"), TILE_H)
-    ledger_path = os.path.join(workdir, "ledger.db")
-    env = dict(os.environ, CACHEAUDIT_LEDGER=ledger_path,
-               PATH=os.pathsep.join([masq, os.environ.get("PATH", os.defpath)]))
-    for variable in ("NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "CPATH", "CPLUS_INCLUDE_PATH"):
-        env.pop(variable, None)
-    include = os.path.join(workdir, "include")
-    if compiler == "auto":
-        compiler = "nvcc" if shutil.which("nvcc", path=env["PATH"]) else "g++"
-    if compiler == "nvcc":
-        base = ["nvcc", "-cubin", "-arch=sm_90", "-DSCALE_QUALIFIER=__global__", f"-I{include}",
-                "kernel.cu", "-o"]
-        steps = [("first build", {}, "kernel.cubin"),
-                 ("NVCC_APPEND_FLAGS=-DSCALE=2.0f", {"NVCC_APPEND_FLAGS": "-DSCALE=2.0f"},
-                  "kernel.cubin")]
+    install_masquerade(masq, names=["nvcc", "g++", "gcc"])
+    base: dict[str, str | None] = {
+        "CACHEAUDIT_LEDGER": os.path.join(workdir, "ledger.db"),
+        "DG_JIT_CACHE_DIR": os.path.join(workdir, "cache"),
+        "DG_JIT_NVCC_COMPILER": os.path.join(masq, "nvcc" if backend == "nvcc" else "g++"),
+        "PATH": os.pathsep.join([masq, os.environ.get("PATH", os.defpath)]),
+        "HOME": workdir, "NVCC_APPEND_FLAGS": None, "NVCC_PREPEND_FLAGS": None, "CPATH": None,
+        "CACHEAUDIT_RUN": None, "CACHEAUDIT_DISABLE": None,
+    }
+    config = minijit.Config(workdir, "DG", include_dirs=[include, third],
+                            include_prefixes=["mylib/"])
+    kind = "nvcc" if backend == "nvcc" else "gxx"
+
+    def request(title: str, extra: dict[str, str | None]) -> Step:
+        with _environment({**base, **extra}):
+            kernel = minijit.Runtime(config, backend=kind).compile("scaled_tile", KERNEL)
+        step = Step(title, kernel.event, kernel.key, _digest(kernel.binary))
+        say(f"  {title}: the runtime answered [bold]{kernel.event}[/bold] (key {kernel.key[:12]})")
+        return step
+
+    def fresh(extra: dict[str, str | None]) -> str:
+        """The ground truth: the same request against an empty cache, without the shim."""
+        empty = tempfile.mkdtemp(prefix="fresh-", dir=workdir)
+        with _environment({**base, **extra, "DG_JIT_CACHE_DIR": empty,
+                           "CACHEAUDIT_DISABLE": "1"}):
+            return _digest(minijit.Runtime(config, backend=kind).compile(
+                "scaled_tile", KERNEL).binary)
+
+    say(f"[bold]1.[/bold] A DeepJIT-style runtime builds a kernel with {backend}, through the "
+        f"cacheaudit shim:")
+    result.steps.append(request("first request", {}))
+
+    say("[bold]2.[/bold] Edit third_party/cutlite/tile.h (CUTLASS-style: reached through "
+        "<mylib/gemm.cuh>, never hashed) and ask again from a new runtime object, as a new "
+        "process would:")
+    _write(os.path.join(third, "cutlite", "tile.h"), TILE_H_EDITED)
+    step = request("after the header edit", {})
+    step.fresh_digest = fresh({})
+    result.steps.append(step)
+
+    if backend == "nvcc":
+        variable, value = "NVCC_APPEND_FLAGS", "-DSCALE=2.0f"
     else:
-        other = os.path.join(workdir, "other-include")
-        _write(os.path.join(other, "tiles", "tile.h"), "#pragma once\n#define TILE_INDEX 1\n")
-        base = ["g++", "-x", "c++", "-shared", "-fPIC", "-DSCALE_QUALIFIER=", "kernel.cu", "-o"]
-        steps = [("first build", {"CPATH": include}, "kernel.so"),
-                 ("CPATH pointed elsewhere", {"CPATH": other}, "kernel.so")]
-    for label, extra, output in steps:
-        say(f"$ {label}: {' '.join(base)} {output}")
-        done = subprocess.run([*base, output], cwd=src, env=dict(env, **extra),
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"the demo compile failed:\n{done.stderr}")
-    with Ledger.open(ledger_path) as ledger:
-        ingest_spool(ledger)
-        records = ledger.records()
-    return DemoResult(workdir=workdir, compiler=compiler, records=records)
+        variable, value = "CPATH", os.path.join(workdir, "alt")
+    result.changed_variable = variable
+    say(f"[bold]3.[/bold] Set {variable}={value} and ask again:")
+    step = request(f"with {variable} set", {variable: value})
+    step.fresh_digest = fresh({variable: value})
+    result.steps.append(step)
+    for done in result.steps[1:]:
+        verdict = "a fresh compile gives different bytes: [bold red]stale[/bold red]" if (
+            done.stale) else "a fresh compile gives the same bytes"
+        say(f"  {done.title}: served the binary of key {done.key[:12]}; {verdict}")
+
+    say(f"[bold]4.[/bold] cacheaudit scan {os.path.join(workdir, 'cache')}:")
+    with _environment({**base, variable: value}), Ledger.open(
+            os.path.join(workdir, "ledger.db")) as ledger:
+        result.scan = scan([os.path.join(workdir, "cache")], dict(os.environ), ledger=ledger)
+    return result
+
+
+def result_json(result: DemoResult) -> dict[str, Any]:
+    return {
+        "workdir": result.workdir, "backend": result.backend,
+        "changed_variable": result.changed_variable,
+        "steps": [{"title": s.title, "event": s.event, "key": s.key,
+                   "binary": s.binary_digest, "fresh": s.fresh_digest, "stale": s.stale}
+                  for s in result.steps],
+        "findings": [f.to_dict() for f in result.scan.findings] if result.scan else [],
+    }

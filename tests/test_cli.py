@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -96,14 +97,29 @@ def test_every_command_has_help():
 
 
 @pytest.mark.parametrize("compiler", ["g++", pytest.param("nvcc", marks=needs_nvcc)])
-def test_demo_records_both_compiles_with_the_environment_difference(compiler: str):
-    shown = cacheaudit("demo", "--json", "--compiler", compiler)
+def test_demo_shows_a_stale_hit_and_names_its_causes(compiler: str, tmp_path: Path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = dict(os.environ, HOME=str(home), CACHEAUDIT_LEDGER=str(tmp_path / "mine.db"))
+    shown = cacheaudit("demo", "--json", "--compiler", compiler, env=env)
     assert shown.returncode == 0, shown.stderr
-    first, second = json.loads(shown.stdout)["records"]
-    assert first["options"]["argv"] == second["options"]["argv"]
-    assert first["outputs"][0]["digest"] != second["outputs"][0]["digest"]
-    if compiler == "nvcc":
-        assert second["options"]["injected_by_environment"] == ["-DSCALE=2.0f"]
-    else:
-        assert first["options"]["environment"]["CPATH"] != second["options"]["environment"][
-            "CPATH"]
+    demo = json.loads(shown.stdout)
+    first, edited, injected = demo["steps"]
+    assert first["event"] == "compile"
+    # The runtime served its old binary twice, and a fresh compile proves both stale.
+    assert edited["event"] == injected["event"] == "disk-hit"
+    assert edited["binary"] == injected["binary"] == first["binary"]
+    assert edited["stale"] is True and injected["stale"] is True
+    errors = {(f["code"], f["subject"].rsplit("/", 1)[-1]) for f in demo["findings"]
+              if f["severity"] == "error"}
+    assert ("CA101", "tile.h") in errors
+    assert ("CA202", "NVCC_APPEND_FLAGS" if compiler == "nvcc" else "CPATH") in errors
+    # The user's own ledger and home are untouched, and the temporary directory is gone.
+    assert not (tmp_path / "mine.db").exists() and list(home.iterdir()) == []
+    assert not os.path.exists(demo["workdir"])
+
+
+def test_demo_table_names_the_stale_header():
+    shown = cacheaudit("demo", "--compiler", "g++", env=dict(os.environ, COLUMNS="200"))
+    assert shown.returncode == 0, shown.stderr
+    assert "disk-hit" in shown.stdout and "CA101" in shown.stdout and "tile.h" in shown.stdout

@@ -158,6 +158,11 @@ class _Parser:
                 self._visiting.discard(name)
 
 
+def _telling_line(version: str) -> str:
+    lines = [line.strip() for line in version.splitlines() if line.strip()]
+    return next((line for line in lines if "release" in line), lines[0] if lines else "")
+
+
 def _config(entry: CacheEntry) -> dict[str, Any]:
     config = entry.meta.get("config")
     return config if isinstance(config, dict) else {}
@@ -268,8 +273,8 @@ class DeepJitPolicy:
         version = str(info["version"])
         components = [
             KeyComponent("extra_signature", extra, hex_digest(extra)),
-            KeyComponent("compiler version (nvcc --version)", version.strip().splitlines()[-1]
-                         if version.strip() else "", hex_digest(version)),
+            KeyComponent("compiler version (nvcc --version)", _telling_line(version),
+                         hex_digest(version)),
             KeyComponent("flags", " ".join(flags), hex_digest(" ".join(flags))),
             KeyComponent("post hook", "(none)", hex_digest("")),
             KeyComponent("source + tracked headers", f"kernel.cu + {len(parser.digests)} tracked",
