@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+
+from cacheaudit.digest import StateCache
+from cacheaudit.graph import graph_from_depfile
+from cacheaudit.model import IncludeGraph
+from fixtures import reference_tu
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 
@@ -75,3 +83,23 @@ def report(title: str, ratios: list[Ratio], facts: dict[str, object] | None = No
                    "facts": facts or {},
                    "ratios": [dict(asdict(r), ratio=r.ratio, verdict=r.verdict) for r in ratios]},
                   handle, indent=2)
+
+
+def reference_graph(workdir: str) -> tuple[IncludeGraph, str]:
+    """The include graph of the CUTLASS reference TU from the compiler's own `-M` pass (nvcc,
+    else g++), with settled file states, and the CUTLASS include directory."""
+    include = reference_tu.cutlass_include()
+    compiler = shutil.which("nvcc") or shutil.which("g++")
+    if include is None or compiler is None:
+        sys.exit("needs the nvidia-cutlass wheel and nvcc (or g++)")
+    source = reference_tu.write_source(workdir)
+    depfile = os.path.join(workdir, "reference.d")
+    flags = (reference_tu.nvcc_flags(include) if compiler.endswith("nvcc")
+             else ["-std=c++17", "-x", "c++", "-D__CUDACC__", "-I", include])
+    subprocess.run([compiler, *flags, "-M", "-MF", depfile, source], check=True,
+                   capture_output=True)
+    with open(depfile, encoding="utf-8") as handle:
+        _sources, graph = graph_from_depfile(handle.read(), workdir, [source],
+                                             StateCache(window_ns=0),
+                                             f"{os.path.basename(compiler)} -M")
+    return graph, include

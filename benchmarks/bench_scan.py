@@ -12,40 +12,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
 import xxhash
 
-from benchmarks._harness import Ratio, report
+from benchmarks._harness import Ratio, reference_graph, report
 from cacheaudit.audit import AuditOptions, scan
-from cacheaudit.digest import StateCache
-from cacheaudit.graph import graph_from_depfile
 from cacheaudit.ledger import Ledger, RunInfo, new_record_id
 from cacheaudit.model import ArgToken, CompileRecord, CompilerIdentity, FileState
-from fixtures import reference_tu
-
-
-def _graph(workdir: str):  # noqa: ANN202 - IncludeGraph
-    include = reference_tu.cutlass_include()
-    compiler = shutil.which("nvcc") or shutil.which("g++")
-    if include is None or compiler is None:
-        sys.exit("needs the nvidia-cutlass wheel and nvcc (or g++)")
-    source = reference_tu.write_source(workdir)
-    depfile = os.path.join(workdir, "reference.d")
-    flags = (reference_tu.nvcc_flags(include) if compiler.endswith("nvcc")
-             else ["-std=c++17", "-x", "c++", "-D__CUDACC__", "-I", include])
-    subprocess.run([compiler, *flags, "-M", "-MF", depfile, source], check=True,
-                   capture_output=True)
-    with open(depfile, encoding="utf-8") as handle:
-        return graph_from_depfile(handle.read(), workdir, [source], StateCache(window_ns=0),
-                                  f"{os.path.basename(compiler)} -M")[1], include
 
 
 def build(workdir: str, count: int) -> tuple[str, str]:
-    graph, include = _graph(workdir)
+    graph, include = reference_graph(workdir)
     root = os.path.join(workdir, "dj")
     compiler = CompilerIdentity(invoked="nvcc", path="/usr/local/bin/nvcc",
                                 resolved="/usr/local/cuda/bin/nvcc", kind="nvcc",

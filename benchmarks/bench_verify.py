@@ -8,41 +8,21 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 
 import xxhash
 
-from benchmarks._harness import Ratio, interleaved, report
+from benchmarks._harness import Ratio, interleaved, reference_graph, report
 from cacheaudit.digest import StateCache, changed_files
-from cacheaudit.graph import graph_from_depfile
 from cacheaudit.ledger import Ledger, RunInfo, new_record_id
-from cacheaudit.model import CompileRecord, FileState, IncludeGraph
-from fixtures import reference_tu
-
-
-def _reference_graph(workdir: str) -> tuple[list[FileState], IncludeGraph]:
-    include = reference_tu.cutlass_include()
-    compiler = shutil.which("nvcc") or shutil.which("g++")
-    if include is None or compiler is None:
-        sys.exit("needs the nvidia-cutlass wheel and nvcc (or g++)")
-    source = reference_tu.write_source(workdir)
-    depfile = os.path.join(workdir, "reference.d")
-    flags = (reference_tu.nvcc_flags(include) if compiler.endswith("nvcc")
-             else ["-std=c++17", "-x", "c++", "-D__CUDACC__", "-I", include])
-    subprocess.run([compiler, *flags, "-M", "-MF", depfile, source], check=True,
-                   capture_output=True)
-    with open(depfile, encoding="utf-8") as handle:
-        _sources, graph = graph_from_depfile(handle.read(), workdir, [source],
-                                            StateCache(window_ns=0), f"{compiler} -M")
-    return [f.state for f in graph.files], graph
+from cacheaudit.model import CompileRecord, FileState
 
 
 def main() -> None:
     workdir = tempfile.mkdtemp(prefix="cacheaudit-bench-")
     try:
-        states, graph = _reference_graph(workdir)
+        graph, _include = reference_graph(workdir)
+        states = [f.state for f in graph.files]
         paths = [s.path for s in states]
         size = sum(s.size for s in states)
 

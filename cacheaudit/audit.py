@@ -202,6 +202,7 @@ class Auditor:
     _untracked_memo: dict[tuple[str, frozenset[str]], tuple[int, str]] = field(
         default_factory=dict)
     _search_memo: dict[tuple[object, ...], tuple[str, ...]] = field(default_factory=dict)
+    _first_envs: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)
     _env_now: dict[str, str] = field(default_factory=dict)
     reconstructed: int = 0
     matched: int = 0
@@ -220,6 +221,8 @@ class Auditor:
                          if e.binary is not None and e.binary.digest in self._by_output})
         self._records = self.ledger.records_by_uuid(wanted, with_files=self.full_records)
         self._lookups = self.ledger.lookups_by_entry()
+        self._first_envs = self.ledger.first_compile_environments(
+            str(r.extra["run_uuid"]) for r in self._records.values() if "run_uuid" in r.extra)
         # Known file states let an unchanged header be verified by one stat.
         remembered: set[str] = set()
         for record in self._records.values():
@@ -276,6 +279,7 @@ class Auditor:
         if not record.extra.get("reconstructed"):
             # A reconstruction knows the files, not the environment of the original compile.
             findings += self._environment(entry, record)
+        findings += self._configuration(entry, record, policy)
         findings += self._compiler(entry, record, policy)
         findings += self._during_compile(entry, record)
         return findings
@@ -463,6 +467,33 @@ class Auditor:
                     recorded="(unset)" if then is None else then,
                     current="(unset)" if now is None else now,
                     how="recorded compile environment against this environment"))
+        return findings
+
+    def _configuration(self, entry: CacheEntry, record: CompileRecord,
+                       policy: Policy) -> list[Finding]:
+        """CA204: a setting the runtime reads once, at construction, differs between the run's
+        first compile and this one; the runtime went on with the first value."""
+        first = self._first_envs.get(str(record.extra.get("run_uuid")))
+        if first is None or first[0] >= record.started_ns:
+            return []
+        started_ns, first_env = first
+        findings = []
+        for prefix in policy.env_prefixes:
+            before = {s.suffix: s for s in envvars.resolve_jit_settings(
+                prefix, first_env, flavour=policy.flavour)}
+            for now in envvars.resolve_jit_settings(prefix, record.env, flavour=policy.flavour):
+                then = before.get(now.suffix)
+                if then is None or now.read_at != "construction" or then.value == now.value:
+                    continue
+                findings.append(_finding(
+                    "CA204", subject=f"{prefix}_{now.suffix}", entry=entry, record=record,
+                    message=f"{prefix}_{now.suffix} changed after the runtime read its "
+                            f"configuration (its first compile in this process, "
+                            f"{_ns_text(started_ns)}): {entry.runtime} still used the first "
+                            f"value for this compile",
+                    recorded=f"{then.name or 'default'}={then.value}",
+                    current=f"{now.name or 'default'}={now.value}",
+                    how="environment of the run's first compile against this compile's"))
         return findings
 
     def _identify(self, compiler: CompilerIdentity) -> _Compiled:

@@ -755,6 +755,24 @@ class Ledger:
                 found[record.record_id] = record
         return found
 
+    def first_compile_environments(self, run_uuids: Iterable[str]
+                                   ) -> dict[str, tuple[int, dict[str, str]]]:
+        """(start, environment) of the first compile of each run: what a runtime that reads its
+        configuration once, at its first use, went by for the rest of the run."""
+        wanted = sorted(set(run_uuids))
+        found: dict[str, tuple[int, dict[str, str]]] = {}
+        for start in range(0, len(wanted), 500):
+            part = wanted[start:start + 500]
+            marks = ", ".join("?" * len(part))
+            rows = self.conn.execute(
+                "SELECT runs.run_uuid, r.started_ns, r.env_id FROM records r"
+                " JOIN runs ON runs.id = r.run_id"
+                f" WHERE r.event = 'compile' AND runs.run_uuid IN ({marks})"
+                " ORDER BY r.started_ns DESC, r.id DESC", _params(part))
+            for run_uuid, started_ns, env_id in rows:
+                found[_text(run_uuid)] = (started_ns, dict(self._load_blob(env_id) or {}))
+        return found
+
     def lookups_by_entry(self) -> dict[str, list[CompileRecord]]:
         """Hit records (disk-hit, memory-hit) per entry path, oldest first."""
         by_entry: dict[str, list[CompileRecord]] = {}

@@ -7,6 +7,7 @@ The runtime is observed by cacheaudit's minijit adapter, as a user would install
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from cacheaudit.adapters import minijit as adapter
@@ -21,6 +22,11 @@ def main() -> None:
     adapter.install(runtime)
     for line in sys.stdin:
         request = json.loads(line)
+        if request["op"] == "setenv":
+            # Changes the process's environment after the runtime read its configuration.
+            os.environ[request["name"]] = request["value"]
+            print(json.dumps({"event": "setenv"}), flush=True)
+            continue
         try:
             kernel = runtime.compile(request["name"], request["source"])
             answer = {"event": kernel.event, "key": kernel.key, "path": kernel.path,

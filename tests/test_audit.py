@@ -186,3 +186,24 @@ def test_deepgemm_entries_untracked_and_tracked_changes(project: Project, monkey
     _write(library / "include" / "deep_gemm" / "common.cuh",
            "#pragma once\n#include <cutlite/tile.h>\n#define DG_VALUE 2\n")
     assert policy.check_key(entry, record).recomputed != entry.key
+
+
+def test_configuration_changed_after_construction_is_ca204(project: Project):
+    driver = project.driver(DG_JIT_CPP_STANDARD="20")
+    try:
+        driver.compile()
+        driver.setenv("DG_JIT_CPP_STANDARD", "17")
+        second = driver.compile(SOURCE.replace("void gemm", "void gemm2"))
+    finally:
+        driver.close()
+    report = project.scan(DG_JIT_CPP_STANDARD="17")
+    [changed] = [f for f in report["findings"] if f["code"] == "CA204"]
+    assert changed["entry"] == second["path"]
+    assert (changed["subject"], changed["recorded"], changed["current"]) == (
+        "DG_JIT_CPP_STANDARD", "DG_JIT_CPP_STANDARD=20", "DG_JIT_CPP_STANDARD=17")
+    # The runtime really did keep the first value: the compile ran with -std=c++20.
+    from cacheaudit.ledger import Ledger
+
+    with Ledger.open(str(project.ledger)) as ledger:
+        [record] = [r for r in ledger.records() if r.record_id == changed["record_id"]]
+    assert "-std=c++20" in [t.text for t in record.effective_argv]

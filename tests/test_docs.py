@@ -20,6 +20,26 @@ def test_ledger_doc_holds_the_schema_verbatim():
 
 
 def test_docs_link_to_files_that_exist():
-    for page in DOCS.glob("*.md"):
+    for page in DOCS.rglob("*.md"):
         for target in re.findall(r"\]\(([^)#:]+\.md)\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+def test_every_finding_code_has_a_page_that_names_it():
+    from cacheaudit.model import FINDING_CODES
+
+    index = (DOCS / "findings" / "README.md").read_text()
+    for code, finding in FINDING_CODES.items():
+        page = (DOCS / "findings" / f"{code}.md").read_text()
+        assert page.startswith(f"# {code}: {finding.name}\n"), code
+        for section in ("## What it means", "## How it is established", "## What to do"):
+            assert section in page, (code, section)
+        assert f"[{code}]({code}.md)" in index
+    assert {p.stem for p in (DOCS / "findings").glob("CA*.md")} == set(FINDING_CODES)
+
+
+def test_every_hint_is_for_a_known_code():
+    from cacheaudit.audit import HINTS
+    from cacheaudit.model import FINDING_CODES
+
+    assert set(HINTS) <= set(FINDING_CODES)

@@ -81,6 +81,13 @@ class Driver:
         answer["digest"] = _digest(answer.get("binary"))
         return answer
 
+    def setenv(self, name: str, value: str) -> None:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps({"op": "setenv", "name": name,
+                                             "value": value}) + "\n")
+        self.process.stdin.flush()
+        self.process.stdout.readline()
+
     def close(self) -> None:
         if self.process.poll() is None:
             assert self.process.stdin is not None

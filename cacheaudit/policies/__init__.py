@@ -60,6 +60,8 @@ class Policy(Protocol):
     runtime: str
     env_prefixes: tuple[str, ...]
     """The `<PREFIX>_JIT_*` families this runtime reads (for CA203, CA204)."""
+    flavour: str
+    """How it reads them: an `envvars.FLAVOURS` name."""
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         """Which files the entry's key covers, resolved against the disk now."""

@@ -162,6 +162,7 @@ class DeepGemmPolicy:
         self.runtime = runtime
         self.prefix = prefix
         self.env_prefixes = (env_prefix,)
+        self.flavour = runtime
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         include_dir = _library_include(record, self.prefix)

@@ -225,7 +225,8 @@ def command_flags(command: str, include_dirs: Sequence[str]) -> list[str] | None
 
 class DeepJitPolicy:
     runtime = "deepjit"
-    env_prefixes = ("DG", "EP", "DJ")
+    env_prefixes = ("DG", "EP")
+    flavour = "deepjit"
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         config = _config(entry)
