@@ -3,8 +3,9 @@
 Budget (DESIGN.md): under 2 s warm. The cache and the ledger are built synthetically but in the
 real formats: entry directories as DeepJIT writes them (kernel.cu, kernel.cubin, meta.json,
 .committed), and one compile record per entry holding the 873-file graph of the reference TU,
-captured from a real `nvcc -M` (or `g++ -M`) run. "Warm" is the second scan in a new auditor: the
-page cache is warm, no in-process memo is.
+captured from a real `nvcc -M` (or `g++ -M`) run. "Warm" is a later scan in a new auditor (the
+median of three): the page cache and the ledger's seen-state memo are warm, no in-process memo
+is.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -86,7 +88,8 @@ def main(count: int = 10_000) -> None:
     try:
         root, ledger_path = build(workdir, count)
         cold, entries, findings = timed_scan(root, ledger_path)
-        warm, entries, findings = timed_scan(root, ledger_path)
+        # Two cores shared with whatever else runs: the median of three warm scans.
+        warm = statistics.median(timed_scan(root, ledger_path)[0] for _ in range(3))
         report(f"scan of {count} entries sharing one graph",
                [Ratio("warm scan / 2 s budget", warm, 2.0, budget=1.0),
                 Ratio("first scan / 2 s budget", cold, 2.0, budget=None)],

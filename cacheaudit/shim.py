@@ -173,15 +173,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_and_record(recorder: ShimRecorder, real: str, argv: Sequence[str],
                    child_env: Mapping[str, str]) -> int:
     """Run the compile transparently while the recorder works beside it; exit as it exited."""
+    # Handlers go in before the compiler starts: a signal that arrives in between is held and
+    # handed to the compiler as soon as it exists, never taken by the shim alone.
+    forwarder = _Forwarder()
+    previous = {sig: signal.signal(sig, forwarder.receive) for sig in _FORWARDED_SIGNALS}
     started_ns = time.time_ns()
     started = time.perf_counter()
     try:
         child = subprocess.Popen([real, *argv], env=child_env)
     except OSError as exc:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         sys.stderr.write(f"cacheaudit-shim: cannot run {real}: {exc.strerror}\n")
         return 126 if isinstance(exc, PermissionError) else 127
-    previous = {sig: signal.signal(sig, lambda s, _f: _forward(child, s))
-                for sig in _FORWARDED_SIGNALS}
+    forwarder.attach(child)
     workdir: str | None = None
     try:
         try:
@@ -202,9 +207,25 @@ def run_and_record(recorder: ShimRecorder, real: str, argv: Sequence[str],
     return returncode
 
 
-def _forward(child: subprocess.Popen[bytes], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        child.send_signal(sig)
+class _Forwarder:
+    """Signals sent to the shim, passed on to the compiler."""
+
+    def __init__(self) -> None:
+        self.child: subprocess.Popen[bytes] | None = None
+        self.pending: list[int] = []
+
+    def receive(self, sig: int, _frame: object) -> None:
+        if self.child is None:
+            self.pending.append(sig)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.child.send_signal(sig)
+
+    def attach(self, child: subprocess.Popen[bytes]) -> None:
+        self.child = child
+        for sig in self.pending:
+            self.receive(sig, None)
+        self.pending.clear()
 
 
 def _wait(child: subprocess.Popen[bytes]) -> int:

@@ -12,6 +12,7 @@ Adding a runtime: a module here with a `POLICIES` mapping (runtime -> object sat
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -84,6 +85,7 @@ class Policy(Protocol):
         ...
 
 
+@functools.cache
 def policy_for(runtime: str) -> Policy:
     module = _MODULES.get(runtime)
     if module is None:
