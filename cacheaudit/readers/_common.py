@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
-from cacheaudit.model import CacheLeftover
+from cacheaudit.digest import StateCache
+from cacheaudit.model import CacheEntry, CacheLeftover
 
 # DeepJIT DiskCache::entry: the tag is [A-Za-z0-9_]+ (asserted), the digest is
 # FNV1a::get_hex_digest, "{:016x}{:016x}": 32 lowercase hex digits.
@@ -195,3 +196,36 @@ def tmp_leftovers(runtime: str, layout: str, root: str,
                            if entry.name.startswith(prefix)), TMP_FILE_REASON)
         yield CacheLeftover(runtime=runtime, layout=layout, root=root, path=entry.path,
                             reason=reason, mtime_ns=lstat_mtime_ns(entry))
+
+
+EntryReader = Callable[[str, os.DirEntry[str], str, str, str, StateCache], CacheEntry]
+
+
+def read_cache_root(root: str, cache: StateCache, *, runtime: str, layout: str,
+                    own: re.Pattern[str], other: re.Pattern[str], read_entry: EntryReader,
+                    odd_name_reason: str, file_reason: Mapping[str, str] | None = None
+                    ) -> Iterator[CacheEntry | CacheLeftover]:
+    """Entries and leftovers under `root`, sorted by path (cache/ before tmp/).
+
+    Directories named like the other layout's entries are skipped: in a root that holds both
+    layouts (DG_JIT_CACHE_DIR serves DeepGEMM 2.6 and 2.8 alike) they belong to the other
+    reader, not to this layout's leftovers.
+    """
+    cache_dir = os.path.join(root, "cache")
+    try:
+        listing = scandir_sorted(cache_dir)
+    except FileNotFoundError:
+        listing = []
+    except OSError as exc:
+        listing = []
+        yield unlistable(runtime, layout, root, cache_dir, exc)
+    boundary = os.path.realpath(cache_dir)
+    for item in listing:
+        match = own.fullmatch(item.name)
+        if match and item.is_dir():
+            yield read_entry(root, item, match.group(1), match.group(2), boundary, cache)
+        elif other.fullmatch(item.name) and item.is_dir():
+            continue
+        else:
+            yield cache_leftover(runtime, layout, root, item, odd_name_reason)
+    yield from tmp_leftovers(runtime, layout, root, file_reason)

@@ -62,16 +62,14 @@ from cacheaudit.readers._common import (
     DEEPGEMM_ENTRY_RE,
     DEEPJIT_ENTRY_RE,
     TMP_NAME_RE,
-    cache_leftover,
     has_entry_named,
     has_tmp_named,
     home_default,
     outside,
+    read_cache_root,
     read_head,
     scandir_sorted,
-    tmp_leftovers,
     unique_paths,
-    unlistable,
 )
 
 RUNTIME = "deepgemm"
@@ -155,29 +153,10 @@ class DeepGemmReader:
                 or has_tmp_named(tmp_dir, TMP_NAME_RE, dirs=True))
 
     def read(self, root: str, cache: StateCache) -> Iterator[CacheEntry | CacheLeftover]:
-        """Entries and leftovers under `root`, sorted by path (cache/ before tmp/).
-
-        Directories named like DeepJIT entries are skipped: in a mixed root they belong to the
-        deepjit reader, not to this layout's leftovers.
-        """
-        cache_dir = os.path.join(root, "cache")
-        try:
-            listing = scandir_sorted(cache_dir)
-        except FileNotFoundError:
-            listing = []
-        except OSError as exc:
-            listing = []
-            yield unlistable(RUNTIME, LAYOUT, root, cache_dir, exc)
-        boundary = os.path.realpath(cache_dir)
-        for item in listing:
-            match = DEEPGEMM_ENTRY_RE.fullmatch(item.name)
-            if match and item.is_dir():
-                yield read_entry(root, item, match.group(1), match.group(2), boundary, cache)
-            elif DEEPJIT_ENTRY_RE.fullmatch(item.name) and item.is_dir():
-                continue
-            else:
-                yield cache_leftover(RUNTIME, LAYOUT, root, item, ODD_NAME_REASON)
-        yield from tmp_leftovers(RUNTIME, LAYOUT, root, _TMP_FILE_REASONS)
+        return read_cache_root(root, cache, runtime=RUNTIME, layout=LAYOUT, own=DEEPGEMM_ENTRY_RE,
+                               other=DEEPJIT_ENTRY_RE, read_entry=read_entry,
+                               odd_name_reason=ODD_NAME_REASON,
+                               file_reason=_TMP_FILE_REASONS)
 
 
 def parse_head(head: bytes) -> tuple[str | None, str | None, bool]:

@@ -62,16 +62,14 @@ from cacheaudit.readers._common import (
     DEEPGEMM_ENTRY_RE,
     DEEPJIT_ENTRY_RE,
     TMP_NAME_RE,
-    cache_leftover,
     env_path_list,
     has_entry_named,
     has_tmp_named,
     home_default,
     outside,
+    read_cache_root,
     scandir_sorted,
-    tmp_leftovers,
     unique_paths,
-    unlistable,
 )
 
 RUNTIME = "deepjit"
@@ -140,29 +138,9 @@ class DeepJitReader:
         return has_tmp_named(os.path.join(path, "tmp"), TMP_NAME_RE, dirs=True)
 
     def read(self, root: str, cache: StateCache) -> Iterator[CacheEntry | CacheLeftover]:
-        """Entries and leftovers under `root`, sorted by path (cache/ before tmp/).
-
-        Directories named like DeepGEMM entries are skipped: in a mixed root they belong to the
-        deepgemm reader, not to this layout's leftovers.
-        """
-        cache_dir = os.path.join(root, "cache")
-        try:
-            listing = scandir_sorted(cache_dir)
-        except FileNotFoundError:
-            listing = []
-        except OSError as exc:
-            listing = []
-            yield unlistable(RUNTIME, LAYOUT, root, cache_dir, exc)
-        boundary = os.path.realpath(cache_dir)
-        for item in listing:
-            match = DEEPJIT_ENTRY_RE.fullmatch(item.name)
-            if match and item.is_dir():
-                yield read_entry(root, item, match.group(1), match.group(2), boundary, cache)
-            elif DEEPGEMM_ENTRY_RE.fullmatch(item.name) and item.is_dir():
-                continue
-            else:
-                yield cache_leftover(RUNTIME, LAYOUT, root, item, ODD_NAME_REASON)
-        yield from tmp_leftovers(RUNTIME, LAYOUT, root)
+        return read_cache_root(root, cache, runtime=RUNTIME, layout=LAYOUT, own=DEEPJIT_ENTRY_RE,
+                               other=DEEPGEMM_ENTRY_RE, read_entry=read_entry,
+                               odd_name_reason=ODD_NAME_REASON)
 
 
 def _pick_backend(names: Mapping[str, os.DirEntry[str]]) -> tuple[str, str]:
