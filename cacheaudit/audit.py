@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 from cacheaudit import compilers, envvars
 from cacheaudit.digest import StateCache, changed_files, normalise_path
+from cacheaudit.findings import make_finding
 from cacheaudit.ledger import Ledger, RunInfo, new_record_id
 from cacheaudit.model import (
-    FINDING_CODES,
     CacheEntry,
     CacheLeftover,
     CompileRecord,
@@ -52,25 +52,6 @@ _COMPILER_SUFFIXES = ("_JIT_NVCC_COMPILER", "_JIT_HIPCC_COMPILER", "_NVCC_COMPIL
 def _judged_elsewhere(name: str) -> bool:
     return name in _JUDGED_ELSEWHERE or name.endswith(_COMPILER_SUFFIXES)
 
-HINTS = {
-    "CA101": "evict the entry ({entry}) so that the runtime compiles again, or feed a digest of "
-             "the file into the runtime's extra signature",
-    "CA102": "feed a digest of these files into the runtime's extra signature, or evict the "
-             "runtime's cache whenever they change",
-    "CA103": "the runtime's own keying is broken for this input: evict the entry and report it "
-             "to the runtime's maintainers",
-    "CA104": "evict the entry: the next compile would read a different set of files",
-    "CA105": "evict the entry, or remove the shadowing header",
-    "CA106": "restart the process that holds the runtime: it keeps serving what it hashed before",
-    "CA201": "add the variable's value to the runtime's extra signature, or unset it",
-    "CA202": "evict the entry, or restore the value it was built with",
-    "CA203": "set the prefixed variable explicitly if the fallback is not intended",
-    "CA301": "evict the runtime's cache after replacing a compiler in place",
-    "CA302": "evict the runtime's cache after changing the host compiler",
-    "CA401": "evict the entry: the binary may come from another version of the file",
-    "CA402": "remove the entry or leftover; the runtime would fail on it or ignore it",
-    "CA501": "make the file or compiler available again, or evict the entry",
-}
 
 
 @dataclass(frozen=True)
@@ -114,20 +95,6 @@ def keep(findings: Iterable[Finding], options: AuditOptions) -> list[Finding]:
         return not any(code.startswith(i) for i in options.ignore)
 
     return [f for f in findings if wanted(f.code)]
-
-
-def _finding(code: str, *, subject: str, message: str, entry: CacheEntry | None = None,
-             record: CompileRecord | None = None, recorded: str | None = None,
-             current: str | None = None, how: str = "", inferred: bool = False) -> Finding:
-    if code not in FINDING_CODES:
-        raise ValueError(f"unknown finding code {code}")
-    hint = HINTS.get(code, "").format(entry=entry.path if entry else "the entry")
-    return Finding(code=code, subject=subject, message=message, recorded=recorded,
-                   current=current, how=how, record_id=record.record_id if record else None,
-                   entry=entry.path if entry else None,
-                   runtime=entry.runtime if entry else (record.runtime if record else None),
-                   kernel=entry.kernel if entry else (record.kernel if record else None),
-                   inferred=inferred, hint=hint)
 
 
 def _ns_text(ns: int | None) -> str:
@@ -243,12 +210,12 @@ class Auditor:
     # ---------------------------------------------------------------- per entry
 
     def audit_leftover(self, leftover: CacheLeftover) -> Finding:
-        return _finding("CA402", subject=leftover.path, message=leftover.reason,
+        return make_finding("CA402", subject=leftover.path, message=leftover.reason,
                         current=f"last changed {_ns_text(leftover.mtime_ns)}",
                         how=f"{leftover.layout} layout of {leftover.root}")
 
     def audit_entry(self, entry: CacheEntry) -> list[Finding]:
-        findings = [_finding("CA402", subject=entry.path, message=problem, entry=entry,
+        findings = [make_finding("CA402", subject=entry.path, message=problem, entry=entry,
                              how=f"{entry.layout} layout") for problem in entry.problems]
         try:
             policy = policy_for(entry.runtime)
@@ -258,7 +225,7 @@ class Auditor:
         if record is None and self.options.reconstruct:
             record = self._reconstruct(entry, policy, findings)
         if record is None:
-            findings.append(_finding(
+            findings.append(make_finding(
                 "CA501", subject=entry.path, entry=entry,
                 message="no recorded compile for this entry and no way to reconstruct its "
                         "inputs: nothing about its dependencies can be verified",
@@ -270,7 +237,7 @@ class Auditor:
                                   key=entry.key, entry=entry.path)
         tracked = policy.tracked(entry, record)
         if tracked.error:
-            findings.append(_finding(
+            findings.append(make_finding(
                 "CA501", subject=entry.path, entry=entry, record=record,
                 message=f"the runtime's tracked set cannot be computed: {tracked.error}",
                 how=tracked.how))
@@ -281,7 +248,7 @@ class Auditor:
             findings += self._environment(entry, record)
         findings += self._configuration(entry, record, policy)
         findings += self._compiler(entry, record, policy)
-        findings += self._during_compile(entry, record)
+        findings += modified_during_compile(record, entry)
         return findings
 
     def _inputs(self, entry: CacheEntry, record: CompileRecord, policy: Policy,
@@ -307,14 +274,14 @@ class Auditor:
                 if new is not old:
                     changed_tracked.append((old, new))
             elif not new.exists:
-                findings.append(_finding(
+                findings.append(make_finding(
                     "CA104", subject=old.path, entry=entry, record=record,
                     message="a file the compiler read is gone: the next compile of this kernel "
                             "reads something else, while the cached binary still holds it",
                     recorded=_state_text(old), current="absent",
                     how="stat of the recorded path"))
             elif inferred and new is old:
-                findings.append(_finding(
+                findings.append(make_finding(
                     "CA101", subject=old.path, entry=entry, record=record, inferred=True,
                     message=f"untracked dependency modified after the binary was written "
                             f"({_ns_text(entry.built_ns)}); the key does not cover it",
@@ -327,7 +294,7 @@ class Auditor:
                     entry.committed_ns > new.mtime_ns) else None
                 served = (f"; the runtime has hit the entry since ({_ns_text(last_hit)})"
                           if last_hit else "")
-                findings.append(_finding(
+                findings.append(make_finding(
                     "CA101", subject=old.path, entry=entry, record=record,
                     message=f"untracked dependency changed since the build, key unchanged: a "
                             f"hit serves a binary built from the old content{served}",
@@ -336,7 +303,7 @@ class Auditor:
         findings += self._tracked_changes(entry, record, policy, changed_tracked)
         count, top = self._untracked(graph, tracked.paths | seen)
         if count:
-            findings.append(_finding(
+            findings.append(make_finding(
                 "CA102", subject=f"{count} untracked dependenc{'y' if count == 1 else 'ies'}",
                 entry=entry, record=record,
                 message=f"the compiler read {count} file{'' if count == 1 else 's'} the key does "
@@ -370,7 +337,7 @@ class Auditor:
         alive = run_process_alive(record.extra.get("run_uuid"))
         if not changes:
             if matches is False:
-                findings.append(_finding(
+                findings.append(make_finding(
                     "CA501", subject=entry.path, entry=entry, record=record,
                     message="the key recomputed from unchanged inputs differs from the entry's: "
                             "this runtime version keys differently from the policy, so claims "
@@ -382,14 +349,14 @@ class Auditor:
             if old.path in proven:
                 findings.append(proven[old.path])
             elif matches is True:
-                findings.append(_finding(
+                findings.append(make_finding(
                     "CA103", subject=old.path, entry=entry, record=record,
                     message="a tracked input changed but the key recomputed from it did not: the "
                             "runtime would serve the old binary",
                     recorded=_state_text(old), current=_state_text(new),
                     how=f"key recomputation ({entry.key}) with the file as it is now"))
             elif alive is not None:
-                findings.append(_finding(
+                findings.append(make_finding(
                     "CA106", subject=old.path, entry=entry, record=record,
                     message=f"a tracked header changed after the runtime in process {alive} "
                             f"hashed it; that process caches header digests for its lifetime and "
@@ -398,7 +365,7 @@ class Auditor:
                     how=f"content hash; the compiling process {alive} is still running "
                         f"(inferred from the process table)", inferred=True))
             elif matches is None and check.note:
-                findings.append(_finding(
+                findings.append(make_finding(
                     "CA501", subject=old.path, entry=entry, record=record,
                     message=f"a tracked input changed and the key cannot be recomputed to "
                             f"confirm the runtime sees it: {check.note}",
@@ -415,7 +382,7 @@ class Auditor:
                 continue
             for old, new in changes:
                 if hit.started_ns > new.mtime_ns and old.path not in proven:
-                    proven[old.path] = _finding(
+                    proven[old.path] = make_finding(
                         "CA106", subject=old.path, entry=entry, record=hit,
                         message=f"the runtime served this kernel from memory at "
                                 f"{_ns_text(hit.started_ns)} (pid {hit.pid}), after this tracked "
@@ -442,7 +409,7 @@ class Auditor:
         memo_key = (record.graph.digest, directories)
         if memo_key not in self._shadows:
             self._shadows[memo_key] = _find_shadows(record.graph, directories, record.started_ns)
-        return [_finding(
+        return [make_finding(
             "CA105", subject=original, entry=entry, record=record,
             message=f"{shadow} now comes earlier in the include search path than the header the "
                     f"compiler used: a new compile reads it, the cached binary does not",
@@ -460,7 +427,7 @@ class Auditor:
                 continue  # only nvcc reads NVCC_*: a g++ build did not change with them
             then, now = record.env.get(name), self._env_now.get(name)
             if then != now:
-                findings.append(_finding(
+                findings.append(make_finding(
                     "CA202", subject=name, entry=entry, record=record,
                     message=f"{name} changes what the compiler does but not {entry.runtime}'s "
                             f"key: a hit serves a binary built under the recorded value",
@@ -487,7 +454,7 @@ class Auditor:
                 then = before.get(now.suffix)
                 if then is None or now.read_at != "construction" or then.value == now.value:
                     continue
-                findings.append(_finding(
+                findings.append(make_finding(
                     "CA204", subject=f"{prefix}_{now.suffix}", entry=entry, record=record,
                     message=f"{prefix}_{now.suffix} changed after the runtime read its "
                             f"configuration (its first compile in this process, "
@@ -518,7 +485,7 @@ class Auditor:
             return []
         found = self._identify(recorded)
         if found.identity is None:
-            return [_finding("CA501", subject=recorded.path, entry=entry, record=record,
+            return [make_finding("CA501", subject=recorded.path, entry=entry, record=record,
                              message=f"the compiler that built this entry is gone: {found.error}",
                              recorded=recorded.version_line, current="absent",
                              how="stat of the recorded compiler path")]
@@ -527,7 +494,7 @@ class Auditor:
         if (now.digest != recorded.digest or now.version_text != recorded.version_text
                 or now.resolved != recorded.resolved) and not policy.compiler_change_in_key(
                     recorded, now):
-            findings.append(_finding(
+            findings.append(make_finding(
                 "CA301", subject=recorded.path, entry=entry, record=record,
                 message=f"the compiler at {recorded.path} is not the one that built this entry, "
                         f"and {entry.runtime}'s key does not change with it",
@@ -539,7 +506,7 @@ class Auditor:
         if old_host is not None and new_host is not None and (
                 old_host.digest != new_host.digest or old_host.version_text
                 != new_host.version_text or old_host.resolved != new_host.resolved):
-            findings.append(_finding(
+            findings.append(make_finding(
                 "CA302", subject=old_host.path, entry=entry, record=record,
                 message=f"nvcc's host compiler changed; it preprocesses and compiles part of "
                         f"every kernel, and {entry.runtime}'s key never covers it",
@@ -547,16 +514,6 @@ class Auditor:
                 current=f"{new_host.resolved} ({new_host.version_line})",
                 how="identity of the host compiler nvcc would use now"))
         return findings
-
-    def _during_compile(self, entry: CacheEntry, record: CompileRecord) -> list[Finding]:
-        return [_finding(
-            "CA401", subject=path, entry=entry, record=record,
-            message="this input was modified while the compiler ran: the binary may hold a "
-                    "version other than the one recorded",
-            recorded=f"compile started {_ns_text(record.started_ns)}",
-            current="mtime or ctime after the start",
-            how="timestamps at the end of the compile (ccache's too-new rule)")
-            for path in record.extra.get("modified_during_compile", [])]
 
     # ---------------------------------------------------------------- reconstruction
 
@@ -567,7 +524,7 @@ class Auditor:
             return None
         argv, cwd = command
         if not argv or not os.path.exists(argv[0]):
-            findings.append(_finding(
+            findings.append(make_finding(
                 "CA501", subject=argv[0] if argv else entry.path, entry=entry,
                 message="the entry predates recording and its compiler is gone: its inputs "
                         "cannot be reconstructed", how="the compile command in the entry"))
@@ -581,7 +538,7 @@ class Auditor:
             result = graph_module.start_dependency_pass(
                 argv[0], command_line.dependency_argv(depfile), cwd, self.env).wait(timeout=300)
         if not result.ok or result.depfile_text is None:
-            findings.append(_finding(
+            findings.append(make_finding(
                 "CA501", subject=entry.path, entry=entry,
                 message=f"the entry predates recording and the dependency pass over its "
                         f"recorded command failed: {result.error or result.stderr.strip()[:300]}",
@@ -618,7 +575,7 @@ class Auditor:
                 continue
             blind = sorted(r for r in runtimes if envvars.is_implicit_input(name, r))
             if blind:
-                findings.append(_finding(
+                findings.append(make_finding(
                     "CA201", subject=name,
                     message=f"{name} is set and changes compiles, but the key of "
                             f"{', '.join(blind)} does not include it: entries built under "
@@ -627,7 +584,7 @@ class Auditor:
         for prefix in ("DG", "EP"):
             for setting in envvars.resolve_jit_settings(prefix, self.env):
                 if setting.origin == "fallback":
-                    findings.append(_finding(
+                    findings.append(make_finding(
                         "CA203", subject=f"{prefix}_{setting.suffix}",
                         message=f"{prefix}_{setting.suffix} is unset; DeepJIT falls back to "
                                 f"{setting.name}",
@@ -660,6 +617,44 @@ def _find_shadows(graph: IncludeGraph, directories: Sequence[str],
                     break
             break
     return shadows
+
+
+def modified_during_compile(record: CompileRecord,
+                            entry: CacheEntry | None = None) -> list[Finding]:
+    """CA401 for each input the shim saw change while the compiler ran."""
+    return [make_finding(
+        "CA401", subject=path, entry=entry, record=record,
+        message="this input was modified while the compiler ran: the binary may hold a version "
+                "other than the one recorded",
+        recorded=f"compile started {_ns_text(record.started_ns)}",
+        current="mtime or ctime after the start",
+        how="timestamps at the end of the compile (ccache's too-new rule)")
+        for path in record.extra.get("modified_during_compile", [])]
+
+
+def audit_records(records: Sequence[CompileRecord],
+                  judged: frozenset[str] = frozenset()) -> list[Finding]:
+    """Findings that records carry on their own, whether or not a cache entry accounts for them:
+    each runtime policy's record-level checks (NVRTC reusing a PCH after a header changed,
+    torch's in-process versioner skipping a build), judged against the earlier records of the
+    same run; and inputs modified during a compile (CA401) for records not in `judged` (those an
+    entry audit already covered)."""
+    runs: dict[str, list[CompileRecord]] = {}
+    for record in sorted(records, key=lambda r: (r.started_ns, r.record_id)):
+        runs.setdefault(str(record.extra.get("run_uuid", "")), []).append(record)
+    findings: list[Finding] = []
+    for run in runs.values():
+        for index, record in enumerate(run):
+            if record.record_id not in judged:
+                findings += modified_during_compile(record)
+            try:
+                policy = policy_for(record.runtime) if record.runtime else None
+            except KeyError:
+                policy = None
+            check = getattr(policy, "record_findings", None)
+            if check is not None:
+                findings += check(record, run[:index])
+    return findings
 
 
 # ------------------------------------------------------------------------------ scanning

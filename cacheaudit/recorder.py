@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from cacheaudit import compilers, envvars, graph
 from cacheaudit.digest import StateCache, normalise_path
@@ -76,22 +77,26 @@ def write_record(record: CompileRecord, run: RunInfo, ledger_path: str | None = 
     return f"{problem}; record kept in {spooled}"
 
 
-def record_lookup(*, runtime: str, kernel: str | None, event: str, key: str | None = None,
-                  entry: str | None = None, observer: str, notes: Sequence[str] = (),
-                  extra: Mapping[str, object] | None = None,
-                  env: Mapping[str, str] | None = None) -> str | None:
-    """Store what an in-process adapter saw: a hit, or a lookup the runtime refused.
+def record_event(*, runtime: str, kernel: str | None, event: str, observer: str,
+                 env: Mapping[str, str] | None = None, **fields: Any) -> str | None:
+    """Store what an in-process adapter saw: a compile (with whatever of the four answers it
+    knows), a memory or disk hit, or a lookup the runtime refused.
 
-    Returns a problem, or None; never raises, so that an adapter can call it from inside the
-    runtime's own code path.
+    `fields` are `CompileRecord` fields (key, entry, compiler, argv, effective_argv, sources,
+    graph, outputs, tracked, exit_code, started_ns, duration_ns, notes, extra, ...); the
+    process, host, test id and the compile-affecting environment are filled in here. Returns a
+    problem, or None; never raises, so that an adapter can call it from the runtime's own path.
     """
     env = os.environ if env is None else env
     try:
+        fields.setdefault("started_ns", time.time_ns())
+        fields.setdefault("env", envvars.compile_environment(env))
+        fields["notes"] = tuple(fields.get("notes") or ())
+        fields["extra"] = dict(fields.get("extra") or {})
         record = CompileRecord(
-            record_id=new_record_id(), event=event, started_ns=time.time_ns(), runtime=runtime,
-            kernel=kernel, key=key, entry=entry, pid=os.getpid(), host=socket.gethostname(),
-            test_id=test_id_from(env), observer=observer, notes=tuple(notes),
-            extra=dict(extra or {}))
+            record_id=new_record_id(), event=event, runtime=runtime, kernel=kernel,
+            pid=os.getpid(), host=socket.gethostname(), test_id=test_id_from(env),
+            observer=observer, **fields)
         return write_record(record, current_run(env, observer, in_process=True))
     except Exception as exc:  # noqa: BLE001 - fail open inside the runtime
         return f"{type(exc).__name__}: {exc}"

@@ -39,7 +39,7 @@ def test_every_finding_code_has_a_page_that_names_it():
 
 
 def test_every_hint_is_for_a_known_code():
-    from cacheaudit.audit import HINTS
+    from cacheaudit.findings import HINTS
     from cacheaudit.model import FINDING_CODES
 
     assert set(HINTS) <= set(FINDING_CODES)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cacheaudit.recorder import record_lookup, report_problem
+from cacheaudit.recorder import record_event, report_problem
 
 _MARK = "_cacheaudit_listener"
 
@@ -20,12 +20,12 @@ def _listener(event: Mapping[str, Any]) -> None:
     kind = event.get("event")
     if kind in ("disk-hit", "memory-hit"):
         tracked = {name: value[0] for name, value in (event.get("tracked") or {}).items()}
-        problem = record_lookup(runtime=event.get("runtime", "deepjit"), kernel=event.get("name"),
+        problem = record_event(runtime=event.get("runtime", "deepjit"), kernel=event.get("name"),
                                 event=kind, key=event.get("key"), entry=event.get("path"),
                                 observer="adapter:minijit", extra={"tracked": tracked})
     elif kind == "error":
         error = str(event.get("error"))
-        problem = record_lookup(runtime=event.get("runtime", "deepjit"), kernel=event.get("name"),
+        problem = record_event(runtime=event.get("runtime", "deepjit"), kernel=event.get("name"),
                                 event="compile", key=event.get("key"), entry=event.get("path"),
                                 observer="adapter:minijit",
                                 notes=(f"the runtime refused the compile: {error}",),
@@ -47,3 +47,4 @@ def install(runtime: Any) -> None:
 
 def uninstall(runtime: Any) -> None:
     runtime.listeners[:] = [li for li in runtime.listeners if not getattr(li, _MARK, False)]
+

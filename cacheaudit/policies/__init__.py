@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from cacheaudit import envvars
-from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity
+from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 
-_MODULES = {"deepjit": "deepjit", "deepgemm": "deepgemm", "deepep": "deepgemm"}
+_MODULES = {"deepjit": "deepjit", "deepgemm": "deepgemm", "deepep": "deepgemm",
+            "torch-ext": "torch_ext", "triton": "triton", "nvrtc": "nvrtc",
+            "cuda-core": "cuda_core", "cupy": "cupy"}
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,14 @@ class Policy(Protocol):
         """Whether this compiler change alters the runtime's key (so a hit is impossible)."""
         ...
 
+    def record_findings(self, record: CompileRecord,
+                        history: Sequence[CompileRecord]) -> list[Finding]:
+        """Findings a runtime's records carry on their own, with or without a cache entry on
+        disk (NVRTC's in-process PCH reuse, torch's in-process versioner), judged against the
+        earlier records of the same run (`history`, oldest first). Optional: the audit treats a
+        policy without it as having none."""
+        ...
+
     def dependency_command(self, entry: CacheEntry) -> tuple[list[str], str] | None:
         """(argv, cwd) that compiles the entry's source as the runtime did, for a dependency pass
         over an entry built before recording started; None when the entry does not say."""
@@ -90,7 +100,13 @@ def policy_for(runtime: str) -> Policy:
     module = _MODULES.get(runtime)
     if module is None:
         raise KeyError(f"no policy for runtime {runtime!r}")
-    return importlib.import_module(f"cacheaudit.policies.{module}").POLICIES[runtime]  # type: ignore[attr-defined]
+    try:
+        loaded = importlib.import_module(f"cacheaudit.policies.{module}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"cacheaudit.policies.{module}":
+            raise
+        raise KeyError(f"no policy for runtime {runtime!r} yet") from exc
+    return loaded.POLICIES[runtime]  # type: ignore[attr-defined, no-any-return]
 
 
 def implicit_inputs(runtime: str, names: set[str]) -> list[str]:

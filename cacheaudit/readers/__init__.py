@@ -18,7 +18,7 @@ from typing import Protocol
 from cacheaudit.digest import StateCache
 from cacheaudit.model import CacheEntry, CacheLeftover
 
-_MODULES = ("deepjit", "deepgemm")
+_MODULES = ("deepjit", "deepgemm", "torch_ext", "triton", "cupy", "cuda_core")
 
 
 class Reader(Protocol):
@@ -38,12 +38,23 @@ class Reader(Protocol):
         ...
 
 
+def _load(name: str) -> Reader | None:
+    try:
+        return importlib.import_module(f"cacheaudit.readers.{name}").READER  # type: ignore[attr-defined]
+    except ModuleNotFoundError as exc:
+        # A layout registered ahead of its module (work in progress) is skipped; any other
+        # missing import is a real error.
+        if exc.name != f"cacheaudit.readers.{name}":
+            raise
+        return None
+
+
 def all_readers() -> list[Reader]:
-    return [importlib.import_module(f"cacheaudit.readers.{name}").READER  # type: ignore[attr-defined]
-            for name in _MODULES]
+    return [reader for name in _MODULES if (reader := _load(name)) is not None]
 
 
 def reader_for(layout: str) -> Reader:
-    if layout not in _MODULES:
+    reader = _load(layout) if layout in _MODULES else None
+    if reader is None:
         raise KeyError(f"no reader for layout {layout!r}")
-    return importlib.import_module(f"cacheaudit.readers.{layout}").READER  # type: ignore[attr-defined]
+    return reader

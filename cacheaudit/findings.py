@@ -1,0 +1,41 @@
+"""Findings as the audit and the policies make them: one constructor, with the hint per code."""
+
+from __future__ import annotations
+
+from cacheaudit.model import FINDING_CODES, CacheEntry, CompileRecord, Finding
+
+HINTS = {
+    "CA101": "evict the entry ({entry}) so that the runtime compiles again, or feed a digest of "
+             "the file into the runtime's extra signature",
+    "CA102": "feed a digest of these files into the runtime's extra signature, or evict the "
+             "runtime's cache whenever they change",
+    "CA103": "the runtime's own keying is broken for this input: evict the entry and report it "
+             "to the runtime's maintainers",
+    "CA104": "evict the entry: the next compile would read a different set of files",
+    "CA105": "evict the entry, or remove the shadowing header",
+    "CA106": "restart the process that holds the runtime: it keeps serving what it hashed before",
+    "CA201": "add the variable's value to the runtime's extra signature, or unset it",
+    "CA202": "evict the entry, or restore the value it was built with",
+    "CA203": "set the prefixed variable explicitly if the fallback is not intended",
+    "CA301": "evict the runtime's cache after replacing a compiler in place",
+    "CA302": "evict the runtime's cache after changing the host compiler",
+    "CA401": "evict the entry: the binary may come from another version of the file",
+    "CA402": "remove the entry or leftover; the runtime would fail on it or ignore it",
+    "CA501": "make the file or compiler available again, or evict the entry",
+}
+
+
+def make_finding(code: str, *, subject: str, message: str, entry: CacheEntry | None = None,
+                 record: CompileRecord | None = None, recorded: str | None = None,
+                 current: str | None = None, how: str = "", inferred: bool = False) -> Finding:
+    if code not in FINDING_CODES:
+        raise ValueError(f"unknown finding code {code}")
+    hint = HINTS.get(code, "").format(entry=entry.path if entry else "the entry")
+    return Finding(code=code, subject=subject, message=message, recorded=recorded,
+                   current=current, how=how, record_id=record.record_id if record else None,
+                   entry=entry.path if entry else None,
+                   runtime=entry.runtime if entry else (record.runtime if record else None),
+                   kernel=entry.kernel if entry else (record.kernel if record else None),
+                   inferred=inferred, hint=hint)
+
+
