@@ -526,3 +526,73 @@ def start_dependency_pass(
     elif not os.path.isabs(depfile):
         depfile = os.path.join(cwd, depfile)
     return DependencyPass(argv, cwd, env, depfile)
+
+
+# --------------------------------------------------------------------------------------------
+# ninja's deps log and NVRTC's device time trace
+
+
+@dataclass(frozen=True)
+class NinjaDeps:
+    """One target of `ninja -t deps`: what ninja recorded from the compiler's depfile."""
+
+    target: str
+    inputs: tuple[str, ...]
+    mtime_ns: int | None
+    valid: bool
+
+
+_NINJA_TARGET = re.compile(
+    r"^(?P<target>.+?): #deps (?P<count>\d+), deps mtime (?P<mtime>\d+) \((?P<state>[A-Z]+)\)$")
+
+
+def parse_ninja_deps(text: str) -> list[NinjaDeps]:
+    """`ninja -t deps` output: a `target: #deps N, deps mtime T (VALID|STALE)` line, then the
+    N inputs indented by four spaces, then a blank line. ninja (>= 1.10) prints deps mtimes in
+    nanoseconds; paths are as the depfile wrote them, relative to the build directory."""
+    found: list[NinjaDeps] = []
+    current: dict[str, object] | None = None
+    inputs: list[str] = []
+
+    def close() -> None:
+        if current is not None:
+            found.append(NinjaDeps(target=str(current["target"]), inputs=tuple(inputs),
+                                   mtime_ns=current["mtime"],  # type: ignore[arg-type]
+                                   valid=bool(current["valid"])))
+
+    for line in text.splitlines():
+        if line.startswith("    ") and current is not None:
+            inputs.append(line[4:])
+            continue
+        match = _NINJA_TARGET.match(line)
+        if match:
+            close()
+            current = {"target": match.group("target"), "mtime": int(match.group("mtime")),
+                       "valid": match.group("state") == "VALID"}
+            inputs = []
+        elif line.strip():
+            raise DepfileError(f"not `ninja -t deps` output: {line[:120]!r}")
+    close()
+    return found
+
+
+def device_time_trace_headers(text: str) -> list[str]:
+    """Every header NVRTC opened, from its `--fdevice-time-trace` Chrome-trace JSON: the
+    "Processing Header File" events, each with the resolved path in `args.detail`, in the order
+    NVRTC finished them (post-order), each path once."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise DepfileError(f"not an NVRTC device time trace: {exc}") from exc
+    events = data.get("traceEvents", data) if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise DepfileError("not an NVRTC device time trace: no event list")
+    seen: dict[str, None] = {}
+    for event in events:
+        if isinstance(event, dict) and event.get("name") == "Processing Header File":
+            detail = (event.get("args") or {}).get("detail")
+            if isinstance(detail, str) and detail:
+                seen.setdefault(detail, None)
+    return list(seen)

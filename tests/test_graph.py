@@ -30,6 +30,7 @@ from cacheaudit.graph import (
     depfile_option,
     graph_from_depfile,
     parse_depfile,
+    parse_ninja_deps,
     start_dependency_pass,
 )
 
@@ -656,3 +657,27 @@ def test_a_depfile_left_from_before_is_not_taken_for_this_run(tmp_path: Path) ->
     (tmp_path / "new.d").unlink(missing_ok=True)
     result = start_dependency_pass(true, ["-MF", "new.d"], str(tmp_path), dict(os.environ)).wait()
     assert "not written" in (result.error or "")
+
+
+def test_ninja_deps_from_a_real_ninja_build(tmp_path):
+    ninja = shutil.which("ninja", path=os.pathsep.join([os.path.dirname(sys.executable),
+                                                        os.environ.get("PATH", "")]))
+    if ninja is None or GXX is None:
+        pytest.skip("ninja or g++ is not available")
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc" / "a.h").write_text("#define A 1\n")
+    (tmp_path / "sys").mkdir()
+    (tmp_path / "sys" / "s.h").write_text("#define S 2\n")
+    (tmp_path / "x.cpp").write_text('#include "a.h"\n#include <s.h>\nint x = A + S;\n')
+    (tmp_path / "build.ninja").write_text(
+        "rule cxx\n  command = g++ -MMD -MF $out.d -Iinc -isystem sys -c $in -o $out\n"
+        "  depfile = $out.d\n  deps = gcc\nbuild x.o: cxx x.cpp\n")
+    subprocess.run([ninja], cwd=tmp_path, check=True, capture_output=True)
+    text = subprocess.run([ninja, "-t", "deps"], cwd=tmp_path, check=True, capture_output=True,
+                          text=True).stdout
+    [deps] = parse_ninja_deps(text)
+    # -MMD leaves the -isystem header out: what torch's builds miss.
+    assert deps.target == "x.o" and deps.inputs == ("x.cpp", "inc/a.h") and deps.valid
+    assert deps.mtime_ns and deps.mtime_ns > 10**18
+    with pytest.raises(DepfileError):
+        parse_ninja_deps("this is not ninja output\n")
