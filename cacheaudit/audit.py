@@ -14,6 +14,7 @@ the ledger (so that the next scan need not repeat the work).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 import tempfile
@@ -22,6 +23,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from cacheaudit import compilers, envvars
 from cacheaudit.digest import StateCache, changed_files, normalise_path
@@ -718,7 +720,92 @@ def scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None 
         with contextlib.suppress(Exception):  # a read-only ledger only costs the next scan time
             ledger.remember_states(s for e in entries for s in (e.binary, e.source)
                                    if s is not None and s not in seen)
+            ledger.remember_roots((r.layout, root) for r, root in roots)
     return ScanResult(roots=[(r.layout, root) for r, root in roots], entries=entries,
                       leftovers=leftovers, findings=keep(findings, options),
                       matched=auditor.matched, reconstructed=auditor.reconstructed,
                       ledger=ledger.path if ledger else None)
+
+
+# ------------------------------------------------------------------------------ a whole run
+
+
+@dataclass
+class RunReport:
+    """What a test session or a `cacheaudit run` did with JIT caches, and the findings about it."""
+
+    run_uuid: str
+    records: list[CompileRecord]
+    findings: list[Finding]
+    roots: list[tuple[str, str]] = field(default_factory=list)
+
+    def events(self) -> Counter[str]:
+        return Counter(r.event for r in self.records)
+
+
+def roots_of(records: Iterable[CompileRecord]) -> list[str]:
+    """Cache roots the records touched: found by walking up from each entry, output and working
+    directory (the shim sees `<root>/tmp/<uuid>/kernel.cubin` before the runtime renames it)."""
+    readers = all_readers()
+    candidates: set[str] = set()
+    for record in records:
+        paths = [record.entry or "", record.cwd] + [s.path for s in record.outputs]
+        for path in paths:
+            directory = os.path.dirname(path) if path and not os.path.isdir(path) else path
+            for _ in range(6):
+                if not directory or directory == os.path.dirname(directory):
+                    break
+                candidates.add(directory)
+                directory = os.path.dirname(directory)
+    return sorted(c for c in candidates if os.path.isdir(c) and any(
+        r.is_root(c) for r in readers))
+
+
+def audit_run(ledger: Ledger, run_uuid: str, env: Mapping[str, str], *,
+              started_ns: int | None = None, roots: Sequence[str] = (),
+              options: AuditOptions | None = None) -> RunReport:
+    """Judge what one run did: scan the cache roots its records touched, the roots earlier scans
+    found, the environment's default roots and `roots`; keep the findings about entries the run
+    built or hit (a DeepJIT disk hit leaves no record, only a touched `.committed`, so an entry
+    whose hit time falls after the run's start counts), add each runtime's record-level
+    findings, and name the tests involved."""
+    options = options or AuditOptions()
+    records = ledger.records(where="runs.run_uuid = ?", params=(run_uuid,), with_files=True)
+    started = started_ns if started_ns is not None else min(
+        (r.started_ns for r in records), default=time.time_ns())
+    defaults = [root for reader, root in discover([], env)]
+    scanned = sorted(set(roots_of(records)) | {os.path.abspath(r) for r in roots}
+                     | {r for r in ledger.known_roots() if os.path.isdir(r)} | set(defaults))
+    scanned = [root for root in scanned if any(r.is_root(root) for r in all_readers())]
+    result = scan(scanned, env, ledger=ledger, options=options) if scanned else None
+    # The scan attributed the run's compiles to their entries: read them again.
+    records = ledger.records(where="runs.run_uuid = ?", params=(run_uuid,), with_files=True)
+    ids = {r.record_id for r in records}
+    entries = {r.entry for r in records if r.entry}
+    hit_since_start = {e.path for e in (result.entries if result else [])
+                       if e.committed_ns is not None and e.committed_ns >= started}
+    findings = [f for f in (result.findings if result else [])
+                if f.record_id in ids or f.entry in entries or f.entry in hit_since_start]
+    judged = frozenset(f.record_id for f in findings if f.record_id)
+    findings += keep(audit_records(records, judged=judged), options)
+    windows = ledger.tests(run_uuid)
+    findings = [_with_tests(f, records, windows, result) for f in findings]
+    return RunReport(run_uuid=run_uuid, records=records, findings=findings,
+                     roots=result.roots if result else [])
+
+
+def _with_tests(finding: Finding, records: Sequence[CompileRecord], windows: Sequence[Any],
+                result: ScanResult | None) -> Finding:
+    tests: list[str] = []
+    for record in records:
+        if record.test_id and (record.record_id == finding.record_id or (
+                finding.entry is not None and record.entry == finding.entry)):
+            tests.append(record.test_id)
+    entry = next((e for e in (result.entries if result else []) if e.path == finding.entry),
+                 None)
+    if entry is not None and entry.committed_ns is not None:
+        # DeepJIT touches .committed on every disk hit: the test running then caused it.
+        tests += [w.nodeid for w in windows
+                  if w.started_ns <= entry.committed_ns <= w.finished_ns]
+    unique = tuple(dict.fromkeys(tests))
+    return dataclasses.replace(finding, tests=unique) if unique else finding

@@ -217,6 +217,70 @@ def explain(
             output.render_explanation(explanation, _console())
 
 
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(
+    command: Annotated[list[str], typer.Argument(help="The command to run, after --.")],
+    ledger: LedgerOption = None,
+    fail_on: Annotated[str, typer.Option(
+        "--fail-on", help="Exit 1 (when the command itself succeeded) if a finding reaches "
+        "this severity: error, warning, info or never.")] = "never",
+    report_json: Annotated[Path | None, typer.Option(
+        "--report-json", help="Also write the report as JSON to this file.")] = None,
+) -> None:
+    """Run any command with the compiler shim and the in-process adapters active; print the
+    report at exit. The exit status is the command's unless --fail-on says otherwise."""
+    from cacheaudit import audit, output, runner
+    from cacheaudit.config import FAIL_ON_CHOICES
+    from cacheaudit.ledger import default_ledger_path
+
+    if fail_on not in FAIL_ON_CHOICES:
+        raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON_CHOICES)}, not {fail_on!r}")
+    outcome = runner.run_recorded(command, ledger=str(ledger) if ledger else default_ledger_path())
+    report = outcome.report
+    console = _stderr_console()
+    events = report.events()
+    console.print(f"cacheaudit: {events['compile']} compile(s), {events['disk-hit']} disk hit(s), "
+                  f"{events['memory-hit']} memory hit(s) recorded in run {report.run_uuid}")
+    if report.findings:
+        output.render_findings(report.findings, console,
+                               f"{len(report.findings)} finding(s) about this run")
+    if report_json is not None:
+        report_json.write_text(output.findings_json(report.findings, {
+            "run": report.run_uuid, "command": list(command), "exit_status": outcome.status,
+            "events": dict(events)}) + "\n")
+    status = outcome.status
+    if status == 0 and audit.fails(report.findings, fail_on):
+        status = ExitCode.FINDINGS
+    raise typer.Exit(status)
+
+
+@app.command()
+def combine(
+    sources: Annotated[list[Path], typer.Argument(help="Ledger files to merge.")],
+    ledger: LedgerOption = None,
+    keep: Annotated[bool, typer.Option(help="Keep the merged files (default: delete them).")]
+    = False,
+) -> None:
+    """Merge ledgers (pytest-xdist workers, ranks, hosts) into one, sharing graphs and states."""
+    from cacheaudit.ledger import combine as merge
+
+    with _open_ledger(ledger, create=True) as opened:
+        result = merge(opened, [str(s) for s in sources], keep=keep)
+        total = opened.count("records")
+    for problem in result.skipped:
+        typer.echo(f"cacheaudit: skipped {problem}", err=True)
+    typer.echo(f"combined {len(result.combined)} ledger(s), {result.records} new record(s); "
+               f"{opened.path} holds {total}")
+    if result.skipped and not result.combined:
+        raise typer.Exit(ExitCode.USAGE)
+
+
+def _stderr_console() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
 @app.command()
 def demo(
     keep: Annotated[bool, typer.Option(help="Keep the temporary directory.")] = False,

@@ -14,6 +14,7 @@ helpers go through sqlite-utils on the same connection.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -191,6 +192,27 @@ CREATE TABLE IF NOT EXISTS findings (
 
 CREATE INDEX IF NOT EXISTS findings_by_audit ON findings (audit_uuid);
 
+-- Tests of a pytest session: when each ran, so that a cache hit (DeepJIT touches .committed) can
+-- be attributed to the test that caused it.
+CREATE TABLE IF NOT EXISTS tests (
+    id INTEGER PRIMARY KEY,
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    nodeid TEXT NOT NULL,
+    started_ns INTEGER NOT NULL,
+    finished_ns INTEGER NOT NULL,
+    outcome TEXT NOT NULL,                  -- passed, failed, skipped
+    worker TEXT NOT NULL,                   -- pytest-xdist worker id, '' without xdist
+    UNIQUE (run_id, nodeid, started_ns)
+);
+
+-- Cache roots scans have found: a later audit of a run looks there for entries the run hit
+-- without leaving a record (DeepJIT's disk hits only touch .committed).
+CREATE TABLE IF NOT EXISTS cache_roots (
+    path TEXT PRIMARY KEY,
+    layout TEXT NOT NULL,
+    last_scan_ns INTEGER NOT NULL
+);
+
 -- The last state a scan saw of each cache file (entry binaries and sources): the next scan
 -- verifies them by one stat instead of reading them again.
 CREATE TABLE IF NOT EXISTS seen_states (
@@ -255,6 +277,18 @@ class RunInfo:
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
     command: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class TestWindow:
+    """When one test ran: the interval that a disk hit's timestamp is matched against."""
+
+    nodeid: str
+    started_ns: int
+    finished_ns: int
+    outcome: str = ""
+    worker: str = ""
+    run_uuid: str = ""
 
 
 def _blob_json(value: Any) -> str:
@@ -707,6 +741,53 @@ class Ledger:
             test_id=row[21], observer=row[22], notes=tuple(self._load_blob(row[23]) or ()),
             extra=extra)
 
+    def add_tests(self, run: RunInfo, tests: Iterable[TestWindow]) -> None:
+        rows = list(tests)
+
+        def write() -> None:
+            with self._write() as conn:
+                run_id = self._run_id(run)
+                conn.executemany(
+                    "INSERT OR IGNORE INTO tests (run_id, nodeid, started_ns, finished_ns,"
+                    " outcome, worker) VALUES (?, ?, ?, ?, ?, ?)",
+                    [_params((run_id, t.nodeid, t.started_ns, t.finished_ns, t.outcome, t.worker))
+                     for t in rows])
+
+        _retrying(write)
+
+    def tests(self, run_uuid: str | None = None) -> list[TestWindow]:
+        sql = ("SELECT t.nodeid, t.started_ns, t.finished_ns, t.outcome, t.worker, runs.run_uuid"
+               " FROM tests t JOIN runs ON runs.id = t.run_id")
+        params: tuple[Any, ...] = ()
+        if run_uuid is not None:
+            sql += " WHERE runs.run_uuid = ?"
+            params = (run_uuid,)
+        return [TestWindow(_text(r[0]), r[1], r[2], r[3], r[4], _text(r[5]))
+                for r in self.conn.execute(sql + " ORDER BY t.started_ns", params)]
+
+    def runs(self) -> dict[str, RunInfo]:
+        rows = self.conn.execute(
+            "SELECT run_uuid, label, started_ns, host, pid, command FROM runs")
+        return {_text(r[0]): RunInfo(run_uuid=_text(r[0]), label=r[1], started_ns=r[2],
+                                     host=r[3], pid=r[4],
+                                     command=tuple(json.loads(r[5])) if r[5] else None)
+                for r in map(_texts, rows)}
+
+    def remember_roots(self, roots: Iterable[tuple[str, str]]) -> None:
+        rows = [_params((root, layout, time.time_ns())) for layout, root in roots]
+        if not rows:
+            return
+
+        def write() -> None:
+            with self._write() as conn:
+                conn.executemany("INSERT OR REPLACE INTO cache_roots (path, layout, last_scan_ns)"
+                                 " VALUES (?, ?, ?)", rows)
+
+        _retrying(write)
+
+    def known_roots(self) -> list[str]:
+        return [_text(r[0]) for r in self.conn.execute("SELECT path FROM cache_roots")]
+
     def remember_states(self, states: Iterable[FileState]) -> None:
         """Keep the settled states a scan captured, for the next scan's stat-only check."""
         settled = [s for s in states if s.settled and s.digest is not None]
@@ -819,7 +900,7 @@ class Ledger:
 
 
 _TABLES = ("meta", "runs", "files", "file_states", "graphs", "graph_files", "compilers", "blobs",
-           "records", "findings", "seen_states")
+           "records", "findings", "seen_states", "tests", "cache_roots")
 
 
 def _enable_wal(conn: sqlite3.Connection) -> None:
@@ -969,3 +1050,64 @@ def ingest_spool(ledger: Ledger) -> int:
     with contextlib.suppress(OSError):
         os.rmdir(directory)
     return added
+
+
+# ------------------------------------------------------------------------------------ combine
+
+
+@dataclass
+class CombineResult:
+    combined: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    records: int = 0
+
+
+def combine(target: Ledger, sources: Sequence[str], *, keep: bool = True,
+            batch: int = 500) -> CombineResult:
+    """Merge ledgers (pytest-xdist workers, ranks, hosts) into `target`.
+
+    Records keep their ids, so combining twice adds nothing; file states, graphs, compilers and
+    JSON values are content-addressed, so the thousands of records that share a CUTLASS graph
+    still share one copy. A source that cannot be read is skipped, named, and left in place
+    (coverage.py's `combine` does the same); the others are deleted unless `keep`.
+    """
+    result = CombineResult()
+    for source in sources:
+        path = os.path.abspath(source)
+        if path == os.path.abspath(target.path):
+            continue
+        try:
+            opened = Ledger.open(path, create=False)
+        except LedgerError as exc:
+            result.skipped.append(f"{source}: {exc}")
+            continue
+        with opened:
+            ingest_spool(opened)
+            runs = opened.runs()
+            records = opened.records(order="r.started_ns, r.id")
+            for start in range(0, len(records), batch):
+                by_run: dict[str, list[CompileRecord]] = {}
+                for record in records[start:start + batch]:
+                    by_run.setdefault(str(record.extra.get("run_uuid")), []).append(record)
+                for run_uuid, group in by_run.items():
+                    run = runs.get(run_uuid) or RunInfo(run_uuid=run_uuid, label="combined")
+                    result.records += target.add_records(
+                        [_without_run(r) for r in group], run)
+            for window in opened.tests():
+                target.add_tests(runs.get(window.run_uuid) or RunInfo(
+                    run_uuid=window.run_uuid, label="combined"), [window])
+            target.remember_states(opened.seen_states())
+        result.combined.append(source)
+        if not keep:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+                for suffix in ("-wal", "-shm"):
+                    if os.path.exists(path + suffix):
+                        os.remove(path + suffix)
+    return result
+
+
+def _without_run(record: CompileRecord) -> CompileRecord:
+    """A record as stored: the run id the reader added to `extra` belongs in the runs table."""
+    extra = {k: v for k, v in record.extra.items() if k != "run_uuid"}
+    return dataclasses.replace(record, extra=extra)

@@ -282,6 +282,9 @@ class Finding:
     kernel: str | None = None
     inferred: bool = False
     hint: str = ""
+    tests: tuple[str, ...] = ()
+    """The tests involved, when the run was a pytest session: the one that built the entry and
+    those that hit it."""
 
     @property
     def severity(self) -> Severity:
@@ -295,6 +298,7 @@ class Finding:
         data = dataclasses.asdict(self)
         data["severity"] = self.severity.value
         data["name"] = self.name
+        data["tests"] = list(self.tests)
         return data
 
 

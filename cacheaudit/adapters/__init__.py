@@ -145,6 +145,12 @@ def activate(names: Sequence[str] | None = None) -> list[str]:
     for name in names or _MODULES:
         try:
             hooked = adapter(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == f"cacheaudit.adapters.{name}":
+                continue  # registered ahead of its module
+            warnings.warn(f"cacheaudit: adapter {name} unavailable: {exc}", CacheAuditWarning,
+                          stacklevel=2)
+            continue
         except Exception as exc:  # noqa: BLE001 - one broken adapter must not stop the rest
             warnings.warn(f"cacheaudit: adapter {name} unavailable: {exc}", CacheAuditWarning,
                           stacklevel=2)

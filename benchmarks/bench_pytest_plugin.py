@@ -1,0 +1,46 @@
+"""The pytest plugin's cost on a 200-test suite that compiles nothing, against the same suite
+without it, in one run (whole `pytest` processes, interleaved; the median of each side).
+
+The plugin's fixed costs are the session setup (a masquerade directory, the environment), one
+environment change around each test, and the audit at the end; the figure says what they add to
+a suite of quick tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from benchmarks._harness import Ratio, interleaved, report
+
+TESTS = "\n".join(f"def test_{n}():\n    assert {n} + 1 > {n}\n" for n in range(200))
+
+
+def main(repeat: int = 5) -> None:
+    workdir = tempfile.mkdtemp(prefix="cacheaudit-bench-pytest-")
+    try:
+        with open(os.path.join(workdir, "test_many.py"), "w", encoding="utf-8") as handle:
+            handle.write(TESTS)
+        env = dict(os.environ, CACHEAUDIT_LEDGER=os.path.join(workdir, "ledger.db"))
+        base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_many.py"]
+
+        def bare() -> None:
+            subprocess.run(base, cwd=workdir, env=env, check=True, capture_output=True)
+
+        def plugin() -> None:
+            subprocess.run([*base, "--cacheaudit"], cwd=workdir, env=env, check=True,
+                           capture_output=True)
+
+        ours, baseline = interleaved(plugin, bare, repeat=repeat)
+        report("pytest plugin on 200 tests that compile nothing",
+               [Ratio("pytest --cacheaudit / pytest", ours, baseline, budget=None)],
+               {"tests": 200, "runs each": repeat})
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)

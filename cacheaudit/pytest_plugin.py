@@ -1,0 +1,296 @@
+"""pytest plugin: JIT compiles recorded and audited during a test session (`pytest --cacheaudit`).
+
+Off unless asked for (`--cacheaudit`, or `cacheaudit = true` in the ini file). When on, it starts
+before conftest files import the code under test (as pytest-cov does): it prepares the session
+environment (the compiler shim first on PATH, the runtimes' compiler settings at the shim, one
+run id and ledger), arms the in-process adapters, and tags every record with the running test.
+Under pytest-xdist each worker writes its own ledger, combined by the controller at the end. Then
+it audits what the session did, prints a `cacheaudit` section and, with `--cacheaudit-fail-on`,
+sets the exit status.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from cacheaudit.audit import RunReport
+    from cacheaudit.ledger import TestWindow
+    from cacheaudit.model import CompileRecord, Finding
+
+FAIL_ON = ("error", "warning", "info", "never")
+MARKER = "no_cacheaudit"
+_PLUGIN_NAME = "_cacheaudit_session"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("cacheaudit", "compile-cache identity audit (cacheaudit)")
+    group.addoption("--cacheaudit", action="store_true", default=False,
+                    help="Record JIT compiles and cache hits during the session and audit them.")
+    group.addoption("--cacheaudit-fail-on", choices=FAIL_ON, default=None,
+                    help="Fail the session when a finding reaches this severity "
+                         "(default: the ini option cacheaudit_fail_on, else error).")
+    group.addoption("--cacheaudit-ledger", default=None, metavar="PATH",
+                    help="Ledger file (default: CACHEAUDIT_LEDGER, else "
+                         ".pytest_cache/cacheaudit/ledger.db under the rootdir).")
+    group.addoption("--cacheaudit-root", action="append", default=[], metavar="DIR",
+                    help="Also audit this cache root at the end (repeatable).")
+    parser.addini("cacheaudit", type="bool", default=False,
+                  help="Turn cacheaudit on for every run, as --cacheaudit does.")
+    parser.addini("cacheaudit_fail_on", default="error",
+                  help="Severity that fails the session: error, warning, info or never.")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{MARKER}: do not record the compiles and cache hits of this test")
+
+
+def _enabled(config: pytest.Config) -> bool:
+    namespace = config.known_args_namespace
+    return bool(getattr(namespace, "cacheaudit", False)) or bool(config.getini("cacheaudit"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser,
+                                  args: list[str]) -> None:
+    """Start before conftest files import the code under test (and its runtimes)."""
+    if not _enabled(early_config):
+        return
+    session = _Session(early_config)
+    early_config.pluginmanager.register(session, _PLUGIN_NAME)
+
+
+class _Session:
+    """The plugin's state for one pytest process: the controller, a worker, or a plain run."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        from cacheaudit import adapters
+        from cacheaudit.session import LEDGER, prepare
+
+        self.config = config
+        # An xdist worker inherits the environment its controller prepared; a pytest started
+        # from inside some other xdist worker (pytester, say) inherits PYTEST_XDIST_WORKER alone.
+        # `pytest_configure` checks the guess against `config.workerinput`.
+        self.worker = os.environ.get("PYTEST_XDIST_WORKER", "") if os.environ.get(
+            "CACHEAUDIT_RUN_LABEL") == "pytest" else ""
+        self.saved_env = dict(os.environ)
+        self.windows: list[TestWindow] = []
+        self.started_ns = time.time_ns()
+        self.outcomes: dict[str, str] = {}
+        self.report: RunReport | None = None
+        self.failed = False
+        self.problem: str | None = None
+        namespace = config.known_args_namespace
+        self.fail_on = (getattr(namespace, "cacheaudit_fail_on", None)
+                        or config.getini("cacheaudit_fail_on") or "error")
+        self.roots = list(getattr(namespace, "cacheaudit_root", None) or [])
+        if self.worker:
+            # The controller prepared the environment; each worker keeps a ledger of its own
+            # (one writer per file), combined by the controller at the end.
+            self.ledger = os.environ[LEDGER] + f".{self.worker}"
+            os.environ[LEDGER] = self.ledger
+            self.run_uuid = os.environ.get("CACHEAUDIT_RUN", "")
+            self.session = None
+        else:
+            ledger = (getattr(namespace, "cacheaudit_ledger", None)
+                      or os.environ.get(LEDGER)
+                      or str(Path(config.rootpath) / ".pytest_cache" / "cacheaudit"
+                             / "ledger.db"))
+            os.makedirs(os.path.dirname(os.path.abspath(ledger)), exist_ok=True)
+            self.session = prepare(os.environ, ledger=ledger, label="pytest")
+            os.environ.update(self.session.env)
+            self.ledger = self.session.ledger
+            self.run_uuid = self.session.run_uuid
+        adapters.activate()
+
+    def pytest_configure(self, config: pytest.Config) -> None:
+        if self.worker and not hasattr(config, "workerinput"):
+            raise pytest.UsageError(
+                "cacheaudit: this pytest inherited an xdist worker's environment but is not a "
+                "worker; unset PYTEST_XDIST_WORKER or CACHEAUDIT_RUN_LABEL")
+
+    # ---------------------------------------------------------------- per test
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None
+                                ) -> Iterator[None]:
+        excluded = item.get_closest_marker(MARKER) is not None
+        os.environ["CACHEAUDIT_TEST_ID"] = item.nodeid
+        if excluded:
+            os.environ["CACHEAUDIT_DISABLE"] = "1"
+        started = time.time_ns()
+        try:
+            yield
+        finally:
+            from cacheaudit.ledger import TestWindow
+
+            os.environ.pop("CACHEAUDIT_TEST_ID", None)
+            if excluded:
+                os.environ.pop("CACHEAUDIT_DISABLE", None)
+            self.windows.append(TestWindow(item.nodeid, started, time.time_ns(),
+                                           self.outcomes.get(item.nodeid, ""), self.worker))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" or report.outcome != "passed":
+            self.outcomes[report.nodeid] = report.outcome
+
+    # ---------------------------------------------------------------- the end
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        try:
+            self._finish(session)
+        except Exception as exc:  # noqa: BLE001 - a reporting failure is a warning, not a crash
+            self.problem = f"{type(exc).__name__}: {exc}"
+
+    def _finish(self, session: pytest.Session) -> None:
+        from cacheaudit.audit import audit_run, fails
+        from cacheaudit.ledger import Ledger, RunInfo, combine, ingest_spool
+
+        run = RunInfo(run_uuid=self.run_uuid, label="pytest")
+        if self.worker:
+            with Ledger.open(self.ledger) as ledger:
+                ledger.add_tests(run, self.windows)
+            return
+        with Ledger.open(self.ledger) as ledger:
+            ingest_spool(ledger)
+            combine(ledger, sorted(glob.glob(glob.escape(self.ledger) + ".gw*[0-9]")),
+                    keep=False)
+            ledger.add_tests(run, self.windows)
+            self.report = audit_run(ledger, self.run_uuid, os.environ,
+                                    started_ns=self.started_ns, roots=self.roots)
+            if self.report.findings:
+                ledger.add_findings(self.report.findings)
+        if fails(self.report.findings, self.fail_on):
+            self.failed = True
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.worker:
+            return
+        write = terminalreporter.write_line
+        terminalreporter.write_sep("=", "cacheaudit")
+        if self.problem:
+            write(f"cacheaudit: the audit failed, the test results stand: {self.problem}",
+                  yellow=True)
+            return
+        report = self.report
+        if report is None:
+            return
+        events = report.events()
+        write(f"{events['compile']} compile(s), {events['disk-hit']} disk hit(s), "
+              f"{events['memory-hit']} memory hit(s) recorded; ledger {self.ledger}")
+        if not report.findings:
+            write("no findings", green=True)
+            return
+        by_code: dict[str, list[Finding]] = {}
+        for finding in report.findings:
+            by_code.setdefault(finding.code, []).append(finding)
+        for code in sorted(by_code, key=lambda c: (-by_code[c][0].severity.rank, c)):
+            first = by_code[code][0]
+            write(f"{code} {first.severity.value}: {len(by_code[code])} x {first.name}",
+                  red=first.severity.value == "error", yellow=first.severity.value == "warning")
+        for finding in report.findings:
+            if finding.code == "CA102" or finding.severity.value == "info":
+                continue
+            _write_finding(write, finding, report.records)
+        if self.failed:
+            write(f"cacheaudit: failing the session (--cacheaudit-fail-on={self.fail_on})",
+                  red=True, bold=True)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        # Leave the process as it was: pytester runs sessions inside one interpreter.
+        from cacheaudit import adapters
+
+        adapters.deactivate()
+        if self.session is not None:
+            self.session.close()
+        os.environ.clear()
+        os.environ.update(self.saved_env)
+
+
+def _write_finding(write: Any, finding: Finding, records: list[CompileRecord]) -> None:
+    record = next((r for r in records if r.record_id == finding.record_id), None)
+    where = f"{finding.runtime or '-'}:{finding.kernel or '?'}"
+    write(f"{finding.code} {where}: {finding.subject}")
+    write(f"    {finding.message}")
+    if finding.recorded is not None or finding.current is not None:
+        write(f"    recorded {finding.recorded or '-'} -> now {finding.current or '-'}")
+    write(f"    how: {finding.how}")
+    if finding.tests:
+        write(f"    tests: {', '.join(finding.tests)}")
+    if record is not None:
+        compiler = record.compiler
+        if compiler is not None:
+            write(f"    1 compiler: {compiler.path} ({compiler.version_line})")
+        injected = [t.text for t in record.effective_argv if t.origin != "argv"]
+        write(f"    2 options: {len(record.effective_argv)} tokens"
+              + (f", from the environment: {' '.join(injected)}" if injected else ""))
+        write(f"    3 event: {record.event}")
+        inputs = len(record.graph.files) if record.graph is not None else 0
+        write(f"    4 inputs: {len(record.sources)} source(s) + {inputs} other file(s)")
+    if finding.hint:
+        write(f"    fix: {finding.hint}")
+
+
+# ------------------------------------------------------------------------------ the fixture
+
+
+class CacheauditFixture:
+    """What happened inside one test: its records and the findings about them."""
+
+    def __init__(self, ledger: str, nodeid: str) -> None:
+        self.ledger = ledger
+        self.nodeid = nodeid
+
+    def records(self) -> list[CompileRecord]:
+        from cacheaudit.ledger import Ledger, ingest_spool
+
+        if not os.path.exists(self.ledger):
+            return []
+        with Ledger.open(self.ledger) as ledger:
+            ingest_spool(ledger)
+            return ledger.records(where="r.test_id = ?", params=(self.nodeid,))
+
+    def findings(self) -> list[Finding]:
+        """The audit of this test's records, as of now."""
+        from cacheaudit.audit import audit_records, roots_of, scan
+        from cacheaudit.ledger import Ledger
+
+        records = self.records()
+        if not records:
+            return []
+        ids = {r.record_id for r in records}
+        with Ledger.open(self.ledger) as ledger:
+            roots = roots_of(records)
+            result = scan(roots, os.environ, ledger=ledger) if roots else None
+            entries = {r.entry for r in ledger.records(where="r.test_id = ?",
+                                                        params=(self.nodeid,)) if r.entry}
+        found = [f for f in (result.findings if result else [])
+                 if f.record_id in ids or f.entry in entries]
+        return found + audit_records(records, judged=frozenset(
+            f.record_id for f in found if f.record_id))
+
+    def assert_no_stale_hits(self) -> None:
+        errors = [f for f in self.findings() if f.severity.value == "error"]
+        if errors:
+            raise AssertionError("cacheaudit: " + "; ".join(
+                f"{f.code} {f.subject}: {f.message}" for f in errors))
+
+
+@pytest.fixture
+def cacheaudit(request: pytest.FixtureRequest) -> CacheauditFixture:
+    """The compiles and cache hits of this test, and the findings about them."""
+    plugin = request.config.pluginmanager.get_plugin(_PLUGIN_NAME)
+    if plugin is None:
+        pytest.skip("cacheaudit is not enabled: run pytest with --cacheaudit")
+    return CacheauditFixture(plugin.ledger, request.node.nodeid)

@@ -1,0 +1,58 @@
+"""`cacheaudit run -- COMMAND`: a command run inside a recording session, then audited."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cacheaudit.audit import RunReport, audit_run
+from cacheaudit.exceptions import UsageError
+from cacheaudit.ledger import Ledger, ingest_spool
+from cacheaudit.session import prepare
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+@dataclass
+class RunOutcome:
+    status: int
+    report: RunReport
+
+
+def run_recorded(command: Sequence[str], *, ledger: str) -> RunOutcome:
+    """Run `command` with the shim and the start-up hook active; the status is the shell's
+    convention (128 + signal for a command killed by one)."""
+    if not command:
+        raise UsageError("no command given: cacheaudit run -- COMMAND [ARGS...]")
+    os.makedirs(os.path.dirname(os.path.abspath(ledger)), exist_ok=True)
+    session = prepare(os.environ, ledger=ledger, label="run")
+    started_ns = time.time_ns()
+    try:
+        try:
+            child = subprocess.Popen(list(command), env=session.env)
+        except OSError as exc:
+            raise UsageError(f"cannot run {command[0]}: {exc.strerror}") from exc
+        previous = {sig: signal.signal(sig, lambda s, _f: _forward(child, s))
+                    for sig in _FORWARDED}
+        try:
+            returncode = child.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        with Ledger.open(session.ledger) as opened:
+            ingest_spool(opened)
+            report = audit_run(opened, session.run_uuid, session.env, started_ns=started_ns)
+    finally:
+        session.close()
+    status = returncode if returncode >= 0 else 128 - returncode
+    return RunOutcome(status=status, report=report)
+
+
+def _forward(child: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        child.send_signal(sig)

@@ -1,0 +1,63 @@
+"""The start-up hook: cacheaudit in any Python process whose environment asks for it.
+
+Installed with the package as `cacheaudit-startup.pth` (and the PEP 829 form
+`cacheaudit-startup.start`, which Python 3.15+ prefers). The `.pth` line reads two environment
+variables and does nothing else unless `CACHEAUDIT=1` (set by `cacheaudit run` and the pytest
+plugin, inherited by child processes) or `CACHEAUDIT_CONFIG` is set; `CACHEAUDIT_DISABLE=1` opts a
+process out. When on, it arms the in-process adapters (each installs when its runtime is first
+imported) and, where no session prepared the environment yet, prepares one so that compilers run
+by this process and its children go through the shim. Running it twice does nothing the second
+time; any error is reported in one line and the process goes on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+
+_started = False
+
+
+def process_startup() -> bool:
+    """Activate cacheaudit in this process if the environment asks; True if it did."""
+    global _started
+    if _started:
+        return False
+    from cacheaudit import session
+
+    if not session.enabled(os.environ):
+        return False
+    _started = True
+    try:
+        if not os.environ.get(session.SHIMS):
+            prepared = session.prepare(os.environ, ledger=_ledger_setting(),
+                                       label="startup")
+            os.environ.update(prepared.env)
+            atexit.register(prepared.close)
+        from cacheaudit import adapters
+
+        adapters.activate()
+    except Exception as exc:  # noqa: BLE001 - a start-up hook never stops the program
+        sys.stderr.write(f"cacheaudit: start-up hook failed: {type(exc).__name__}: {exc}\n")
+    return True
+
+
+def _ledger_setting() -> str:
+    from cacheaudit.ledger import default_ledger_path
+
+    config = os.environ.get("CACHEAUDIT_CONFIG")
+    if config:
+        from cacheaudit.config import load_settings
+
+        settings = load_settings(os.path.dirname(os.path.abspath(config)))
+        if settings.ledger:
+            return settings.ledger
+    return default_ledger_path()
+
+
+def pth_entry() -> None:
+    """The PEP 829 `.start` entry point: the same gate as the `.pth` line."""
+    if os.environ.get("CACHEAUDIT", "") in ("", "0") and not os.environ.get("CACHEAUDIT_CONFIG"):
+        return
+    process_startup()

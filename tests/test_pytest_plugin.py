@@ -1,0 +1,161 @@
+"""The pytest plugin, run for real with pytester in subprocesses (the plugin changes the process
+environment, starts adapters and combines xdist ledgers: only a real session shows that)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A project whose tests use the reference runtime through the shim: the session points the
+# runtime's compiler setting at the shim, so every compile is recorded.
+CONFTEST = f"""
+import os, sys
+sys.path.insert(0, {str(ROOT)!r})
+import pytest
+
+@pytest.fixture(scope="session")
+def tree(tmp_path_factory):
+    root = tmp_path_factory.getbasetemp() / "shared-tree"
+    (root / "inc" / "mylib").mkdir(parents=True, exist_ok=True)
+    (root / "third" / "cutlite").mkdir(parents=True, exist_ok=True)
+    api = root / "inc" / "mylib" / "api.cuh"
+    if not api.exists():
+        api.write_text("#pragma once\\n#include <cutlite/tile.h>\\n#define API 1\\n")
+        (root / "third" / "cutlite" / "tile.h").write_text("#pragma once\\n#define TILE 4\\n")
+    return root
+
+@pytest.fixture
+def runtime(tree, monkeypatch):
+    import shutil
+    from fixtures.minijit import Config, Runtime
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tree / "cache"))
+    # The reference runtime's g++ mode runs JIT_NVCC_COMPILER as its C++ compiler: the g++
+    # first on PATH, which in a cacheaudit session is the shim's.
+    monkeypatch.setenv("DG_JIT_NVCC_COMPILER", shutil.which("g++"))
+    return Runtime(Config(str(tree), "DG", include_dirs=[str(tree / "inc"), str(tree / "third")],
+                          include_prefixes=["mylib/"]), backend="gxx")
+"""
+
+SOURCE = '"#include <mylib/api.cuh>\\nint value() {{ return API + TILE + {n}; }}\\n"'
+
+STALE_SUITE = f"""
+def test_a_builds(runtime):
+    assert runtime.compile("gemm", {SOURCE.format(n=0)}).event == "compile"
+
+def test_b_edits_an_untracked_header(tree):
+    (tree / "third" / "cutlite" / "tile.h").write_text("#pragma once\\n#define TILE 8\\n")
+
+def test_c_hits_the_stale_entry(runtime):
+    assert runtime.compile("gemm", {SOURCE.format(n=0)}).event == "disk-hit"
+"""
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
+    monkeypatch.setenv("CACHEAUDIT_LEDGER", str(tmp_path / "ledger.db"))
+    # This suite may itself run under xdist: the inner sessions must not think they are workers.
+    for name in ("PYTEST_ADDOPTS", "CACHEAUDIT", "CACHEAUDIT_RUN", "CACHEAUDIT_SHIMS",
+                 "CACHEAUDIT_TEST_ID", "CACHEAUDIT_RUN_LABEL", "PYTEST_XDIST_WORKER",
+                 "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
+    return pytester
+
+
+def _records(ledger: Path) -> list[tuple[str, str, str]]:
+    conn = sqlite3.connect(ledger)
+    try:
+        return conn.execute("SELECT record_uuid, event, coalesce(test_id, '') FROM records"
+                            ).fetchall()
+    finally:
+        conn.close()
+
+
+def test_off_unless_asked_for(project: pytest.Pytester, tmp_path: Path):
+    project.makepyfile(test_one="def test_nothing():\n    pass\n")
+    result = project.runpytest_subprocess()
+    result.assert_outcomes(passed=1)
+    assert "= cacheaudit =" not in result.stdout.str().replace("=" * 3, "=")
+    assert not (tmp_path / "ledger.db").exists()
+
+
+def test_stale_hit_is_reported_with_the_tests_and_fails_the_session(
+        project: pytest.Pytester, tmp_path: Path):
+    project.makepyfile(test_stale=STALE_SUITE)
+    result = project.runpytest_subprocess("--cacheaudit", "--cacheaudit-fail-on=error", "-v",
+                                          "-p", "no:randomly")
+    result.assert_outcomes(passed=3)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    out = result.stdout.str()
+    assert "= cacheaudit =" in out.replace("=" * 3, "=")
+    result.stdout.fnmatch_lines(["*CA101 error: 1 x stale hit*",
+                                 "*CA101 deepjit:gemm: *third/cutlite/tile.h*",
+                                 "*tests: test_stale.py::test_a_builds, "
+                                 "test_stale.py::test_c_hits_the_stale_entry*",
+                                 "*failing the session (--cacheaudit-fail-on=error)*"])
+    # Without --cacheaudit-fail-on the default still fails on errors; with never it does not.
+    again = project.runpytest_subprocess("--cacheaudit", "--cacheaudit-fail-on=never")
+    assert again.ret == pytest.ExitCode.OK
+
+
+def test_every_record_once_under_xdist(project: pytest.Pytester, tmp_path: Path):
+    tests = "\n".join(
+        f"def test_kernel_{n}(runtime):\n"
+        f"    assert runtime.compile('k{n}', {SOURCE.format(n=n)}).event == 'compile'\n"
+        for n in range(8))
+    project.makepyfile(test_many=tests)
+    result = project.runpytest_subprocess("--cacheaudit", "-n", "4")
+    result.assert_outcomes(passed=8)
+    records = _records(tmp_path / "ledger.db")
+    assert len(records) == 8 and len({r[0] for r in records}) == 8
+    assert {r[2] for r in records} == {f"test_many.py::test_kernel_{n}" for n in range(8)}
+    # The workers' own ledgers were combined and removed.
+    assert not list(tmp_path.glob("ledger.db.gw*"))
+    result.stdout.fnmatch_lines(["*8 compile(s), 0 disk hit(s), 0 memory hit(s) recorded*"])
+
+
+def test_fixture_and_marker(project: pytest.Pytester, tmp_path: Path):
+    project.makepyfile(test_fixture=f"""
+import pytest
+
+def test_compiles_and_asserts(runtime, cacheaudit):
+    runtime.compile("fx", {SOURCE.format(n=1)})
+    [record] = cacheaudit.records()
+    assert record.event == "compile" and record.test_id.endswith("test_compiles_and_asserts")
+    cacheaudit.assert_no_stale_hits()
+
+@pytest.mark.no_cacheaudit
+def test_excluded(runtime, cacheaudit):
+    runtime.compile("fy", {SOURCE.format(n=2)})
+    assert cacheaudit.records() == []
+""")
+    result = project.runpytest_subprocess("--cacheaudit", "--strict-markers")
+    result.assert_outcomes(passed=2)
+
+
+def test_fixture_skips_without_the_plugin(project: pytest.Pytester):
+    project.makepyfile(test_skip="def test_it(cacheaudit):\n    pass\n")
+    result = project.runpytest_subprocess("-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*run pytest with --cacheaudit*"])
+
+
+def test_ini_option_turns_it_on(project: pytest.Pytester, tmp_path: Path):
+    project.makeini("[pytest]\naddopts = -p no:cacheprovider\ncacheaudit = true\n")
+    project.makepyfile(test_one=f"""
+def test_one(runtime):
+    runtime.compile("ini", {SOURCE.format(n=3)})
+""")
+    result = project.runpytest_subprocess()
+    result.assert_outcomes(passed=1)
+    assert len(_records(tmp_path / "ledger.db")) == 1
+    assert json.dumps(result.stdout.str()).count("cacheaudit") >= 1

@@ -1,0 +1,183 @@
+"""`cacheaudit run`, the start-up hook and `cacheaudit combine`, run as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cacheaudit.ledger import Ledger, RunInfo, new_record_id
+from cacheaudit.model import CompileRecord, FileState, GraphFile, IncludeGraph
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CACHEAUDIT", "DG_", "EP_", "DJ_", "PYTEST_", "NVCC_"))
+           and k not in ("CPATH", "CXX", "CC", "TORCH_EXTENSIONS_DIR")}
+    env.update(HOME=str(tmp_path / "home"), **extra)
+    (tmp_path / "home").mkdir(exist_ok=True)
+    return env
+
+
+SCRIPT = """
+import os, sys
+sys.path.insert(0, {root!r})
+from fixtures.minijit import Config, Runtime
+tree = {tree!r}
+os.environ["DG_JIT_CACHE_DIR"] = os.path.join(tree, "cache")
+runtime = Runtime(Config(tree, "DG", include_dirs=[os.path.join(tree, "inc")],
+                         include_prefixes=["mylib/"]))
+source = "#include <mylib/api.cuh>\\nint v() {{ return API; }}\\n"
+print("minijit", runtime.compile("gemm", source).event)
+if {with_torch}:
+    os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(tree, "torch_extensions")
+    from torch.utils.cpp_extension import load
+    print("torch", load(name="plain", sources=[os.path.join(tree, "plain.cpp")],
+                        is_python_module=False))
+"""
+
+
+def _tree(tmp_path: Path) -> Path:
+    tree = tmp_path / "tree"
+    (tree / "inc" / "mylib").mkdir(parents=True)
+    (tree / "inc" / "mylib" / "api.cuh").write_text("#pragma once\n#define API 1\n")
+    (tree / "plain.cpp").write_text('extern "C" int answer() { return 42; }\n')
+    return tree
+
+
+def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cacheaudit", *args], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=600)
+
+
+@pytest.mark.parametrize("with_torch", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_run_records_a_script_without_changing_it(tmp_path: Path, with_torch: bool):
+    if with_torch:
+        pytest.importorskip("torch", reason="torch is not installed")
+    tree = _tree(tmp_path)
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT.format(root=str(ROOT), tree=str(tree), with_torch=with_torch))
+    ledger = tmp_path / "ledger.db"
+    env = _clean_env(tmp_path)
+    done = _run(["run", "--ledger", str(ledger), "--report-json", str(tmp_path / "r.json"),
+                 "--", sys.executable, str(script)], env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "minijit compile" in done.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["exit_status"] == 0 and report["events"]["compile"] >= 1
+    with Ledger.open(str(ledger)) as opened:
+        records = opened.records()
+    compiled = [r for r in records if r.event == "compile"]
+    sources = {os.path.basename(s.path) for r in compiled for s in r.sources}
+    assert "kernel.cu" in sources  # the minijit kernel, through the shim
+    if with_torch:
+        assert "plain.cpp" in sources  # torch's ninja build, through the masqueraded c++
+    assert len({r.extra["run_uuid"] for r in records}) == 1
+
+
+def test_run_keeps_the_exit_status_unless_fail_on(tmp_path: Path):
+    tree = _tree(tmp_path)
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT.format(root=str(ROOT), tree=str(tree), with_torch=False))
+    env = _clean_env(tmp_path)
+    ledger = str(tmp_path / "ledger.db")
+    assert _run(["run", "--ledger", ledger, "--", sys.executable, "-c",
+                 "raise SystemExit(7)"], env, tmp_path).returncode == 7
+    first = _run(["run", "--ledger", ledger, "--", sys.executable, str(script)], env, tmp_path)
+    assert first.returncode == 0, first.stderr
+    # The tracked header is fine to edit (the key covers it); an untracked one is not.
+    (tree / "inc" / "extra.h").write_text("#define EXTRA 1\n")
+    (tree / "inc" / "mylib" / "api.cuh").write_text(
+        "#pragma once\n#include <extra.h>\n#define API 1\n")
+    rebuilt = _run(["run", "--ledger", ledger, "--fail-on", "error", "--", sys.executable,
+                    str(script)], env, tmp_path)
+    assert rebuilt.returncode == 0, rebuilt.stderr + rebuilt.stdout
+    (tree / "inc" / "extra.h").write_text("#define EXTRA 2\n")
+    stale = _run(["run", "--ledger", ledger, "--fail-on", "error", "--", sys.executable,
+                  str(script)], env, tmp_path)
+    assert "minijit disk-hit" in stale.stdout
+    assert stale.returncode == 1 and "CA101" in stale.stderr
+    lenient = _run(["run", "--ledger", ledger, "--", sys.executable, str(script)], env, tmp_path)
+    assert lenient.returncode == 0
+
+
+def test_start_up_hook_is_installed_gated_and_idempotent(tmp_path: Path):
+    site = Path(sysconfig.get_paths()["purelib"])
+    assert (site / "cacheaudit-startup.pth").exists()
+    assert (site / "cacheaudit-startup.start").read_text().strip().endswith(
+        "cacheaudit.startup:pth_entry")
+    probe = ("import sys, os; print(json.dumps({'loaded': 'cacheaudit' in sys.modules, "
+             "'shims': os.environ.get('CACHEAUDIT_SHIMS'), "
+             "'again': __import__('cacheaudit.startup').startup.process_startup() "
+             "if 'cacheaudit' in sys.modules else None}))")
+    probe = "import json; " + probe
+    off = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=_clean_env(tmp_path), check=True)
+    assert json.loads(off.stdout) == {"loaded": False, "shims": None, "again": None}
+    on_env = _clean_env(tmp_path, CACHEAUDIT="1", CACHEAUDIT_LEDGER=str(tmp_path / "l.db"))
+    on = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                   env=on_env, check=True).stdout)
+    assert on["loaded"] and on["shims"] and on["again"] is False
+    opted_out = dict(on_env, CACHEAUDIT_DISABLE="1")
+    out = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True,
+                                    text=True, env=opted_out, check=True).stdout)
+    assert out == {"loaded": False, "shims": None, "again": None}
+
+
+def test_child_python_processes_inherit_the_hook(tmp_path: Path):
+    child = ("import sys, os, json; print(json.dumps(['cacheaudit.adapters' in sys.modules, "
+             "os.environ.get('CACHEAUDIT_RUN')]))")
+    parent = textwrap.dedent(f"""
+        import os, subprocess, sys, json
+        run = os.environ["CACHEAUDIT_RUN"]
+        out = subprocess.run([sys.executable, "-c", {child!r}], capture_output=True,
+                             text=True).stdout
+        print(json.dumps([run, json.loads(out)]))
+    """)
+    env = _clean_env(tmp_path, CACHEAUDIT="1", CACHEAUDIT_LEDGER=str(tmp_path / "l.db"))
+    done = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True,
+                          env=env, check=True)
+    run, (armed, inherited) = json.loads(done.stdout)
+    assert armed and inherited == run
+
+
+def _ledger(path: Path, kernels: list[str], graph: IncludeGraph) -> list[str]:
+    ids = []
+    with Ledger.open(str(path)) as ledger:
+        for kernel in kernels:
+            record = CompileRecord(record_id=new_record_id(), event="compile", started_ns=1,
+                                   kernel=kernel, graph=graph, observer="test")
+            ledger.add_records([record], RunInfo(run_uuid=f"run-{path.name}", label="t"))
+            ids.append(record.record_id)
+    return ids
+
+
+def test_combine_merges_without_duplicates(tmp_path: Path):
+    graph = IncludeGraph(tuple(GraphFile(FileState(f"/inc/h{i}.h", True, i, 1, 1, i,
+                                                   f"{i:032x}"), f"/inc/h{i}.h")
+                               for i in range(50)), "g++ -M")
+    a = _ledger(tmp_path / "a.db", ["k1", "k2"], graph)
+    b = _ledger(tmp_path / "b.db", ["k3"], graph)
+    (tmp_path / "junk.db").write_text("not a ledger")
+    target = tmp_path / "all.db"
+    env = _clean_env(tmp_path)
+    done = _run(["combine", "--ledger", str(target), str(tmp_path / "a.db"),
+                 str(tmp_path / "b.db"), str(tmp_path / "junk.db")], env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "skipped" in done.stderr and "junk.db" in done.stderr
+    assert (tmp_path / "junk.db").exists()
+    assert not (tmp_path / "a.db").exists() and not (tmp_path / "b.db").exists()
+    conn = sqlite3.connect(target)
+    assert sorted(r[0] for r in conn.execute("SELECT record_uuid FROM records")) == sorted(a + b)
+    assert conn.execute("SELECT count(*) FROM graphs WHERE method = 'g++ -M'").fetchone()[0] == 1
+    assert conn.execute("SELECT count(*) FROM file_states").fetchone()[0] == 50
+    assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 2
