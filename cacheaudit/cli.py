@@ -282,6 +282,62 @@ def _stderr_console() -> Console:
 
 
 @app.command()
+def snapshot(
+    json_output: JsonOption = False,
+    out: Annotated[Path | None, typer.Option("-o", "--output",
+                                             help="Write to this file instead of stdout.")] = None,
+    anonymize: Annotated[bool, typer.Option(
+        help="Replace the home directory, user and host names, and GPU UUIDs.")] = False,
+    ledger: LedgerOption = None,
+    timeout: Annotated[float, typer.Option(help="Seconds each probe may take.")] = 10.0,
+) -> None:
+    """The environment snapshot for a bug report: Markdown to paste into an issue (or --json):
+    compilers, packages, GPU, the compile-affecting environment with each *_JIT_* setting's
+    origin, cache roots, and the latest findings and kernels from the ledger. No secrets."""
+    import json
+
+    from cacheaudit.snapshot import collect, to_markdown
+
+    taken = collect(os.environ, ledger=str(ledger) if ledger else None, timeout=timeout,
+                    anonymize=anonymize)
+    text = json.dumps(taken, indent=2) + "\n" if json_output else to_markdown(taken)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text)
+        typer.echo(f"wrote {out}", err=True)
+
+
+@app.command("diff")
+def diff_snapshots(
+    before: Annotated[Path, typer.Argument(help="A snapshot taken with --json.")],
+    after: Annotated[Path, typer.Argument(help="Another one.")],
+    json_output: JsonOption = False,
+) -> None:
+    """What differs between two snapshots (two machines, before and after an upgrade), grouped
+    by compilers, packages, environment and caches."""
+    import json
+
+    from cacheaudit import output
+    from cacheaudit.snapshot import diff
+
+    def load(path: Path) -> dict:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"{path}: not a snapshot taken with --json ({exc})") from exc
+        if not isinstance(data, dict) or "format" not in data:
+            raise UsageError(f"{path}: not a snapshot taken with --json")
+        return data
+
+    groups = diff(load(before), load(after))
+    if json_output:
+        sys.stdout.write(json.dumps(groups, indent=2) + "\n")
+    else:
+        output.render_snapshot_diff(groups, _console())
+
+
+@app.command()
 def demo(
     keep: Annotated[bool, typer.Option(help="Keep the temporary directory.")] = False,
     compiler: Annotated[str, typer.Option(

@@ -362,3 +362,31 @@ def render_explanation(explanation: Any, console: Any) -> None:
         render_findings(explanation.findings, console, f"{len(explanation.findings)} finding(s)")
     else:
         console.print("[green]no findings[/green]")
+
+
+# ------------------------------------------------------------------------------------ snapshots
+
+
+def render_snapshot_diff(groups: Mapping[str, Sequence[Mapping[str, Any]]], console: Any) -> None:
+    from rich.table import Table
+
+    changed = {name: rows for name, rows in groups.items() if rows}
+    if not changed:
+        console.print("no differences")
+        return
+    for name, rows in changed.items():
+        table = Table(title=f"{name} ({len(rows)})", title_justify="left")
+        for column in ("item", "field", "before", "after"):
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            table.add_row(str(row["item"]), str(row["field"]), _plain(row["before"]),
+                          _plain(row["after"]))
+        console.print(table)
+
+
+def _plain(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)

@@ -87,6 +87,7 @@ class _Session:
         self.outcomes: dict[str, str] = {}
         self.report: RunReport | None = None
         self.failed = False
+        self.snapshot: str | None = None
         self.problem: str | None = None
         namespace = config.known_args_namespace
         self.fail_on = (getattr(namespace, "cacheaudit_fail_on", None)
@@ -173,6 +174,19 @@ class _Session:
             self.failed = True
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            self.snapshot = self._write_snapshot()
+
+    def _write_snapshot(self) -> str | None:
+        """A failing session leaves the bug-report snapshot beside its ledger."""
+        from cacheaudit.snapshot import collect, to_markdown
+
+        path = os.path.join(os.path.dirname(self.ledger), "cacheaudit-snapshot.md")
+        try:
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(to_markdown(collect(os.environ, ledger=self.ledger)))
+        except OSError:
+            return None
+        return path
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.worker:
@@ -206,6 +220,8 @@ class _Session:
         if self.failed:
             write(f"cacheaudit: failing the session (--cacheaudit-fail-on={self.fail_on})",
                   red=True, bold=True)
+            if self.snapshot:
+                write(f"cacheaudit: environment snapshot for a bug report: {self.snapshot}")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         # Leave the process as it was: pytester runs sessions inside one interpreter.

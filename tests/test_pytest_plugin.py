@@ -101,7 +101,10 @@ def test_stale_hit_is_reported_with_the_tests_and_fails_the_session(
                                  "*CA101 deepjit:gemm: *third/cutlite/tile.h*",
                                  "*tests: test_stale.py::test_a_builds, "
                                  "test_stale.py::test_c_hits_the_stale_entry*",
-                                 "*failing the session (--cacheaudit-fail-on=error)*"])
+                                 "*failing the session (--cacheaudit-fail-on=error)*",
+                                 "*environment snapshot for a bug report: *"])
+    snapshot = (tmp_path / "cacheaudit-snapshot.md").read_text()
+    assert snapshot.startswith("## cacheaudit snapshot") and "CA101" in snapshot
     # Without --cacheaudit-fail-on the default still fails on errors; with never it does not.
     again = project.runpytest_subprocess("--cacheaudit", "--cacheaudit-fail-on=never")
     assert again.ret == pytest.ExitCode.OK

@@ -1,0 +1,439 @@
+"""The bug-report snapshot: what a maintainer needs to know about a user's JIT setup, at once.
+
+It holds what PyTorch's and vLLM's `collect_env` hold that matters for JIT kernels (system,
+packages, compilers, GPU, environment) and what neither has: the compile-affecting environment
+with each `<PREFIX>_JIT_*` setting's value in effect and where it came from, the cache roots, and
+from the ledger the latest findings and the four answers for the kernels that ran.
+
+Every probe has a time limit and a fallback of its own: a missing tool or a hanging command makes
+its line say so, and the snapshot still completes. Secrets never appear: only the variable
+registry's variables are read, values that look like credentials are redacted, and a last pass
+redacts credential-shaped text anywhere in the snapshot.
+"""
+
+from __future__ import annotations
+
+import datetime
+import getpass
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from cacheaudit import __version__, envvars
+
+FORMAT = 1
+COULD_NOT_COLLECT = "could not collect"
+
+# Packages that decide how kernels are compiled and cached (PyTorch's and vLLM's lists, narrowed
+# to JIT runtimes, plus every nvidia-* wheel).
+PACKAGES = ("torch", "triton", "cuda-python", "cuda-bindings", "cuda-core", "cuda-pathfinder",
+            "cupy", "cupy-cuda12x", "cupy-cuda13x", "deep_gemm", "deep-gemm", "deep_ep",
+            "deep-ep", "flashinfer-python", "flashinfer", "numba", "numba-cuda", "jax", "jaxlib",
+            "ninja", "cacheaudit")
+
+
+def _run(argv: list[str], timeout: float, env: Mapping[str, str]) -> tuple[str | None, str]:
+    """(output, "") or (None, why not): a probe never raises and never waits past `timeout`."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              env=dict(env), stdin=subprocess.DEVNULL, errors="replace")
+    except FileNotFoundError:
+        return None, f"{COULD_NOT_COLLECT}: {argv[0]} not found"
+    except subprocess.TimeoutExpired:
+        return None, f"{COULD_NOT_COLLECT}: {os.path.basename(argv[0])} did not answer within " \
+                     f"{timeout:g} s"
+    except OSError as exc:
+        return None, f"{COULD_NOT_COLLECT}: {exc.strerror or exc}"
+    if done.returncode != 0:
+        return None, (f"{COULD_NOT_COLLECT}: {os.path.basename(argv[0])} exited "
+                      f"{done.returncode}: {(done.stderr or done.stdout).strip()[:200]}")
+    return done.stdout, ""
+
+
+def _system() -> dict[str, Any]:
+    libc, libc_version = platform.libc_ver()
+    return {"os": platform.platform(), "machine": platform.machine(),
+            "libc": f"{libc} {libc_version}".strip() or COULD_NOT_COLLECT,
+            "python": sys.version.split("\n")[0], "executable": sys.executable,
+            "cacheaudit": __version__}
+
+
+def _packages() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for distribution in importlib.metadata.distributions():
+        name = distribution.metadata.get("Name") or ""
+        if name.lower() in PACKAGES or name.lower().startswith("nvidia-"):
+            found[name] = distribution.version
+    return dict(sorted(found.items(), key=lambda item: item[0].lower()))
+
+
+def _compiler(name: str, path: str | None, env: Mapping[str, str], timeout: float
+              ) -> dict[str, Any]:
+    if path is None:
+        return {"name": name, "status": f"{COULD_NOT_COLLECT}: not found"}
+    from cacheaudit.compilers import identify
+    from cacheaudit.shim import skip_directory
+
+    identity = identify(path, env=env, skip=skip_directory, timeout=timeout, path=path)
+    entry: dict[str, Any] = {
+        "name": name, "path": identity.path, "resolved": identity.resolved,
+        "wrappers": list(identity.wrappers), "version": identity.version_line,
+        "version_text": identity.version_text, "xxh3": identity.digest,
+        "status": identity.error or "ok"}
+    if identity.host is not None:
+        entry["host"] = {"path": identity.host.path, "resolved": identity.host.resolved,
+                         "version": identity.host.version_line, "xxh3": identity.host.digest,
+                         "status": identity.host.error or "ok"}
+    return entry
+
+
+def _which(name: str, env: Mapping[str, str]) -> str | None:
+    from cacheaudit.compilers import find_program
+    from cacheaudit.shim import skip_directory
+
+    return find_program(name, env.get("PATH", os.defpath), skip_directory)
+
+
+def _triton_ptxas(env: Mapping[str, str]) -> str | None:
+    explicit = env.get("TRITON_PTXAS_PATH")
+    if explicit:
+        return explicit
+    spec = importlib.util.find_spec("triton")  # located, not imported
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = os.path.join(location, "backends", "nvidia", "bin", "ptxas")
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def _nvrtc(env: Mapping[str, str], timeout: float) -> dict[str, Any]:
+    """NVRTC's version and library, asked in a child process: loading it here could hang or
+    crash the snapshot, and importing cuda here would cost the caller."""
+    probe = ("import json\nfrom cuda.bindings import nvrtc\nerr, major, minor = "
+             "nvrtc.nvrtcVersion()\nimport cuda.pathfinder as p\n"
+             "lib = p.load_nvidia_dynamic_lib('nvrtc')\n"
+             "print(json.dumps({'version': f'{major}.{minor}', "
+             "'library': getattr(lib, 'abs_path', None)}))")
+    output, problem = _run([sys.executable, "-c", probe], timeout, env)
+    if output is None:
+        return {"name": "nvrtc", "status": problem}
+    import json
+
+    try:
+        data = json.loads(output.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"name": "nvrtc", "status": f"{COULD_NOT_COLLECT}: unreadable answer"}
+    entry = {"name": "nvrtc", "version": data.get("version"), "path": data.get("library"),
+             "status": "ok"}
+    if entry["path"] and os.path.exists(entry["path"]):
+        from cacheaudit.digest import hash_file
+
+        entry["xxh3"] = hash_file(entry["path"])
+    return entry
+
+
+def _compilers(env: Mapping[str, str], timeout: float) -> list[dict[str, Any]]:
+    nvcc = None
+    for variable in ("DG_JIT_NVCC_COMPILER", "EP_JIT_NVCC_COMPILER", "DJ_JIT_NVCC_COMPILER"):
+        if env.get(variable):
+            nvcc = env[variable]
+            break
+    if nvcc is None and (env.get("CUDA_HOME") or env.get("CUDA_PATH")):
+        candidate = os.path.join(env.get("CUDA_HOME") or env.get("CUDA_PATH", ""), "bin", "nvcc")
+        nvcc = candidate if os.path.exists(candidate) else None
+    found = [_compiler("nvcc", nvcc or _which("nvcc", env), env, timeout)]
+    for name in ("g++", "gcc", "clang++"):
+        found.append(_compiler(name, _which(name, env), env, timeout))
+    cxx = env.get("CXX")
+    if cxx:
+        found.append(_compiler(f"CXX ({cxx})", _which(cxx, env) or cxx, env, timeout))
+    found.append(_compiler("ptxas (triton)", _triton_ptxas(env), env, timeout))
+    found.append(_nvrtc(env, timeout))
+    return found
+
+
+def _gpu(env: Mapping[str, str], timeout: float) -> dict[str, Any]:
+    output, problem = _run(["nvidia-smi", "--query-gpu=name,driver_version,uuid",
+                            "--format=csv,noheader"], timeout, env)
+    if output is None:
+        return {"status": problem, "gpus": []}
+    gpus = []
+    for line in output.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 3:
+            gpus.append({"name": parts[0], "driver": parts[1], "uuid": parts[2]})
+    return {"status": "ok", "gpus": gpus}
+
+
+def _environment(env: Mapping[str, str]) -> dict[str, Any]:
+    settings = []
+    for prefix in ("DG", "EP"):
+        for setting in envvars.resolve_jit_settings(prefix, env):
+            if setting.origin == "default" and setting.value is None:
+                continue
+            settings.append({"setting": f"{prefix}_{setting.suffix}",
+                             "value": setting.value, "origin": setting.origin,
+                             "from": setting.name or "default"})
+    return {"variables": envvars.compile_environment(env), "jit_settings": settings}
+
+
+def _tree_size(path: str) -> tuple[int, int]:
+    size, newest = 0, 0
+    for directory, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(directory, name))
+            except OSError:
+                continue
+            size += st.st_size
+            newest = max(newest, st.st_mtime_ns)
+    return size, newest
+
+
+def _caches(env: Mapping[str, str]) -> list[dict[str, Any]]:
+    from cacheaudit.readers import all_readers
+
+    roots = []
+    for reader in all_readers():
+        for root in reader.default_roots(env):
+            if not os.path.isdir(root):
+                continue
+            cache_dir = os.path.join(root, "cache")
+            try:
+                count = sum(1 for item in os.scandir(cache_dir) if item.is_dir()) if \
+                    os.path.isdir(cache_dir) else sum(1 for _ in os.scandir(root))
+            except OSError:
+                count = 0
+            size, newest = _tree_size(root)
+            roots.append({"layout": reader.layout, "root": root, "entries": count,
+                          "bytes": size, "last_change": _iso(newest) if newest else None})
+    return roots
+
+
+def _iso(ns: int) -> str:
+    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc).isoformat(
+        timespec="seconds")
+
+
+def _ledger(path: str | None, recent: int) -> dict[str, Any]:
+    from cacheaudit.ledger import Ledger, default_ledger_path
+    from cacheaudit.output import record_summary
+
+    path = path or default_ledger_path()
+    if not os.path.exists(path):
+        return {"path": path, "status": "no ledger yet"}
+    try:
+        with Ledger.open(path, create=False) as ledger:
+            records = ledger.records(order="r.started_ns DESC, r.id DESC", limit=recent,
+                                     with_files=False)
+            findings = ledger.findings()
+            total = ledger.count("records")
+    except Exception as exc:  # noqa: BLE001 - a damaged ledger is a line, not a failure
+        return {"path": path, "status": f"{COULD_NOT_COLLECT}: {exc}"}
+    return {"path": path, "status": "ok", "records": total,
+            "latest_findings": [f.to_dict() for f in findings],
+            "recent": [_compact(record_summary(r)) for r in records]}
+
+
+def _compact(summary: dict[str, Any]) -> dict[str, Any]:
+    compiler = summary.get("compiler") or {}
+    return {"when": summary["started"], "runtime": summary["runtime"],
+            "kernel": summary["kernel"], "event": summary["event"],
+            "compiler": compiler.get("path"), "version": compiler.get("version"),
+            "host": (compiler.get("host") or {}).get("path"),
+            "injected": summary["options"]["injected_by_environment"],
+            "inputs": (summary["inputs"]["graph"] or {}).get("file_count"),
+            "exit_code": summary["exit_code"], "test_id": summary["test_id"]}
+
+
+def collect(env: Mapping[str, str] | None = None, *, ledger: str | None = None,
+            timeout: float = 10.0, anonymize: bool = False, recent: int = 10) -> dict[str, Any]:
+    """The snapshot as plain data. Each part is collected on its own: one that fails says so."""
+    env = dict(os.environ if env is None else env)
+    problems: list[str] = []
+
+    def part(name: str, make: Callable[[], Any], fallback: Any) -> Any:
+        try:
+            return make()
+        except Exception as exc:  # noqa: BLE001 - every probe has its own fallback
+            problems.append(f"{name}: {COULD_NOT_COLLECT}: {type(exc).__name__}: {exc}")
+            return fallback
+
+    snapshot = {
+        "format": FORMAT,
+        "taken": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "system": part("system", _system, {}),
+        "packages": part("packages", _packages, {}),
+        "compilers": part("compilers", lambda: _compilers(env, timeout), []),
+        "gpu": part("gpu", lambda: _gpu(env, timeout), {"status": COULD_NOT_COLLECT}),
+        "environment": part("environment", lambda: _environment(env), {}),
+        "caches": part("caches", lambda: _caches(env), []),
+        "ledger": part("ledger", lambda: _ledger(ledger, recent), {}),
+        "problems": problems,
+    }
+    snapshot = _scrub(snapshot)
+    return anonymized(snapshot, env) if anonymize else snapshot
+
+
+# ------------------------------------------------------------------------------ privacy
+
+
+def _scrub(value: Any) -> Any:
+    """Redact credential-shaped text anywhere (a token in a version string, a URL with a
+    password in a path): the registry is an allowlist, this is the belt to its braces."""
+    if isinstance(value, str):
+        return envvars.redact("", value) if envvars.looks_secret_value(value) else value
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _scrub(v) for k, v in value.items()}
+    return value
+
+
+_GPU_UUID = re.compile(r"GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
+
+
+def anonymized(snapshot: Any, env: Mapping[str, str]) -> Any:
+    """The home directory, user and host names, and GPU UUIDs replaced by placeholders."""
+    home = env.get("HOME") or os.path.expanduser("~")
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user name is nothing to hide
+        user = ""
+    host = socket.gethostname()
+    replacements = [(home, "~")] if home and home != "/" else []
+    replacements += [(name, placeholder) for name, placeholder in
+                     ((host, "<host>"), (user, "<user>")) if name and len(name) > 1]
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            for old, new in replacements:
+                value = value.replace(old, new)
+            return _GPU_UUID.sub("GPU-<uuid>", value)
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {clean(k): clean(v) for k, v in value.items()}
+        return value
+
+    return clean(snapshot)
+
+
+# ------------------------------------------------------------------------------ markdown
+
+
+def _cell(value: Any) -> str:
+    text = "-" if value is None or value == "" else str(value)
+    return text.replace("|", "\\|").replace("\n", "<br>")
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return lines
+
+
+def _details(summary: str, body: list[str]) -> list[str]:
+    # GitHub renders Markdown inside <details> only after a blank line.
+    return ["<details>", f"<summary>{summary}</summary>", "", *body, "", "</details>", ""]
+
+
+def to_markdown(snapshot: Mapping[str, Any]) -> str:
+    system = snapshot.get("system", {})
+    gpu = snapshot.get("gpu", {})
+    gpus = ", ".join(f"{g['name']} (driver {g['driver']})" for g in gpu.get("gpus", [])) or \
+        gpu.get("status", COULD_NOT_COLLECT)
+    lines = ["## cacheaudit snapshot", "",
+             *_table(["", ""], [["taken", snapshot.get("taken")],
+                                ["cacheaudit", system.get("cacheaudit")],
+                                ["Python", system.get("python")], ["OS", system.get("os")],
+                                ["libc", system.get("libc")], ["GPU", gpus]]), ""]
+    compilers = snapshot.get("compilers", [])
+    lines += _details(f"Compilers ({len(compilers)})", _table(
+        ["compiler", "path", "resolved", "version", "xxh3", "host compiler", "status"],
+        [[c.get("name"), c.get("path"), c.get("resolved"), c.get("version"),
+          (c.get("xxh3") or "")[:16], (c.get("host") or {}).get("path"), c.get("status")]
+         for c in compilers]))
+    packages = snapshot.get("packages", {})
+    lines += _details(f"Packages ({len(packages)})",
+                      _table(["package", "version"], [[k, v] for k, v in packages.items()]))
+    environment = snapshot.get("environment", {})
+    variables = environment.get("variables", {})
+    settings = environment.get("jit_settings", [])
+    lines += _details(
+        f"Compile-affecting environment ({len(variables)} set)",
+        [*_table(["variable", "value"], [[k, v] for k, v in variables.items()]), "",
+         "JIT settings in effect (`<PREFIX>_JIT_*`, then `DJ_JIT_*`, then the default):", "",
+         *_table(["setting", "value", "from"],
+                 [[s["setting"], s["value"], s["from"]] for s in settings])])
+    caches = snapshot.get("caches", [])
+    lines += _details(f"Cache roots ({len(caches)})", _table(
+        ["layout", "root", "entries", "bytes", "last change"],
+        [[c["layout"], c["root"], c["entries"], c["bytes"], c["last_change"]] for c in caches]))
+    ledger = snapshot.get("ledger", {})
+    findings = ledger.get("latest_findings", [])
+    lines += _details(f"Latest findings ({len(findings)})", _table(
+        ["code", "severity", "kernel", "subject", "recorded", "now"],
+        [[f["code"], f["severity"], f.get("kernel"), f["subject"], f.get("recorded"),
+          f.get("current")] for f in findings]) if findings else [
+        f"ledger {ledger.get('path', '-')}: {ledger.get('status', 'no findings')}"])
+    recent = ledger.get("recent", [])
+    lines += _details(f"Recent kernels ({len(recent)})", _table(
+        ["when", "kernel", "event", "1 compiler", "host", "2 injected options", "4 inputs",
+         "test"],
+        [[r["when"], f"{r.get('runtime') or '-'}:{r.get('kernel')}", r["event"],
+          f"{r.get('compiler')} ({r.get('version')})", r.get("host"),
+          " ".join(r.get("injected") or []), r.get("inputs"), r.get("test_id")]
+         for r in recent]) if recent else ["no recorded kernels"])
+    if snapshot.get("problems"):
+        lines += _details("Probes that failed", [f"- {p}" for p in snapshot["problems"]])
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------ diff
+
+
+def diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """What differs between two snapshots, grouped: compilers, packages, environment, caches,
+    system. Each difference is {item, field, before, after}."""
+    groups: dict[str, list[dict[str, Any]]] = {
+        "compilers": [], "packages": [], "environment": [], "caches": [], "system": []}
+
+    def compare(group: str, old: Mapping[str, Any], new: Mapping[str, Any],
+                fields: tuple[str, ...] | None = None) -> None:
+        for item in sorted(set(old) | set(new)):
+            a, b = old.get(item), new.get(item)
+            if a is None or b is None or not isinstance(a, Mapping):
+                if a != b:
+                    groups[group].append({"item": item, "field": "", "before": a, "after": b})
+                continue
+            for name in fields or tuple(sorted(set(a) | set(b))):
+                if a.get(name) != b.get(name):
+                    groups[group].append({"item": item, "field": name, "before": a.get(name),
+                                          "after": b.get(name)})
+
+    compare("compilers", {c["name"]: c for c in before.get("compilers", [])},
+            {c["name"]: c for c in after.get("compilers", [])},
+            ("path", "resolved", "version", "xxh3", "host", "status"))
+    compare("packages", before.get("packages", {}), after.get("packages", {}))
+    env_a, env_b = before.get("environment", {}), after.get("environment", {})
+    compare("environment", env_a.get("variables", {}), env_b.get("variables", {}))
+    compare("environment",
+            {f"jit {s['setting']}": s for s in env_a.get("jit_settings", [])},
+            {f"jit {s['setting']}": s for s in env_b.get("jit_settings", [])},
+            ("value", "from"))
+    compare("caches", {c["root"]: c for c in before.get("caches", [])},
+            {c["root"]: c for c in after.get("caches", [])},
+            ("layout", "entries", "bytes", "last_change"))
+    compare("system", before.get("system", {}), after.get("system", {}))
+    return groups
+
