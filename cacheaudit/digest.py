@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import xxhash
 
-from cacheaudit.model import FileState
+from cacheaudit.model import MEMORY_PREFIX, FileState
 
 SETTLE_WINDOW_NS = 2_000_000_000
 _CHUNK = 1 << 20
@@ -187,6 +187,8 @@ def changed_files(recorded: Iterable[FileState], cache: StateCache | None = None
     changes = []
     for state in recorded:
         path, _exists, size, mtime_ns, ctime_ns, inode, digest, settled, _error = state
+        if path.startswith(MEMORY_PREFIX):
+            continue  # held in memory by the runtime: nothing on disk to compare
         if settled and digest is not None:
             try:
                 st = stat(path)

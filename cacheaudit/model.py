@@ -16,6 +16,10 @@ from typing import Any, Literal, NamedTuple
 import xxhash
 
 Event = Literal["compile", "disk-hit", "memory-hit"]
+
+MEMORY_PREFIX = "<memory>/"
+"""Paths of inputs and outputs that never touched the disk (NVRTC's in-memory headers, a cubin
+handed back in memory): their size and digest are real, there is no file to stat later."""
 EVENTS: tuple[Event, ...] = ("compile", "disk-hit", "memory-hit")
 
 

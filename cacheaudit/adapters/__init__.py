@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.abc
-import importlib.machinery
 import sys
 import threading
 import warnings
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Protocol
+from typing import Any, Protocol
 
 from cacheaudit.exceptions import CacheAuditWarning
 
@@ -60,14 +58,15 @@ _lock = threading.RLock()
 _resolving: set[str] = set()
 
 
-class _HookedLoader(importlib.abc.Loader):
-    """Runs the real loader, then the hooks registered for the module."""
+class _HookedLoader:
+    """Runs the real loader, then the hooks registered for the module. (Plain classes: the
+    import protocol needs no `importlib.abc` base, which would cost every start-up ~30 ms.)"""
 
-    def __init__(self, loader: importlib.abc.Loader, name: str) -> None:
+    def __init__(self, loader: Any, name: str) -> None:
         self._loader = loader
         self._name = name
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+    def create_module(self, spec: Any) -> ModuleType | None:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
@@ -79,9 +78,9 @@ class _HookedLoader(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
-class _PostImportFinder(importlib.abc.MetaPathFinder):
+class _PostImportFinder:
     def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+                  target: ModuleType | None = None) -> Any:
         if fullname not in _hooks or fullname in _resolving:
             return None
         _resolving.add(fullname)
