@@ -357,7 +357,7 @@ class Auditor:
                             "runtime would serve the old binary",
                     recorded=_state_text(old), current=_state_text(new),
                     how=f"key recomputation ({entry.key}) with the file as it is now"))
-            elif alive is not None:
+            elif alive is not None and getattr(policy, "caches_header_digests", True):
                 findings.append(make_finding(
                     "CA106", subject=old.path, entry=entry, record=record,
                     message=f"a tracked header changed after the runtime in process {alive} "

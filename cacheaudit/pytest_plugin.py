@@ -153,9 +153,11 @@ class _Session:
             self.problem = f"{type(exc).__name__}: {exc}"
 
     def _finish(self, session: pytest.Session) -> None:
+        from cacheaudit.adapters import flush_all
         from cacheaudit.audit import audit_run, fails
         from cacheaudit.ledger import Ledger, RunInfo, combine, ingest_spool
 
+        flush_all()
         run = RunInfo(run_uuid=self.run_uuid, label="pytest")
         if self.worker:
             with Ledger.open(self.ledger) as ledger:
@@ -269,8 +271,10 @@ class CacheauditFixture:
         self.nodeid = nodeid
 
     def records(self) -> list[CompileRecord]:
+        from cacheaudit.adapters import flush_all
         from cacheaudit.ledger import Ledger, ingest_spool
 
+        flush_all()
         if not os.path.exists(self.ledger):
             return []
         with Ledger.open(self.ledger) as ledger:

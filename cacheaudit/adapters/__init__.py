@@ -40,6 +40,9 @@ class Adapter(Protocol):
 
     def installed(self) -> bool: ...
 
+    # Optional: `flush()`, for adapters that batch what they record (hits on a hot path) and
+    # must write it out before an audit reads the ledger.
+
 
 def available() -> list[str]:
     return list(_MODULES)
@@ -159,8 +162,19 @@ def activate(names: Sequence[str] | None = None) -> list[str]:
     return armed
 
 
+def flush_all() -> None:
+    """Write out what batching adapters hold, before an audit reads the ledger."""
+    for name in _MODULES:
+        module = sys.modules.get(f"cacheaudit.adapters.{name}")
+        flush = getattr(getattr(module, "ADAPTER", None), "flush", None)
+        if flush is not None:
+            with contextlib.suppress(Exception):
+                flush()
+
+
 def deactivate() -> None:
     """Uninstall every installed adapter and drop pending hooks."""
+    flush_all()
     _forget_hooks()
     for name in _MODULES:
         module = sys.modules.get(f"cacheaudit.adapters.{name}")

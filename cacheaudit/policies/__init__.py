@@ -65,6 +65,9 @@ class Policy(Protocol):
     """The `<PREFIX>_JIT_*` families this runtime reads (for CA203, CA204)."""
     flavour: str
     """How it reads them: an `envvars.FLAVOURS` name."""
+    # Optional: `caches_header_digests = False` for runtimes whose process does not keep a
+    # header's digest from one lookup to the next (the audit then never infers CA106 from a
+    # live process alone).
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         """Which files the entry's key covers, resolved against the disk now."""

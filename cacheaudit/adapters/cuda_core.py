@@ -1,0 +1,880 @@
+"""cuda.core's program cache (cuda-core >= 1.2), seen from the inside.
+
+`Program` is an immutable Cython type: `Program.compile` cannot be patched. What it does with
+`cache=` can be observed, though (cuda_core/cuda/core/_program.pyx, checked against 1.2.2):
+
+1. it derives the key by calling `cuda.core.utils._program_cache.make_program_cache_key(code=,
+   code_type=, options=, target_type=)`, looked up on that package at call time;
+2. it calls `cache.get(key)` (the ABC's `get` calls `__getitem__`, which raises KeyError on a
+   miss) and, on a hit, wraps the bytes in a new ObjectCode;
+3. on a miss it compiles and stores `cache[key] = object_code` (`__setitem__`).
+
+The cache must be a `ProgramCacheResource` instance (Program.compile checks). So this adapter:
+
+- observes keys: wraps `make_program_cache_key` in `cuda.core.utils._program_cache` and
+  `cuda.core.utils`, and remembers what each key was made from (source, options, target,
+  name expressions, `extra_digest`), without changing the key or any exception;
+- observes the two caches cuda.core ships: `FileStreamProgramCache.__getitem__`/`__setitem__`
+  (a hit is "disk-hit", the entry is `<root>/entries/<2>/<62>`) and `InMemoryProgramCache`'s
+  ("memory-hit", no entry on disk); a store is a "compile" record;
+- `AuditedProgramCache(inner)` wraps any other `ProgramCacheResource` (a user's own backend) and
+  records the same way; pass it as `cache=`.
+
+What a compile record carries (`extra["key_inputs"]`): what the key covered, field by field, so
+that the policy can recompute it; whether `extra_digest` was given and by whom (this process's
+`cacheaudit.headers`, whose files are then known, or the caller); and, in the case cuda.core's
+guard misses (a program name without a directory, a quoted `#include`, no `extra_digest`: NVRTC
+then reads the header from the process's working directory, and the key never sees it), the
+headers NVRTC read, from its own trace (`cacheaudit.headers`), as the record's include graph.
+
+Cost on a hit: the runtime's disk hit is ~70 µs; the adapter appends one tuple to a buffer (the
+time, the key, an xxh3 of the bytes). Records are built and written in batches: with every
+compile record, every 256 hits, 5 s after the oldest buffered hit, on `flush()`, on uninstall and
+at exit. A file a record covers is re-checked at flush time, and a hit served after it changed is
+marked (`extra["changed_before_hit"]`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import xxhash
+
+from cacheaudit import envvars
+from cacheaudit.digest import StateCache
+from cacheaudit.headers import (
+    HeaderFingerprint,
+    fingerprint_headers,
+    header_digest,
+    issued,
+)
+from cacheaudit.model import (
+    MEMORY_PREFIX,
+    CompileRecord,
+    FileState,
+    IncludeGraph,
+    content_digest,
+)
+from cacheaudit.recorder import current_run, report_problem, test_id_from, write_record
+
+__all__ = [
+    "ADAPTER",
+    "AuditedProgramCache",
+    "CudaCoreAdapter",
+    "HeaderFingerprint",
+    "describe_key",
+    "fingerprint_headers",
+    "header_digest",
+    "is_unguarded",
+]
+
+RUNTIME = "cuda-core"
+OBSERVER = "adapter:cuda_core"
+_ORIGINAL = "__cacheaudit_original__"
+
+_CONTEXTS_MAX = 4096
+_PENDING_MAX = 256
+"""Distinct (key, entry, bytes, test) hit groups kept before a write."""
+_PENDING_AGE_NS = 5_000_000_000
+_CODE_LIMIT = 256 * 1024
+"""Sources up to this size are kept in the compile record, so that the key can be recomputed."""
+
+_time_ns = time.time_ns
+_xxh3 = xxhash.xxh3_128_hexdigest
+# Which test is running, read as cheaply as possible on the hit path: `os.environ.get` encodes
+# and decodes on every call (~1.5 µs each, a fifth of a disk hit's budget). The raw bytes of the
+# two variables `recorder.test_id_from` reads tell hits of two tests apart; they are decoded at
+# flush time.
+_environ_data = getattr(os.environ, "_data", None)
+_ENVIRON_DATA: dict[bytes, bytes] | None = (
+    _environ_data if isinstance(_environ_data, dict) else None)
+_TEST_VARIABLES = (b"CACHEAUDIT_TEST_ID", b"PYTEST_CURRENT_TEST")
+
+_QUOTED_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\r\n]+)"', re.MULTILINE)
+_MACRO_INCLUDE = re.compile(rb"^[ \t]*#[ \t]*include[ \t]+[A-Za-z_]", re.MULTILINE)
+_LOCAL = threading.local()
+
+
+# ------------------------------------------------------------------------------ key inputs
+
+
+def _code_bytes(code: object) -> bytes:
+    if isinstance(code, str):
+        return code.encode("utf-8")
+    if isinstance(code, (bytes, bytearray, memoryview)):
+        return bytes(code)
+    return str(code).encode("utf-8", "surrogateescape")
+
+
+def _jsonable(value: object) -> object:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return repr(value)
+
+
+def _options_summary(options: object) -> dict[str, object]:
+    if not dataclasses.is_dataclass(options):
+        return {"repr": repr(options)}
+    return {f.name: _jsonable(getattr(options, f.name)) for f in dataclasses.fields(options)
+            if getattr(options, f.name, None) is not None}
+
+
+@functools.lru_cache(maxsize=1)
+def _nvrtc_version() -> str:
+    """The version probe cuda.core mixes into NVRTC keys ("13.0"), or its failure label."""
+    try:
+        from cuda.core.utils._program_cache import _keys
+
+        major, minor = _keys._nvrtc_version()
+        return f"{major}.{minor}"
+    except Exception as exc:  # noqa: BLE001 - cuda.core keys the failure's class name the same way
+        return f"probe_failed:{type(exc).__name__}"
+
+
+def _option_bytes(options: object, code_type: str, target_type: str) -> list[bytes] | None:
+    """The option bytes cuda.core's key hashes: `as_bytes("nvrtc")` for C++ (its
+    `_NvrtcBackend.option_fingerprint`), `as_bytes("nvvm")` for NVVM. PTX keys hash the linker's
+    view, which needs a driver probe: not repeated here (None)."""
+    backend = {"c++": "nvrtc", "nvvm": "nvvm"}.get(code_type)
+    if backend is None:
+        return None
+    try:
+        return [bytes(o) for o in options.as_bytes(backend, target_type)]  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - the key itself was made: this is evidence only
+        return None
+
+
+def _name_tags(name_expressions: object) -> list[str]:
+    tags = []
+    for name in name_expressions or ():  # type: ignore[attr-defined]
+        if isinstance(name, bytes):
+            tags.append("b:" + name.decode("utf-8", "surrogateescape"))
+        else:
+            tags.append("s:" + str(name))
+    return sorted(tags)
+
+
+def is_unguarded(code: object, options: object, extra_digest: object = None,
+                 code_type: str = "c++") -> bool:
+    """The case cuda.core's header guard misses: NVRTC, a program name without a directory
+    (NVRTC then resolves quoted includes against the process's working directory), a quoted
+    `#include` (or one through a macro) in the source, and no `extra_digest`."""
+    if str(code_type).lower() != "c++" or extra_digest is not None:
+        return False
+    if getattr(options, "no_source_include", False):
+        return False  # measured: NVRTC then no longer searches the working directory
+    name = getattr(options, "name", None)
+    if isinstance(name, str) and ("/" in name or "\\" in name):
+        return False  # refused by cuda.core without an extra_digest
+    raw = _code_bytes(code)
+    return bool(_QUOTED_INCLUDE.search(raw) or _MACRO_INCLUDE.search(raw))
+
+
+def describe_key(code: object, code_type: str, options: object, target_type: str,
+                 name_expressions: object = (), extra_digest: object = None,
+                 *, keep_code: bool = True) -> dict[str, Any]:
+    """What a cuda.core program-cache key covers, field by field (JSON-able): the compile
+    record's `extra["key_inputs"]`, from which the policy recomputes the key."""
+    code_type = str(code_type).lower()
+    target_type = str(target_type).lower()
+    raw = _code_bytes(code)
+    option_bytes = _option_bytes(options, code_type, target_type)
+    fingerprint = issued(extra_digest) if extra_digest is not None else None
+    digest_bytes: bytes | None = None
+    if extra_digest is not None:
+        with contextlib.suppress(TypeError, ValueError):
+            digest_bytes = bytes(extra_digest)  # type: ignore[call-overload]
+    try:
+        from cuda.core.utils._program_cache import _keys
+
+        schema: object = _keys._KEY_SCHEMA_VERSION
+    except Exception:  # noqa: BLE001
+        schema = None
+    name = getattr(options, "name", None)
+    inputs: dict[str, Any] = {
+        "schema": schema,
+        "code_type": code_type,
+        "target_type": target_type,
+        "code_sha256": hashlib.sha256(raw).hexdigest(),
+        "code_size": len(raw),
+        "name": name,
+        "options": _options_summary(options),
+        "option_bytes": None if option_bytes is None else [
+            o.decode("utf-8", "surrogateescape") for o in option_bytes],
+        "name_expressions": _name_tags(name_expressions),
+        "nvrtc_version": _nvrtc_version() if code_type == "c++" else None,
+        "extra_digest": digest_bytes.hex() if digest_bytes is not None else None,
+        "extra_digest_source": (None if extra_digest is None else
+                                "cacheaudit.headers" if fingerprint is not None else "caller"),
+        "unguarded": is_unguarded(raw, options, extra_digest, code_type),
+        "quoted_includes": sorted({m.decode("utf-8", "surrogateescape")
+                                   for m in _QUOTED_INCLUDE.findall(raw)}),
+    }
+    if fingerprint is not None:
+        inputs["fingerprint"] = fingerprint.to_dict()
+    if keep_code and len(raw) <= _CODE_LIMIT:
+        inputs["code"] = raw.decode("utf-8", "surrogateescape")
+    return inputs
+
+
+# ------------------------------------------------------------------------------ state
+
+
+@dataclasses.dataclass(slots=True)
+class _Hit:
+    """Hits of one key, served the same bytes from the same cache, in one test, since the last
+    write: one record however many there were (a hit costs ~70 µs, a ledger record far more)."""
+
+    ns: int
+    event: str
+    key: object
+    files: object
+    """The FileStreamProgramCache that served the hit (its entry path is worked out at flush
+    time), or None for a cache without files."""
+    digest: str
+    size: int
+    test_id: object
+    count: int = 1
+    last_ns: int = 0
+
+
+@dataclasses.dataclass
+class _Watch:
+    """Files a key's binary was built from, as this process last saw them, and how they relate to
+    the key: "untracked" (read from the working directory, outside the key) or "extra-digest"
+    (covered by a cacheaudit.headers fingerprint the caller passed)."""
+
+    kind: str
+    states: tuple[FileState, ...]
+
+
+class _Recorder:
+    """The adapter's memory: keys and what they were made from, buffered hits, watched files."""
+
+    def __init__(self) -> None:
+        self.contexts: dict[bytes, tuple[int, dict[str, Any]]] = {}
+        self.watch: dict[bytes, _Watch] = {}
+        self.pending: dict[tuple[object, ...], _Hit] = {}
+        self.oldest_ns = 0
+        self.lock = threading.RLock()
+        self.reported: set[str] = set()
+        self.states = StateCache()
+
+    # ---------------------------------------------------------------- hot paths
+
+    def trim(self) -> None:
+        contexts = self.contexts
+        while len(contexts) > _CONTEXTS_MAX:
+            try:
+                contexts.pop(next(iter(contexts)))
+            except (StopIteration, KeyError, RuntimeError):
+                return
+
+    def hit(self, key: object, data: bytes, event: str, files: object) -> None:
+        """One served lookup: ~1.5 µs, kept lean on purpose (a disk hit costs ~70 µs)."""
+        now = _time_ns()
+        digest = _xxh3(data)
+        test_id = ((_ENVIRON_DATA.get(_TEST_VARIABLES[0]), _ENVIRON_DATA.get(_TEST_VARIABLES[1]))
+                   if _ENVIRON_DATA is not None else test_id_from(os.environ))
+        pending = self.pending
+        slot = (key, event, files, digest, test_id)
+        group = pending.get(slot)
+        if group is not None:
+            group.count += 1
+            group.last_ns = now
+        else:
+            if not pending:
+                self.oldest_ns = now
+            pending[slot] = _Hit(now, event, key, files, digest, len(data), test_id,
+                                 last_ns=now)
+            if len(pending) >= _PENDING_MAX:
+                self.flush()
+                return
+        if now - self.oldest_ns > _PENDING_AGE_NS:
+            self.flush()
+
+    # ---------------------------------------------------------------- problems
+
+    def problem(self, exc: BaseException, where: str) -> None:
+        text = f"cuda.core adapter ({where}): {type(exc).__name__}: {exc}"
+        if where not in self.reported:
+            self.reported.add(where)
+            report_problem(text)
+
+    # ---------------------------------------------------------------- compiles
+
+    def store(self, key: object, value: object, event: str, entry: str | None) -> None:
+        """A store after a compile: build the compile record now, write it with pending hits."""
+        now = time.time_ns()
+        key_bytes = _key_bytes(key)
+        context = self.contexts.get(key_bytes)
+        cwd = os.getcwd()
+        notes: list[str] = []
+        extra: dict[str, Any] = {"cache": event.split("-")[0]}
+        graph: IncludeGraph | None = None
+        tracked: tuple[str, ...] | None = None
+        kernel = None
+        started_ns = now
+        if context is None:
+            notes.append("the key's inputs were not observed: cacheaudit's key observer was not "
+                         "installed when this key was made")
+        else:
+            started_ns, kwargs = context
+            options = kwargs.get("options")
+            kernel = getattr(options, "name", None)
+            inputs = describe_key(kwargs.get("code"), kwargs.get("code_type", "c++"), options,
+                                  kwargs.get("target_type", "cubin"),
+                                  kwargs.get("name_expressions", ()),
+                                  kwargs.get("extra_digest"))
+            extra["key_inputs"] = inputs
+            graph, tracked, watch_kind, graph_notes = self._reads(kwargs, inputs)
+            notes += graph_notes
+            if graph is not None and watch_kind is not None:
+                self.watch[key_bytes] = _Watch(watch_kind, tuple(f.state for f in graph.files))
+            if graph is not None:
+                late = [f.path for f in graph.files if f.state.exists and (
+                    f.state.mtime_ns >= started_ns or f.state.ctime_ns >= started_ns)]
+                if late:
+                    extra["modified_during_compile"] = late
+                working = [f.path for f in graph.files if not os.path.isabs(f.written)]
+                if working:
+                    extra["from_working_directory"] = working
+        outputs = (self._output(entry, key_bytes, value),)
+        if entry is not None:
+            extra["entry_name"] = hashlib.sha256(key_bytes).hexdigest()
+        record = CompileRecord(
+            record_id="", event="compile", started_ns=started_ns, runtime=RUNTIME,
+            kernel=kernel, key=key_bytes.hex(), entry=entry, cwd=cwd, graph=graph,
+            outputs=outputs, tracked=tracked, exit_code=0, duration_ns=max(0, now - started_ns),
+            observer=OBSERVER, notes=tuple(notes), extra=extra)
+        self.write([*self.hit_records(self.take()), record])
+
+    def _reads(self, kwargs: Mapping[str, Any], inputs: Mapping[str, Any]
+               ) -> tuple[IncludeGraph | None, tuple[str, ...] | None, str | None, list[str]]:
+        """The files the compile read, as far as they can be known, and which the key covers."""
+        notes: list[str] = []
+        extra_digest = kwargs.get("extra_digest")
+        fingerprint = issued(extra_digest) if extra_digest is not None else None
+        if fingerprint is not None:
+            return fingerprint.graph(), fingerprint.paths, "extra-digest", notes
+        if inputs.get("code_type") != "c++":
+            return None, None, None, notes
+        raw = _code_bytes(kwargs.get("code"))
+        options = kwargs.get("options")
+        reads_files = (inputs.get("unguarded") or extra_digest is not None) and (
+            b"#" in raw or getattr(options, "pre_include", None))
+        if not reads_files:
+            return None, (), None, notes
+        try:
+            traced = fingerprint_headers(raw, options, target_type=inputs["target_type"])
+        except Exception as exc:  # noqa: BLE001 - evidence, not a failure
+            notes.append(f"the headers this compile read could not be found: "
+                         f"{type(exc).__name__}: {exc}")
+            return None, (() if extra_digest is None else None), None, notes
+        notes += [f"header trace: {n}" for n in traced.notes if not n.startswith("not files")]
+        if extra_digest is None:
+            # Nothing the compile read from disk is in the key.
+            return traced.graph(), (), "untracked", notes
+        notes.append("extra_digest came from the caller, not from cacheaudit.headers: whether "
+                     "it covers these headers is not known")
+        return traced.graph(), None, None, notes
+
+    def _output(self, entry: str | None, key: bytes, value: object) -> FileState:
+        if entry is not None:
+            state = self.states.capture(entry)
+            if state.exists:
+                return state
+        data = _value_bytes(value)
+        return _memory_state(key, len(data), content_digest(data))
+
+    # ---------------------------------------------------------------- hits, at flush time
+
+    def hit_records(self, hits: list[_Hit]) -> list[CompileRecord]:
+        records = []
+        for hit in hits:
+            key_bytes = _key_bytes(hit.key)
+            entry = None
+            entries = getattr(hit.files, "_entries", None)
+            if entries is not None:
+                name = hashlib.sha256(key_bytes).hexdigest()
+                entry = os.path.join(os.fspath(entries), name[:2], name[2:])
+            context = self.contexts.get(key_bytes)
+            extra: dict[str, Any] = {"cache": hit.event.split("-")[0], "hits": hit.count}
+            if hit.count > 1:
+                extra["last_hit_ns"] = hit.last_ns
+            kernel = None
+            if context is not None:
+                kwargs = context[1]
+                options = kwargs.get("options")
+                kernel = getattr(options, "name", None)
+                digest = kwargs.get("extra_digest")
+                fingerprint = issued(digest) if digest is not None else None
+                extra["key_inputs"] = {
+                    "name": kernel,
+                    "extra_digest": None if digest is None else _digest_hex(digest),
+                    "extra_digest_source": (None if digest is None else "cacheaudit.headers"
+                                            if fingerprint is not None else "caller"),
+                    "unguarded": is_unguarded(kwargs.get("code"), options, digest,
+                                              kwargs.get("code_type", "c++")),
+                }
+                changes = self._changed_before(key_bytes, fingerprint, hit.last_ns)
+                if changes:
+                    extra["changed_before_hit"] = changes
+            records.append(CompileRecord(
+                record_id="", event=hit.event, started_ns=hit.ns,  # type: ignore[arg-type]
+                duration_ns=hit.last_ns - hit.ns, runtime=RUNTIME, kernel=kernel,
+                key=key_bytes.hex(), entry=entry,
+                outputs=(FileState(path=entry, exists=True, size=hit.size, digest=hit.digest,
+                                   settled=False) if entry is not None else
+                         _memory_state(key_bytes, hit.size, hit.digest),),
+                test_id=_test_id(hit.test_id), observer=OBSERVER, extra=extra))
+        return records
+
+    def _changed_before(self, key: bytes, fingerprint: HeaderFingerprint | None,
+                        hit_ns: int) -> list[dict[str, Any]]:
+        """Watched files whose content differs now and whose change predates the hit: the hit
+        served a binary built from the old content."""
+        watched: list[tuple[str, tuple[FileState, ...]]] = []
+        watch = self.watch.get(key)
+        if watch is not None:
+            watched.append((watch.kind, watch.states))
+        if fingerprint is not None and (watch is None or watch.kind != "extra-digest"):
+            watched.append(("extra-digest", fingerprint.states))
+        changes = []
+        for kind, states in watched:
+            for old in states:
+                new = self.states.capture(old.path)
+                if new.same_content(old):
+                    continue
+                when = max(new.mtime_ns, new.ctime_ns) if new.exists else 0
+                if new.exists and when >= hit_ns:
+                    continue  # changed after this hit: no proof the hit was stale
+                changes.append({"kind": kind, "path": old.path, "recorded": old.to_dict(),
+                                "current": new.to_dict()})
+        return changes
+
+    # ---------------------------------------------------------------- writing
+
+    def take(self) -> list[_Hit]:
+        with self.lock:
+            pending, self.pending = self.pending, {}
+        return sorted(pending.values(), key=lambda h: h.ns)
+
+    def flush(self) -> None:
+        pending = self.take()
+        if pending:
+            self.write(self.hit_records(pending))
+
+    def write(self, records: list[CompileRecord]) -> None:
+        if not records:
+            return
+        from cacheaudit.ledger import Ledger, default_ledger_path, new_record_id
+
+        env = os.environ
+        subset = envvars.compile_environment(env)
+        host = socket.gethostname()
+        pid = os.getpid()
+        records = [dataclasses.replace(r, record_id=new_record_id(), env=subset, host=host,
+                                       pid=pid, test_id=r.test_id or test_id_from(env))
+                   for r in records]
+        run = current_run(env, OBSERVER, in_process=True)
+        path = default_ledger_path()
+        try:
+            with Ledger.open(path) as ledger:
+                ledger.add_records(records, run)
+            return
+        except Exception:  # noqa: BLE001 - one by one, with the spool behind each
+            pass
+        for record in records:
+            problem = write_record(record, run, path)
+            if problem:
+                self.problem(RuntimeError(problem), "ledger")
+
+    def after_fork(self) -> None:
+        # The parent writes what it buffered; a forked child must not write it again.
+        self.pending = {}
+        self.lock = threading.RLock()
+
+
+def _test_id(marker: object) -> str | None:
+    if isinstance(marker, tuple):
+        names = ("CACHEAUDIT_TEST_ID", "PYTEST_CURRENT_TEST")
+        return test_id_from({name: os.fsdecode(value)
+                             for name, value in zip(names, marker, strict=True)
+                             if value is not None})
+    return marker if isinstance(marker, str) else None
+
+
+def _key_bytes(key: object) -> bytes:
+    # cuda.core's _as_key_bytes: str keys are UTF-8, "k" and b"k" are one entry.
+    if isinstance(key, (bytes, bytearray)):
+        return bytes(key)
+    if isinstance(key, str):
+        return key.encode("utf-8")
+    return repr(key).encode("utf-8", "surrogateescape")
+
+
+
+
+def _memory_state(key: bytes, size: int, digest: str) -> FileState:
+    """The bytes an in-memory cache holds under `key`: real size and xxh3-128, no stat fields
+    (there is no file), settled (bytes held by Python cannot change)."""
+    return FileState(path=f"{MEMORY_PREFIX}program-cache/{key.hex()}", exists=True, size=size,
+                     digest=digest, settled=True)
+
+
+def _digest_hex(digest: object) -> str | None:
+    try:
+        return bytes(digest).hex()  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None
+
+
+def _value_bytes(value: object) -> bytes:
+    try:
+        from cuda.core.utils._program_cache._abc import _extract_bytes
+
+        return bytes(_extract_bytes(value))
+    except Exception:  # noqa: BLE001
+        code = getattr(value, "code", value)
+        return bytes(code) if isinstance(code, (bytes, bytearray, memoryview)) else b""
+
+
+_RECORDER = _Recorder()
+
+
+def _quiet() -> bool:
+    return getattr(_LOCAL, "quiet", False)
+
+
+@contextlib.contextmanager
+def _quietly() -> Any:
+    """While an AuditedProgramCache calls its inner cache, the class hooks stay silent: one
+    lookup, one record."""
+    previous = getattr(_LOCAL, "quiet", False)
+    _LOCAL.quiet = True
+    try:
+        yield
+    finally:
+        _LOCAL.quiet = previous
+
+
+# ------------------------------------------------------------------------------ the hooks
+
+
+def _key_observer(original: Callable[..., bytes]) -> Callable[..., bytes]:
+    contexts = _RECORDER.contexts  # never rebound: captured once, for the hit path's sake
+
+    @functools.wraps(original)
+    def make_program_cache_key(*args: Any, **kwargs: Any) -> bytes:
+        key = original(*args, **kwargs)
+        try:
+            contexts[key if type(key) is bytes else _key_bytes(key)] = (_time_ns(), kwargs)
+            if len(contexts) > _CONTEXTS_MAX:
+                _RECORDER.trim()
+        except Exception as exc:  # noqa: BLE001 - fail open
+            _RECORDER.problem(exc, "key")
+        return key
+
+    setattr(make_program_cache_key, _ORIGINAL, original)
+    return make_program_cache_key
+
+
+def _getitem_hook(original: Callable[[Any, Any], bytes], event: str
+                  ) -> Callable[[Any, Any], bytes]:
+    disk = event == "disk-hit"
+
+    @functools.wraps(original)
+    def __getitem__(self: Any, key: Any) -> bytes:
+        data = original(self, key)
+        if not getattr(_LOCAL, "quiet", False):
+            try:
+                _RECORDER.hit(key, data, event, self if disk else None)
+            except Exception as exc:  # noqa: BLE001 - fail open
+                _RECORDER.problem(exc, "hit")
+        return data
+
+    setattr(__getitem__, _ORIGINAL, original)
+    return __getitem__
+
+
+def _entry_path(cache: object, key: object) -> str | None:
+    path_for_key = getattr(cache, "_path_for_key", None)
+    if path_for_key is None:
+        return None
+    return os.fspath(path_for_key(key))
+
+
+def _setitem_hook(original: Callable[[Any, Any, Any], None], event: str
+                  ) -> Callable[[Any, Any, Any], None]:
+    disk = event == "disk-hit"
+
+    @functools.wraps(original)
+    def __setitem__(self: Any, key: Any, value: Any) -> None:
+        original(self, key, value)
+        if not _quiet():
+            try:
+                _RECORDER.store(key, value, event, _entry_path(self, key) if disk else None)
+            except Exception as exc:  # noqa: BLE001 - fail open
+                _RECORDER.problem(exc, "store")
+
+    setattr(__setitem__, _ORIGINAL, original)
+    return __setitem__
+
+
+@dataclasses.dataclass
+class _Patch:
+    owner: object
+    name: str
+    had_own: bool
+    original: object
+    replacement: object
+
+
+class CudaCoreAdapter:
+    """Installs the key observer and the hooks on cuda.core's two program caches."""
+
+    runtime = RUNTIME
+    module = "cuda.core"
+
+    def __init__(self) -> None:
+        self._key_patches: list[_Patch] = []
+        self._class_patches: list[_Patch] = []
+        self._lock = threading.RLock()
+        self._exit_hooks = False
+
+    # ---------------------------------------------------------------- protocol
+
+    def installed(self) -> bool:
+        """Whether anything of cuda.core is hooked (the key observer alone, when only an
+        AuditedProgramCache asked for it)."""
+        return bool(self._class_patches or self._key_patches)
+
+    def install(self) -> None:
+        """Observe keys and both built-in caches. Idempotent; fails open (one line on stderr,
+        cuda.core left as it was)."""
+        with self._lock:
+            if self._class_patches:
+                return
+            try:
+                from cuda.core.utils._program_cache import (
+                    FileStreamProgramCache,
+                    InMemoryProgramCache,
+                )
+
+                self.observe_keys()
+                patches: list[_Patch] = []
+                try:
+                    for cls, event in ((FileStreamProgramCache, "disk-hit"),
+                                       (InMemoryProgramCache, "memory-hit")):
+                        patches.append(_apply(cls, "__getitem__",
+                                              _getitem_hook(cls.__getitem__, event)))
+                        patches.append(_apply(cls, "__setitem__",
+                                              _setitem_hook(cls.__setitem__, event)))
+                except BaseException:
+                    _restore(patches)
+                    raise
+                self._class_patches = patches
+            except Exception as exc:  # noqa: BLE001 - fail open
+                _RECORDER.problem(exc, "install")
+                with contextlib.suppress(Exception):
+                    self.uninstall()
+                return
+            self._arm_exit_hooks()
+
+    def uninstall(self) -> None:
+        """Write what is buffered, then restore every patched object exactly."""
+        with self._lock:
+            with contextlib.suppress(Exception):
+                _RECORDER.flush()
+            for group in (self._class_patches, self._key_patches):
+                left = _restore(group)
+                if left:
+                    _RECORDER.problem(RuntimeError(
+                        f"{', '.join(left)} replaced by someone else after cacheaudit: left "
+                        "as found"), "uninstall")
+                group.clear()
+
+    # ---------------------------------------------------------------- extras
+
+    def observe_keys(self) -> None:
+        """Wrap `make_program_cache_key` where Program.compile and users find it. Part of
+        install(); AuditedProgramCache calls it on its own."""
+        with self._lock:
+            if self._key_patches:
+                return
+            import cuda.core.utils as utils
+            import cuda.core.utils._program_cache as package
+
+            original = package.make_program_cache_key
+            if hasattr(original, _ORIGINAL):
+                return  # observed already (this module loaded twice)
+            observer = _key_observer(original)
+            patches = [_apply(package, "make_program_cache_key", observer)]
+            if getattr(utils, "make_program_cache_key", None) is original:
+                patches.append(_apply(utils, "make_program_cache_key", observer))
+            self._key_patches = patches
+            self._arm_exit_hooks()
+
+    def flush(self) -> None:
+        """Write the buffered hit records now (the pytest plugin and tests call this before
+        reading the ledger)."""
+        try:
+            _RECORDER.flush()
+        except Exception as exc:  # noqa: BLE001 - fail open
+            _RECORDER.problem(exc, "flush")
+
+    def _arm_exit_hooks(self) -> None:
+        if not self._exit_hooks:
+            self._exit_hooks = True
+            atexit.register(self.flush)
+            if hasattr(os, "register_at_fork"):
+                os.register_at_fork(after_in_child=_RECORDER.after_fork)
+
+
+def _apply(owner: object, name: str, replacement: object) -> _Patch:
+    namespace = vars(owner)
+    patch = _Patch(owner=owner, name=name, had_own=name in namespace,
+                   original=namespace.get(name), replacement=replacement)
+    setattr(owner, name, replacement)
+    return patch
+
+
+def _restore(patches: list[_Patch]) -> list[str]:
+    """Undo patches, newest first; returns the names someone else replaced meanwhile."""
+    left = []
+    for patch in reversed(patches):
+        current = vars(patch.owner).get(patch.name)
+        label = f"{getattr(patch.owner, '__name__', patch.owner)}.{patch.name}"
+        if current is not patch.replacement:
+            left.append(label)
+            continue
+        if patch.had_own:
+            setattr(patch.owner, patch.name, patch.original)
+        else:
+            delattr(patch.owner, patch.name)
+    return left
+
+
+ADAPTER = CudaCoreAdapter()
+
+
+# ------------------------------------------------------------------------------ the wrapper
+
+_MISSING = object()
+_AUDITED: type | None = None
+
+
+def _audited_class() -> type:
+    """Built on first use: it must subclass cuda.core's ProgramCacheResource (Program.compile
+    checks), and importing cuda.core at module import is not allowed."""
+    global _AUDITED
+    if _AUDITED is not None:
+        return _AUDITED
+    from cuda.core.utils._program_cache import (
+        FileStreamProgramCache,
+        InMemoryProgramCache,
+        ProgramCacheResource,
+    )
+
+    class _AuditedProgramCache(ProgramCacheResource):
+        """Any ProgramCacheResource, with its lookups and stores recorded."""
+
+        def __init__(self, inner: Any, *, event: str | None = None) -> None:
+            if not isinstance(inner, ProgramCacheResource):
+                raise TypeError("AuditedProgramCache wraps a cuda.core ProgramCacheResource, "
+                                f"not {type(inner).__name__}")
+            if event is None:
+                event = "memory-hit" if isinstance(inner, InMemoryProgramCache) else "disk-hit"
+            if event not in ("disk-hit", "memory-hit"):
+                raise ValueError("event must be 'disk-hit' or 'memory-hit'")
+            self._inner = inner
+            self._event = event
+            self._files = isinstance(inner, FileStreamProgramCache)
+            try:
+                ADAPTER.observe_keys()
+            except Exception as exc:  # noqa: BLE001 - fail open: records without key inputs
+                _RECORDER.problem(exc, "observe keys")
+
+        @property
+        def inner(self) -> Any:
+            return self._inner
+
+        def _hit(self, key: Any, data: bytes) -> None:
+            try:
+                _RECORDER.hit(key, data, self._event,
+                              self._inner if self._files else None)
+            except Exception as exc:  # noqa: BLE001 - fail open
+                _RECORDER.problem(exc, "hit")
+
+        def __getitem__(self, key: Any) -> bytes:
+            with _quietly():
+                data = self._inner[key]
+            self._hit(key, data)
+            return data  # type: ignore[no-any-return]
+
+        def get(self, key: Any, default: bytes | None = None) -> bytes | None:
+            with _quietly():
+                data = self._inner.get(key, _MISSING)
+            if data is _MISSING:
+                return default
+            self._hit(key, data)
+            return data  # type: ignore[no-any-return]
+
+        def __setitem__(self, key: Any, value: Any) -> None:
+            with _quietly():
+                self._inner[key] = value
+            try:
+                _RECORDER.store(key, value, self._event,
+                                _entry_path(self._inner, key) if self._files else None)
+            except Exception as exc:  # noqa: BLE001 - fail open
+                _RECORDER.problem(exc, "store")
+
+        def __delitem__(self, key: Any) -> None:
+            with _quietly():
+                del self._inner[key]
+
+        def __len__(self) -> int:
+            return len(self._inner)
+
+        def clear(self) -> None:
+            self._inner.clear()
+
+        def close(self) -> None:
+            self._inner.close()
+
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("__") or name in ("_inner", "_event", "_files"):
+                raise AttributeError(name)
+            return getattr(self._inner, name)
+
+        def __repr__(self) -> str:
+            return f"AuditedProgramCache({self._inner!r})"
+
+    _AuditedProgramCache.__name__ = _AuditedProgramCache.__qualname__ = "AuditedProgramCache"
+    _AUDITED = _AuditedProgramCache
+    return _AUDITED
+
+
+def AuditedProgramCache(inner: Any, *, event: str | None = None) -> Any:
+    """Wrap a cuda.core `ProgramCacheResource` so that its lookups and stores are recorded; pass
+    the result as `Program.compile(..., cache=...)`. `event` says what a hit is ("disk-hit" by
+    default, "memory-hit" for an InMemoryProgramCache)."""
+    return _audited_class()(inner, event=event)
