@@ -97,16 +97,20 @@ class _HeldLedger:
         self._orphans: list[Ledger] = []
         self._atexit = False
 
-    def write(self, record: CompileRecord, run: RunInfo, path: str) -> str | None:
+    def write(self, records: Sequence[CompileRecord], run: RunInfo, path: str) -> str | None:
+        """All `records` in one transaction; what the ledger cannot take is spooled."""
         with self._lock:
             held = self._open(path)
             if held is not None:
                 try:
-                    held.add_records([record], run)
+                    held.add_records(records, run)
                     return None
-                except Exception:  # noqa: BLE001 - the fallback below spools the record
+                except Exception:  # noqa: BLE001 - the fallback below spools the records
                     self._close_locked()
-        return write_record(record, run, path)
+        problems = [p for p in (write_record(r, run, path) for r in records) if p]
+        if len(problems) > 1:
+            return f"{problems[0]} (and {len(problems) - 1} more)"
+        return problems[0] if problems else None
 
     def _open(self, path: str) -> Ledger | None:
         try:
@@ -166,8 +170,17 @@ def store_in_process(record: CompileRecord, *, observer: str,
             record, env=record.env or envvars.compile_environment(env), pid=os.getpid(),
             host=socket.gethostname(), test_id=record.test_id or test_id_from(env),
             observer=observer)
-        return _HELD.write(record, current_run(env, observer, in_process=True),
+        return _HELD.write([record], current_run(env, observer, in_process=True),
                            default_ledger_path(env))
+    except Exception as exc:  # noqa: BLE001 - fail open inside the runtime
+        return f"{type(exc).__name__}: {exc}"
+
+
+def write_held(records: Sequence[CompileRecord], run: RunInfo, path: str) -> str | None:
+    """Store a batch of records an in-process adapter built in full (run and details included)
+    through the ledger this process keeps open. Returns a problem, or None; never raises."""
+    try:
+        return _HELD.write(records, run, path)
     except Exception as exc:  # noqa: BLE001 - fail open inside the runtime
         return f"{type(exc).__name__}: {exc}"
 
