@@ -440,6 +440,11 @@ _EXACT_ROWS: tuple[Variable, ...] = (
          notes={"torch-ext": "it changes the nvcc command line, so toggling it rebuilds; "
                              "while set, header edits go unseen"},
          source="jit-runtimes.md §1; platform-notes.md §4"),
+    _var("TORCH_NO_COMPILER_WRAPPER", "compiler-choice",
+         "set: torch stops putting ccache/sccache (when on PATH) in front of the compiler",
+         in_key=("torch-ext",),
+         notes={"torch-ext": "it changes build.ninja's command line, so toggling it rebuilds"},
+         source="torch 2.13 cpp_extension._wrap_compiler"),
     _var("MAX_JOBS", "build-parallelism",
          "number of parallel ninja jobs for an extension build",
          not_in_key=("torch-ext",),

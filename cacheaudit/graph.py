@@ -20,6 +20,7 @@ import os
 import re
 import signal as signal_module
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -539,7 +540,57 @@ class NinjaDeps:
     target: str
     inputs: tuple[str, ...]
     mtime_ns: int | None
-    valid: bool
+    # ninja's VALID/STALE verdict (deps mtime against the output's); the binary log has none.
+    valid: bool | None = None
+
+
+class NinjaDepsLogError(DepfileError):
+    """A .ninja_deps this parser does not understand (another version, a bad checksum)."""
+
+
+_DEPS_HEADER = b"# ninjadeps\n"
+
+
+def parse_ninja_deps_log(data: bytes) -> dict[str, NinjaDeps]:
+    """Every output's latest deps record, from the bytes of a version-4 `.ninja_deps`: what
+    `ninja -t deps` prints, without starting ninja (torch and FlashInfer builds keep one)."""
+    if not data.startswith(_DEPS_HEADER) or len(data) < len(_DEPS_HEADER) + 4:
+        raise NinjaDepsLogError("not a ninja deps log (bad header)")
+    order = sys.byteorder
+    pos = len(_DEPS_HEADER)
+    version = int.from_bytes(data[pos:pos + 4], order)
+    if version != 4:
+        raise NinjaDepsLogError(f"ninja deps log version {version}; this reader knows version 4")
+    pos += 4
+    nodes: list[str] = []
+    found: dict[int, tuple[int, tuple[int, ...]]] = {}
+    end = len(data)
+    while pos + 4 <= end:
+        header = int.from_bytes(data[pos:pos + 4], order)
+        size = header & 0x7FFFFFFF
+        body_start = pos + 4
+        if size % 4 or body_start + size > end:
+            break  # a torn tail: ninja truncates the log there too
+        body = data[body_start:body_start + size]
+        pos = body_start + size
+        if header & 0x80000000:
+            if size < 12:
+                break
+            words = [int.from_bytes(body[i:i + 4], order) for i in range(0, size, 4)]
+            found[words[0]] = (words[1] | (words[2] << 32), tuple(words[3:]))
+        else:
+            if size <= 4:
+                break
+            checksum = int.from_bytes(body[-4:], order)
+            if checksum != (~len(nodes)) & 0xFFFFFFFF:
+                raise NinjaDepsLogError(f"ninja deps log: bad checksum for node {len(nodes)}")
+            nodes.append(os.fsdecode(body[:-4].rstrip(b"\0")))
+    out: dict[str, NinjaDeps] = {}
+    for node, (mtime, ids) in found.items():
+        if node >= len(nodes) or any(i >= len(nodes) for i in ids):
+            raise NinjaDepsLogError("ninja deps log: a deps record names an unknown node")
+        out[nodes[node]] = NinjaDeps(nodes[node], tuple(nodes[i] for i in ids), mtime)
+    return out
 
 
 _NINJA_TARGET = re.compile(

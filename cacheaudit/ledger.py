@@ -811,18 +811,20 @@ class Ledger:
                           bool(r[7]), r[8] or None) for r in rows]
 
     def compiles_by_output(self) -> dict[str, str]:
-        """Output digest -> the newest successful compile record that wrote it.
+        """Output digest -> the newest successful compile record that wrote it, preferring
+        records with an include graph.
 
         This is how an entry found on disk is tied to the compile that built it: JIT runtimes
         build in a temporary directory and rename it into place, so paths differ but the
-        binary's bytes do not.
+        binary's bytes do not. A link step recorded by the shim writes the same library as the
+        adapter's compile record but read no headers; the compile is the one worth judging.
         """
         rows = self.conn.execute(
             "SELECT s.digest, r.record_uuid FROM records r"
             " JOIN graph_files g ON g.graph_id = r.outputs_id"
             " JOIN file_states s ON s.id = g.state_id"
             " WHERE r.event = 'compile' AND r.exit_code = 0 AND s.digest != ''"
-            " ORDER BY r.started_ns, r.id")
+            " ORDER BY (r.graph_id IS NOT NULL), r.started_ns, r.id")
         return {digest: record_uuid for digest, record_uuid in rows}
 
     def records_by_uuid(self, uuids: Sequence[str], chunk: int = 500,

@@ -25,12 +25,14 @@ from cacheaudit.graph import (
     DependencyResult,
     DepfileError,
     DepRule,
+    NinjaDepsLogError,
     decode_depfile,
     depfile_inputs,
     depfile_option,
     graph_from_depfile,
     parse_depfile,
     parse_ninja_deps,
+    parse_ninja_deps_log,
     start_dependency_pass,
 )
 
@@ -681,3 +683,23 @@ def test_ninja_deps_from_a_real_ninja_build(tmp_path):
     assert deps.mtime_ns and deps.mtime_ns > 10**18
     with pytest.raises(DepfileError):
         parse_ninja_deps("this is not ninja output\n")
+
+
+def test_deps_log_parser_keeps_the_latest_record_and_stops_at_a_torn_tail():
+    def node(path: bytes, index: int) -> bytes:
+        padded = path + b"\0" * (-len(path) % 4)
+        body = padded + ((~index) & 0xFFFFFFFF).to_bytes(4, sys.byteorder)
+        return len(body).to_bytes(4, sys.byteorder) + body
+
+    def deps(out: int, mtime: int, ids: list[int]) -> bytes:
+        words = [out, mtime & 0xFFFFFFFF, mtime >> 32, *ids]
+        body = b"".join(w.to_bytes(4, sys.byteorder) for w in words)
+        return (len(body) | 0x80000000).to_bytes(4, sys.byteorder) + body
+
+    log = (b"# ninjadeps\n" + (4).to_bytes(4, sys.byteorder) + node(b"k.o", 0)
+           + node(b"/s/k.cpp", 1) + node(b"/i/a.h", 2) + deps(0, 5 << 32, [1, 2])
+           + deps(0, 7, [1]) + b"\x10\x00\x00")
+    [entry] = parse_ninja_deps_log(log).values()
+    assert (entry.target, entry.mtime_ns, entry.inputs) == ("k.o", 7, ("/s/k.cpp",))
+    with pytest.raises(NinjaDepsLogError):
+        parse_ninja_deps_log(b"# ninjadeps\n" + (3).to_bytes(4, sys.byteorder))
