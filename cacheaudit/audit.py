@@ -742,6 +742,17 @@ class RunReport:
     def events(self) -> Counter[str]:
         return Counter(r.event for r in self.records)
 
+    def summary(self) -> str:
+        """What was recorded, in one line. A runtime's build shows up twice when its compiler
+        also ran through the shim (torch: the adapter's record and the shim's compile and link
+        records), so compiler invocations are counted apart from runtimes' compiles."""
+        events = self.events()
+        invocations = sum(1 for r in self.records if r.event == "compile" and not r.runtime)
+        compiles = events["compile"] - invocations
+        return (f"{compiles} compile(s), {events['disk-hit']} disk hit(s), "
+                f"{events['memory-hit']} memory hit(s), {invocations} compiler invocation(s) "
+                f"through the shim recorded")
+
 
 def roots_of(records: Iterable[CompileRecord]) -> list[str]:
     """Cache roots the records touched: found by walking up from each entry, output and working
@@ -788,6 +799,12 @@ def audit_run(ledger: Ledger, run_uuid: str, env: Mapping[str, str], *,
                 if f.record_id in ids or f.entry in entries or f.entry in hit_since_start]
     judged = frozenset(f.record_id for f in findings if f.record_id)
     findings += keep(audit_records(records, judged=judged), options)
+    # A policy may prove the same stale file from the entry and from the records (torch-ext's
+    # CA106): one finding per code, file and record.
+    unique: dict[tuple[str, str, str | None], Finding] = {}
+    for finding in findings:
+        unique.setdefault((finding.code, finding.subject, finding.record_id), finding)
+    findings = list(unique.values())
     windows = ledger.tests(run_uuid)
     findings = [_with_tests(f, records, windows, result) for f in findings]
     return RunReport(run_uuid=run_uuid, records=records, findings=findings,

@@ -238,16 +238,14 @@ def run(
     outcome = runner.run_recorded(command, ledger=str(ledger) if ledger else default_ledger_path())
     report = outcome.report
     console = _stderr_console()
-    events = report.events()
-    console.print(f"cacheaudit: {events['compile']} compile(s), {events['disk-hit']} disk hit(s), "
-                  f"{events['memory-hit']} memory hit(s) recorded in run {report.run_uuid}")
+    console.print(f"cacheaudit: {report.summary()} in run {report.run_uuid}")
     if report.findings:
         output.render_findings(report.findings, console,
                                f"{len(report.findings)} finding(s) about this run")
     if report_json is not None:
         report_json.write_text(output.findings_json(report.findings, {
             "run": report.run_uuid, "command": list(command), "exit_status": outcome.status,
-            "events": dict(events)}) + "\n")
+            "events": dict(report.events())}) + "\n")
     status = outcome.status
     if status == 0 and audit.fails(report.findings, fail_on):
         status = ExitCode.FINDINGS

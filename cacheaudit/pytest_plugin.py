@@ -202,9 +202,7 @@ class _Session:
         report = self.report
         if report is None:
             return
-        events = report.events()
-        write(f"{events['compile']} compile(s), {events['disk-hit']} disk hit(s), "
-              f"{events['memory-hit']} memory hit(s) recorded; ledger {self.ledger}")
+        write(f"{report.summary()}; ledger {self.ledger}")
         if not report.findings:
             write("no findings", green=True)
             return

@@ -17,13 +17,17 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cacheaudit import compilers, envvars, graph
+from cacheaudit import envvars
 from cacheaudit.digest import StateCache, normalise_path
 from cacheaudit.ledger import Ledger, RunInfo, default_ledger_path, new_record_id, spool_record
 from cacheaudit.model import ArgToken, CompileRecord, CompilerIdentity, FileState, IncludeGraph
 from cacheaudit.processes import runtime_process
+
+if TYPE_CHECKING:
+    # Only the shim's recorder needs these; adapters import this module in every process.
+    from cacheaudit import compilers, graph
 
 RUN_VARIABLE = "CACHEAUDIT_RUN"
 RUN_LABEL_VARIABLE = "CACHEAUDIT_RUN_LABEL"
@@ -244,6 +248,8 @@ class ShimRecorder:
     def prepare(cls, name: str, real: str, argv: Sequence[str],
                 env: Mapping[str, str]) -> ShimRecorder | None:
         """A recorder for a compile or link; None for a query such as `--version`."""
+        from cacheaudit import compilers
+
         kind = compilers.compiler_kind(name)
         cwd = os.getcwd()
         expansion = compilers.expand_argv(kind, argv, env, cwd)
@@ -256,6 +262,8 @@ class ShimRecorder:
 
     def start(self, child_env: Mapping[str, str], started_ns: int, workdir: str) -> None:
         """Runs while the compiler runs: the dependency pass, the identity, the environment."""
+        from cacheaudit import compilers, graph
+
         self.started_ns = started_ns
         if self.command.sources:
             self.depfile = os.path.join(workdir, "deps.d")
@@ -286,6 +294,8 @@ class ShimRecorder:
             report_problem(problem)
 
     def _build(self, returncode: int, duration_ns: int) -> CompileRecord:
+        from cacheaudit import compilers, graph
+
         cache = StateCache()
         source_paths = [normalise_path(s, self.cwd) for s in self.command.sources]
         sources: tuple[FileState, ...] = ()

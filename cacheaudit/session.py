@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from cacheaudit.recorder import RUN_LABEL_VARIABLE, RUN_VARIABLE
-from cacheaudit.shim import install_masquerade, real_variable
+from cacheaudit.shim import MASQUERADE_NAMES, install_masquerade, real_variable
 
 ACTIVE = "CACHEAUDIT"
 CONFIG = "CACHEAUDIT_CONFIG"
@@ -59,11 +59,13 @@ def prepare(env: Mapping[str, str], *, ledger: str, label: str,
     child = dict(env)
     run_uuid = run_uuid or child.get(RUN_VARIABLE) or uuid.uuid4().hex
     shims = child.get(SHIMS)
-    owns = not (shims and os.path.isdir(shims))
-    if owns:
-        shims = tempfile.mkdtemp(prefix="cacheaudit-shims-")
-        install_masquerade(shims)
-    assert shims is not None
+    owns = False
+    if not (shims and os.path.isdir(shims)):
+        shims = shared_shims(env)
+        if shims is None:
+            shims = tempfile.mkdtemp(prefix="cacheaudit-shims-")
+            install_masquerade(shims)
+            owns = True
     child.update({ACTIVE: "1", RUN_VARIABLE: run_uuid, RUN_LABEL_VARIABLE: label,
                   LEDGER: os.path.abspath(ledger), SHIMS: shims})
     path = child.get("PATH", os.defpath).split(os.pathsep)
@@ -71,6 +73,42 @@ def prepare(env: Mapping[str, str], *, ledger: str, label: str,
     _point_at_shims(child, env, shims)
     return Session(run_uuid=run_uuid, ledger=os.path.abspath(ledger), shims=shims, env=child,
                    owns_shims=owns)
+
+
+def shared_shims(env: Mapping[str, str]) -> str | None:
+    """The masquerade directory every session of this installation shares, created once.
+
+    Its path ends up in compile commands (torch writes `$CXX` into build.ninja, DeepJIT keys on
+    its nvcc's path): a fresh directory per session would make ninja rebuild every extension in
+    every session. None where the cache directory is not writable.
+    """
+    import xxhash
+
+    from cacheaudit.shim import ShimError, shim_executable
+
+    try:
+        target = os.path.realpath(shim_executable())
+    except ShimError:
+        return None
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    directory = os.path.join(cache, "cacheaudit", "shims", xxhash.xxh64_hexdigest(os.fsencode(target)))
+    if all(os.path.realpath(os.path.join(directory, name)) == target
+           for name in MASQUERADE_NAMES):
+        return directory
+    parent = os.path.dirname(directory)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".staging-", dir=parent)
+    except OSError:
+        return None
+    try:
+        install_masquerade(staging)
+        shutil.rmtree(directory, ignore_errors=True)
+        # Two sessions may race here: the loser's rename fails and its staging copy goes.
+        os.rename(staging, directory)
+    except Exception:  # noqa: BLE001 - OSError or install_masquerade's UsageError
+        shutil.rmtree(staging, ignore_errors=True)
+    return directory if os.path.isdir(directory) else None
 
 
 def _point_at_shims(child: dict[str, str], original: Mapping[str, str], shims: str) -> None:
@@ -97,6 +135,10 @@ def _point_at_shims(child: dict[str, str], original: Mapping[str, str], shims: s
             child[name] = nvcc
     for name, masquerade in _CXX_SETTINGS.items():
         value = original.get(name)
+        if value in MASQUERADE_NAMES:
+            # A bare name finds the masquerade first on PATH; rewriting it would change the
+            # command line the runtime keys on (torch's build.ninja) for nothing.
+            continue
         if value and not value.startswith(shims):
             child.setdefault(real_variable(masquerade), value)
             child[name] = os.path.join(shims, masquerade)

@@ -181,3 +181,67 @@ def test_combine_merges_without_duplicates(tmp_path: Path):
     assert conn.execute("SELECT count(*) FROM graphs WHERE method = 'g++ -M'").fetchone()[0] == 1
     assert conn.execute("SELECT count(*) FROM file_states").fetchone()[0] == 50
     assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 2
+
+
+def test_sessions_share_one_masquerade_directory(tmp_path: Path):
+    import shutil
+
+    from cacheaudit.session import prepare
+
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ is not installed")
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path / "home"),
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    first = prepare({**env, "CXX": "g++"}, ledger=str(tmp_path / "l.db"), label="one")
+    second = prepare({**env, "CXX": gxx}, ledger=str(tmp_path / "l.db"), label="two")
+    first.close()
+    second.close()
+    # One directory for every session of this installation, kept: a path that changed per
+    # session would change torch's build.ninja and rebuild every extension.
+    assert first.shims == second.shims and os.path.isdir(first.shims)
+    assert first.shims.startswith(str(tmp_path / "cache"))
+    assert first.env["PATH"].split(os.pathsep)[0] == first.shims
+    # A bare masquerade name is left alone (PATH finds the shim); a path is pointed at it.
+    assert first.env["CXX"] == "g++"
+    assert second.env["CXX"] == os.path.join(second.shims, "c++")
+    assert second.env["CACHEAUDIT_REAL_CXX"] == gxx
+    version = subprocess.run([second.env["CXX"], "--version"], capture_output=True, text=True,
+                             env=second.env, timeout=60)
+    assert version.returncode == 0 and version.stdout == subprocess.run(
+        [gxx, "--version"], capture_output=True, text=True, timeout=60).stdout
+
+
+def test_an_unwritable_cache_gets_a_temporary_masquerade_directory(tmp_path: Path):
+    from cacheaudit.session import prepare
+
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    env = {"PATH": os.environ.get("PATH", ""), "XDG_CACHE_HOME": str(blocked)}
+    session = prepare(env, ledger=str(tmp_path / "l.db"), label="t")
+    assert os.path.isdir(session.shims) and not session.shims.startswith(str(blocked))
+    session.close()
+    assert not os.path.exists(session.shims)
+
+
+@pytest.mark.slow
+def test_a_torch_extension_is_not_rebuilt_by_the_next_session(tmp_path: Path):
+    import shutil
+
+    pytest.importorskip("torch", reason="torch is not installed")
+    compiler = shutil.which("c++")
+    if compiler is None:
+        pytest.skip("c++ is not installed")
+    tree = _tree(tmp_path)
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT.format(root=str(ROOT), tree=str(tree), with_torch=True))
+    ledger = tmp_path / "ledger.db"
+    env = _clean_env(tmp_path, CXX=compiler, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    for _ in range(2):
+        done = _run(["run", "--ledger", str(ledger), "--", sys.executable, str(script)], env,
+                    tmp_path)
+        assert done.returncode == 0, done.stderr
+    with Ledger.open(str(ledger)) as opened:
+        torch_records = [r for r in opened.records() if r.runtime == "torch-ext"]
+    assert [r.event for r in sorted(torch_records, key=lambda r: r.started_ns)] == [
+        "compile", "disk-hit"]
