@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from cacheaudit.audit import audit_records, scan
+from cacheaudit.audit import audit_records, audit_run, scan
 from cacheaudit.digest import StateCache
 from cacheaudit.ledger import Ledger
 from cacheaudit.model import CacheEntry, CacheLeftover, CompileRecord, FileState, Finding
@@ -209,6 +209,10 @@ def test_header_edited_between_loads_in_one_process_is_ca106(project: Project):
     [from_records] = [f for f in audit_records(project.records()) if f.code == "CA106"]
     assert (from_records.code, from_records.subject, from_records.record_id) == (
         proven.code, proven.subject, proven.record_id)
+    # A run's report merges both and names the stale header once.
+    with Ledger.open(str(project.ledger)) as ledger:
+        report = audit_run(ledger, hit.extra["run_uuid"], project.env, roots=[str(project.ext)])
+    assert [f.subject for f in report.findings if f.code == "CA106"] == [str(project.myconst)]
 
 
 @needs_torch
