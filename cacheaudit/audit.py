@@ -27,7 +27,7 @@ from typing import Any
 
 from cacheaudit import compilers, envvars
 from cacheaudit.digest import StateCache, changed_files, normalise_path
-from cacheaudit.findings import make_finding
+from cacheaudit.findings import make_finding, ns_text, state_text
 from cacheaudit.ledger import Ledger, RunInfo, new_record_id
 from cacheaudit.model import (
     CacheEntry,
@@ -97,20 +97,6 @@ def keep(findings: Iterable[Finding], options: AuditOptions) -> list[Finding]:
         return not any(code.startswith(i) for i in options.ignore)
 
     return [f for f in findings if wanted(f.code)]
-
-
-def _ns_text(ns: int | None) -> str:
-    if not ns:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
-
-
-def _state_text(state: FileState) -> str:
-    if not state.exists:
-        return "absent"
-    if state.digest is None:
-        return f"unreadable ({state.error})"
-    return f"xxh3 {state.digest[:16]}, {state.size} bytes, mtime {_ns_text(state.mtime_ns)}"
 
 
 # ------------------------------------------------------------------------------ search paths
@@ -213,7 +199,7 @@ class Auditor:
 
     def audit_leftover(self, leftover: CacheLeftover) -> Finding:
         return make_finding("CA402", subject=leftover.path, message=leftover.reason,
-                        current=f"last changed {_ns_text(leftover.mtime_ns)}",
+                        current=f"last changed {ns_text(leftover.mtime_ns)}",
                         how=f"{leftover.layout} layout of {leftover.root}")
 
     def audit_entry(self, entry: CacheEntry) -> list[Finding]:
@@ -280,27 +266,27 @@ class Auditor:
                     "CA104", subject=old.path, entry=entry, record=record,
                     message="a file the compiler read is gone: the next compile of this kernel "
                             "reads something else, while the cached binary still holds it",
-                    recorded=_state_text(old), current="absent",
+                    recorded=state_text(old), current="absent",
                     how="stat of the recorded path"))
             elif inferred and new is old:
                 findings.append(make_finding(
                     "CA101", subject=old.path, entry=entry, record=record, inferred=True,
                     message=f"untracked dependency modified after the binary was written "
-                            f"({_ns_text(entry.built_ns)}); the key does not cover it",
-                    recorded=f"binary written {_ns_text(entry.built_ns)}",
-                    current=f"mtime {_ns_text(old.mtime_ns)}",
+                            f"({ns_text(entry.built_ns)}); the key does not cover it",
+                    recorded=f"binary written {ns_text(entry.built_ns)}",
+                    current=f"mtime {ns_text(old.mtime_ns)}",
                     how="timestamps: the entry predates recording, its dependencies come from "
                         "a dependency pass run now (inferred, not proven by content)"))
             else:
                 last_hit = entry.committed_ns if entry.committed_ns and (
                     entry.committed_ns > new.mtime_ns) else None
-                served = (f"; the runtime has hit the entry since ({_ns_text(last_hit)})"
+                served = (f"; the runtime has hit the entry since ({ns_text(last_hit)})"
                           if last_hit else "")
                 findings.append(make_finding(
                     "CA101", subject=old.path, entry=entry, record=record,
                     message=f"untracked dependency changed since the build, key unchanged: a "
                             f"hit serves a binary built from the old content{served}",
-                    recorded=_state_text(old), current=_state_text(new),
+                    recorded=state_text(old), current=state_text(new),
                     how="content hash (xxh3-128) of the recorded file against the file now"))
         findings += self._tracked_changes(entry, record, policy, changed_tracked)
         count, top = self._untracked(graph, tracked.paths | seen)
@@ -355,7 +341,7 @@ class Auditor:
                     "CA103", subject=old.path, entry=entry, record=record,
                     message="a tracked input changed but the key recomputed from it did not: the "
                             "runtime would serve the old binary",
-                    recorded=_state_text(old), current=_state_text(new),
+                    recorded=state_text(old), current=state_text(new),
                     how=f"key recomputation ({entry.key}) with the file as it is now"))
             elif alive is not None and getattr(policy, "caches_header_digests", True):
                 findings.append(make_finding(
@@ -363,7 +349,7 @@ class Auditor:
                     message=f"a tracked header changed after the runtime in process {alive} "
                             f"hashed it; that process caches header digests for its lifetime and "
                             f"keeps computing the old key",
-                    recorded=_state_text(old), current=_state_text(new),
+                    recorded=state_text(old), current=state_text(new),
                     how=f"content hash; the compiling process {alive} is still running "
                         f"(inferred from the process table)", inferred=True))
             elif matches is None and check.note:
@@ -371,7 +357,7 @@ class Auditor:
                     "CA501", subject=old.path, entry=entry, record=record,
                     message=f"a tracked input changed and the key cannot be recomputed to "
                             f"confirm the runtime sees it: {check.note}",
-                    recorded=_state_text(old), current=_state_text(new),
+                    recorded=state_text(old), current=state_text(new),
                     how="key recomputation"))
         return findings
 
@@ -387,9 +373,9 @@ class Auditor:
                     proven[old.path] = make_finding(
                         "CA106", subject=old.path, entry=entry, record=hit,
                         message=f"the runtime served this kernel from memory at "
-                                f"{_ns_text(hit.started_ns)} (pid {hit.pid}), after this tracked "
+                                f"{ns_text(hit.started_ns)} (pid {hit.pid}), after this tracked "
                                 f"header changed: its in-process header digests were stale",
-                        recorded=_state_text(old), current=_state_text(new),
+                        recorded=state_text(old), current=state_text(new),
                         how="memory hit observed in the runtime's process after the file's mtime")
         return proven
 
@@ -460,7 +446,7 @@ class Auditor:
                     "CA204", subject=f"{prefix}_{now.suffix}", entry=entry, record=record,
                     message=f"{prefix}_{now.suffix} changed after the runtime read its "
                             f"configuration (its first compile in this process, "
-                            f"{_ns_text(started_ns)}): {entry.runtime} still used the first "
+                            f"{ns_text(started_ns)}): {entry.runtime} still used the first "
                             f"value for this compile",
                     recorded=f"{then.name or 'default'}={then.value}",
                     current=f"{now.name or 'default'}={now.value}",
@@ -628,7 +614,7 @@ def modified_during_compile(record: CompileRecord,
         "CA401", subject=path, entry=entry, record=record,
         message="this input was modified while the compiler ran: the binary may hold a version "
                 "other than the one recorded",
-        recorded=f"compile started {_ns_text(record.started_ns)}",
+        recorded=f"compile started {ns_text(record.started_ns)}",
         current="mtime or ctime after the start",
         how="timestamps at the end of the compile (ccache's too-new rule)")
         for path in record.extra.get("modified_during_compile", [])]

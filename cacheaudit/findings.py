@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from cacheaudit.model import FINDING_CODES, CacheEntry, CompileRecord, Finding
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from cacheaudit.model import FINDING_CODES, CacheEntry, CompileRecord, FileState, Finding
 
 HINTS = {
     "CA101": "evict the entry ({entry}) so that the runtime compiles again, or feed a digest of "
@@ -38,4 +42,22 @@ def make_finding(code: str, *, subject: str, message: str, entry: CacheEntry | N
                    kernel=entry.kernel if entry else (record.kernel if record else None),
                    inferred=inferred, hint=hint)
 
+
+def ns_text(ns: int | None) -> str:
+    """A wall-clock time in nanoseconds as findings show it (local time, to the second)."""
+    if not ns:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
+
+
+def state_text(state: FileState | Mapping[str, Any]) -> str:
+    """A file state as a finding's recorded or current value; a mapping is a state as JSON
+    holds it (adapters' extra fields)."""
+    data = state._asdict() if isinstance(state, FileState) else state
+    if not data.get("exists"):
+        return "absent"
+    if data.get("digest") is None:
+        return f"unreadable ({data.get('error')})"
+    return (f"xxh3 {str(data['digest'])[:16]}, {data.get('size')} bytes, "
+            f"mtime {ns_text(int(data.get('mtime_ns') or 0))}")
 

@@ -91,7 +91,8 @@ def shared_shims(env: Mapping[str, str]) -> str | None:
     except ShimError:
         return None
     cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    directory = os.path.join(cache, "cacheaudit", "shims", xxhash.xxh64_hexdigest(os.fsencode(target)))
+    installation = xxhash.xxh64_hexdigest(os.fsencode(target))
+    directory = os.path.join(cache, "cacheaudit", "shims", installation)
     if all(os.path.realpath(os.path.join(directory, name)) == target
            for name in MASQUERADE_NAMES):
         return directory

@@ -28,12 +28,11 @@ disk now); a caller's own digest cannot be verified (CA501).
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cacheaudit.findings import make_finding
-from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, FileState, Finding
+from cacheaudit.findings import make_finding, state_text
+from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policies import KeyCheck, KeyComponent, TrackedSet
 
 KEY_RECIPE = ("cuda.core program-cache key (schema v2): NVRTC major.minor, code type and "
@@ -107,16 +106,6 @@ def _fingerprint_files(inputs: Mapping[str, Any]) -> list[str]:
     if isinstance(fingerprint, Mapping):
         return [str(p) for p in fingerprint.get("files") or []]
     return []
-
-
-def _state_text(state: Mapping[str, Any] | FileState) -> str:
-    data = state._asdict() if isinstance(state, FileState) else state
-    if not data.get("exists"):
-        return "absent"
-    if data.get("digest") is None:
-        return f"unreadable ({data.get('error')})"
-    mtime = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(data.get("mtime_ns", 0)) / 1e9))
-    return f"xxh3 {str(data['digest'])[:16]}, {data.get('size')} bytes, mtime {mtime}"
 
 
 class CudaCorePolicy:
@@ -227,8 +216,8 @@ class CudaCorePolicy:
         inputs = _inputs(record)
         for change in record.extra.get("changed_before_hit") or []:
             path = str(change.get("path"))
-            recorded = _state_text(change.get("recorded") or {})
-            current = _state_text(change.get("current") or {})
+            recorded = state_text(change.get("recorded") or {})
+            current = state_text(change.get("current") or {})
             if change.get("kind") == "extra-digest":
                 findings.append(make_finding(
                     "CA106", subject=path, record=record,

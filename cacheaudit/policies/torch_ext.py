@@ -28,21 +28,13 @@ import shlex
 import shutil
 from collections.abc import Sequence
 
-from cacheaudit.findings import make_finding
-from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, FileState, Finding
+from cacheaudit.findings import make_finding, state_text
+from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policies import KeyCheck, KeyComponent, TrackedSet
 
 OBSERVER = "adapter:torch_ext"
 TRACKED_HOW = ("ninja's deps log (-MMD: no -isystem or C/CPLUS_INCLUDE_PATH header) plus the "
                "sources; build.ninja's commands")
-
-
-def _state_text(state: FileState) -> str:
-    if not state.exists:
-        return "absent"
-    if state.digest is None:
-        return f"unreadable ({state.error})"
-    return f"xxh3 {state.digest[:16]}, {state.size} bytes, mtime_ns {state.mtime_ns}"
 
 
 class TorchExtPolicy:
@@ -170,7 +162,7 @@ class TorchExtPolicy:
                 message=f"torch's in-process versioner served {record.kernel} from memory "
                         f"(pid {record.pid}) after this header changed; ninja would rebuild it "
                         f"in a new process, but the versioner never looks at headers",
-                recorded=_state_text(old), current=_state_text(now),
+                recorded=state_text(old), current=state_text(now),
                 how="states of ninja's tracked files recorded by the adapter at the process's "
                     "ninja run and at this memory hit"))
         return findings

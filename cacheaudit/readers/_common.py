@@ -103,6 +103,44 @@ def outside(path: str, boundary_real: str) -> str | None:
     return target
 
 
+def list_entry(item: os.DirEntry[str], boundary_real: str, runtime_name: str
+               ) -> tuple[dict[str, os.DirEntry[str]] | None, list[str]]:
+    """An entry directory's names (None when it cannot be listed) and the problems met reaching
+    it (CA402 evidence)."""
+    problems: list[str] = []
+    if item.is_symlink() and (target := outside(item.path, boundary_real)) is not None:
+        problems.append(f"the entry directory is a symlink to {target}, outside the cache: "
+                        f"{runtime_name} follows it, but what it points at was not published by "
+                        f"{runtime_name} and can change under the same key")
+    try:
+        return {e.name: e for e in scandir_sorted(item.path)}, problems
+    except OSError as exc:
+        problems.append(f"the entry directory cannot be listed: {type(exc).__name__}: "
+                        f"{exc.strerror or exc}")
+        return None, problems
+
+
+_ELF = b"\x7fELF"
+_BITCODE = (b"BC\xc0\xde", b"\xde\xc0\x17\x0b")
+
+
+def binary_format(head: bytes | None) -> str:
+    """What the raw bytes of an entry are: "cubin" (ELF), "ptx" (text), "ltoir" (NVVM bitcode),
+    "empty", or "unknown"."""
+    if head is None:
+        return "unknown"
+    if not head:
+        return "empty"
+    if head.startswith(_ELF):
+        return "cubin"
+    if head.startswith(_BITCODE):
+        return "ltoir"
+    text = head.lstrip()
+    if text.startswith((b"//", b".version", b".target")):
+        return "ptx"
+    return "unknown"
+
+
 def read_head(path: str, limit: int = HEAD_BYTES) -> bytes | None:
     """The first `limit` bytes of a regular file, or None when it cannot be read."""
     try:

@@ -39,7 +39,13 @@ from collections.abc import Iterator, Mapping
 
 from cacheaudit.digest import StateCache
 from cacheaudit.model import CacheEntry, CacheLeftover
-from cacheaudit.readers._common import lstat_mtime_ns, read_head, scandir_sorted, unlistable
+from cacheaudit.readers._common import (
+    binary_format,
+    lstat_mtime_ns,
+    read_head,
+    scandir_sorted,
+    unlistable,
+)
 
 RUNTIME = "cuda-core"
 LAYOUT = "cuda_core"
@@ -52,27 +58,6 @@ TMP_STALE_S = 3600
 SUBDIR_RE = re.compile(r"[0-9a-f]{2}")
 NAME_RE = re.compile(r"[0-9a-f]{62}")
 TMP_RE = re.compile(r"entry-[A-Za-z0-9_]+")
-
-_ELF = b"\x7fELF"
-_BITCODE = (b"BC\xc0\xde", b"\xde\xc0\x17\x0b")
-
-
-def binary_format(head: bytes | None) -> str:
-    """What the raw bytes of an entry are: "cubin" (ELF), "ptx" (text), "ltoir" (NVVM bitcode),
-    "empty", or "unknown"."""
-    if head is None:
-        return "unknown"
-    if not head:
-        return "empty"
-    if head.startswith(_ELF):
-        return "cubin"
-    if head.startswith(_BITCODE):
-        return "ltoir"
-    text = head.lstrip()
-    if text.startswith((b"//", b".version", b".target")):
-        return "ptx"
-    return "unknown"
-
 
 class CudaCoreReader:
     """The `Reader` for FileStreamProgramCache's layout (see the module header)."""

@@ -47,7 +47,13 @@ from typing import Any
 
 from cacheaudit.digest import StateCache
 from cacheaudit.model import CacheEntry, CacheLeftover, FileState, content_digest
-from cacheaudit.readers._common import lstat_mtime_ns, read_head, scandir_sorted, unlistable
+from cacheaudit.readers._common import (
+    binary_format,
+    lstat_mtime_ns,
+    read_head,
+    scandir_sorted,
+    unlistable,
+)
 
 RUNTIME = "cupy"
 LAYOUT = "cupy"
@@ -106,18 +112,6 @@ def decode_payload(payload: bytes) -> tuple[list[str] | None, bytes, str | None]
             return None, b"", bad
         pos += size
     return names, payload[pos:], None
-
-
-def binary_format(binary: bytes) -> str:
-    if not binary:
-        return "empty"
-    if binary.startswith(b"\x7fELF"):
-        return "cubin"
-    if binary.lstrip().startswith((b"//", b".version", b".target")):
-        return "ptx"
-    if binary.startswith((b"BC\xc0\xde", b"\xde\xc0\x17\x0b")):
-        return "ltoir"
-    return "unknown"
 
 
 class CupyReader:

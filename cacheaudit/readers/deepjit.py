@@ -66,9 +66,9 @@ from cacheaudit.readers._common import (
     has_entry_named,
     has_tmp_named,
     home_default,
+    list_entry,
     outside,
     read_cache_root,
-    scandir_sorted,
     unique_paths,
 )
 
@@ -196,16 +196,8 @@ def read_entry(root: str, item: os.DirEntry[str], tag: str, digest: str, boundar
                cache: StateCache) -> CacheEntry:
     """One entry directory, with every reason it is corrupt or partial (CA402 evidence)."""
     path = item.path
-    problems: list[str] = []
-    if item.is_symlink() and (target := outside(path, boundary)) is not None:
-        problems.append(f"the entry directory is a symlink to {target}, outside the cache: "
-                        "DeepJIT follows it, but what it points at was not published by DeepJIT "
-                        "and can change under the same key")
-    try:
-        names = {e.name: e for e in scandir_sorted(path)}
-    except OSError as exc:
-        problems.append(f"the entry directory cannot be listed: {type(exc).__name__}: "
-                        f"{exc.strerror or exc}")
+    names, problems = list_entry(item, boundary, "DeepJIT")
+    if names is None:
         return CacheEntry(runtime=RUNTIME, layout=LAYOUT, root=root, path=path, kernel=tag,
                           key=digest, problems=tuple(problems))
 
