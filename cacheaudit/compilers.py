@@ -1071,7 +1071,8 @@ def output_paths(kind: str, command: ParsedCommand, cwd: str) -> list[str]:
 
     Without `-o` the drivers' defaults apply (measured for nvcc 13.0 with `-dryrun`):
     `-c` -> `<stem>.o` per source; gcc `-S` -> `<stem>.s`; nvcc `-cubin`/`-ptx`/`-fatbin`/
-    `-optix-ir` -> `<stem>.<ext>` (under `-odir` if given); `-lib` -> `a.a`; a link -> `a.out`;
+    `-optix-ir` -> `<stem>.<ext>` (under `-odir` if given); `-lib` -> `a.a`; `-dlink` ->
+    `a_dlink.o`; a link -> `a.out`;
     `-E` and queries -> nothing (stdout).
     """
     if not command.records:
@@ -1089,6 +1090,8 @@ def output_paths(kind: str, command: ParsedCommand, cwd: str) -> list[str]:
         else:
             if command.has("--lib"):
                 out.append("a.a")
+            elif command.has("--device-link"):
+                out.append("a_dlink.o")
             elif command.has("--preprocess") or command.queries:
                 pass
             elif command.is_link or command.is_compile:

@@ -7,7 +7,11 @@ is the evidence to check it against. This module turns that output into `Include
 - `graph_from_depfile` captures the state of every file listed, keeping the compile's primary
   sources apart so that kernels with different generated sources share one graph of headers;
 - `start_dependency_pass` runs the compiler's `-M` pass next to the real compile, so that the shim
-  learns the graph without changing the user's command line or output.
+  learns the graph without changing the user's command line or output;
+- `parse_ninja_deps_log` and `parse_ninja_deps` read what ninja kept of the depfiles (the binary
+  `.ninja_deps`, and `ninja -t deps`), for torch-style build directories;
+- `device_time_trace_headers` reads the headers NVRTC's `--fdevice-time-trace` lists, in-memory
+  headers included.
 
 Only the standard library (and xxhash, through digest) is imported: the shim runs this on every
 compile and `import cacheaudit` must stay cheap.
@@ -36,11 +40,16 @@ __all__ = [
     "DependencyPass",
     "DependencyResult",
     "DepfileError",
+    "NinjaDeps",
+    "NinjaDepsLogError",
     "decode_depfile",
     "depfile_inputs",
     "depfile_option",
+    "device_time_trace_headers",
     "graph_from_depfile",
     "parse_depfile",
+    "parse_ninja_deps",
+    "parse_ninja_deps_log",
     "start_dependency_pass",
 ]
 

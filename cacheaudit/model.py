@@ -78,7 +78,11 @@ def content_digest(data: bytes) -> str:
 
 
 def json_digest(parts: Iterable[Any]) -> str:
-    """A stable digest over a sequence of JSON-able parts, used for content addressing."""
+    """A stable digest over a sequence of parts, by their `repr`, used for content addressing.
+
+    `repr` tells a list from a tuple: callers pass values of one shape (as stored, or as rebuilt
+    from JSON), never a mix.
+    """
     hasher = xxhash.xxh3_128()
     for part in parts:
         text = repr(part).encode("utf-8", "surrogateescape")

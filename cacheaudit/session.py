@@ -2,13 +2,16 @@
 shim and every Python process below it start cacheaudit's adapters.
 
 Shared by `cacheaudit run`, the pytest plugin and the start-up hook. The session never changes
-which compiler a runtime would have used: where the user or the runtime's defaults named one, the
-shim is told to hand over to exactly that one (`CACHEAUDIT_REAL_<NAME>`).
+which compiler anything runs: a bare name (`nvcc`, `c++`) reaches the masquerade link of that name
+first on PATH, which hands over to the same name further down PATH; a setting that names another
+compiler (`CXX=g++-12`, `DG_JIT_NVCC_COMPILER=/opt/cuda-12.8/bin/nvcc`) gets a link of its own
+whose `CACHEAUDIT_REAL_<LINK>` names exactly that compiler, so two settings never share one.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import tempfile
 import uuid
@@ -16,7 +19,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from cacheaudit.recorder import RUN_LABEL_VARIABLE, RUN_VARIABLE
-from cacheaudit.shim import MASQUERADE_NAMES, install_masquerade, real_variable
+from cacheaudit.shim import (
+    DISABLE_VARIABLE,
+    MASQUERADE_NAMES,
+    flag_set,
+    install_masquerade,
+    link_to_shim,
+    mark_masquerade_dir,
+    real_variable,
+)
 
 ACTIVE = "CACHEAUDIT"
 CONFIG = "CACHEAUDIT_CONFIG"
@@ -39,17 +50,20 @@ class Session:
     shims: str
     env: dict[str, str] = field(default_factory=dict)
     owns_shims: bool = True
+    owner_pid: int = field(default_factory=os.getpid)
 
     def close(self) -> None:
-        if self.owns_shims:
+        # A forked child exiting normally runs the parent's atexit hooks too: the directory is
+        # the parent's to remove.
+        if self.owns_shims and os.getpid() == self.owner_pid:
             shutil.rmtree(self.shims, ignore_errors=True)
 
 
 def enabled(env: Mapping[str, str]) -> bool:
     """Whether the start-up hook should activate cacheaudit in a process with this environment."""
-    if env.get("CACHEAUDIT_DISABLE", "") not in ("", "0"):
+    if flag_set(env, DISABLE_VARIABLE):
         return False
-    return env.get(ACTIVE, "") not in ("", "0") or bool(env.get(CONFIG))
+    return flag_set(env, ACTIVE) or bool(env.get(CONFIG))
 
 
 def prepare(env: Mapping[str, str], *, ledger: str, label: str,
@@ -76,70 +90,95 @@ def prepare(env: Mapping[str, str], *, ledger: str, label: str,
 
 
 def shared_shims(env: Mapping[str, str]) -> str | None:
-    """The masquerade directory every session of this installation shares, created once.
+    """The masquerade directory every session of this installation shares.
 
     Its path ends up in compile commands (torch writes `$CXX` into build.ninja, DeepJIT keys on
     its nvcc's path): a fresh directory per session would make ninja rebuild every extension in
-    every session. None where the cache directory is not writable.
+    every session. Links are added in place and never removed, since another session may be
+    compiling through them. None where the cache directory is not writable.
     """
     import xxhash
 
     from cacheaudit.shim import ShimError, shim_executable
 
     try:
-        target = os.path.realpath(shim_executable())
+        target = shim_executable()
     except ShimError:
         return None
     cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    installation = xxhash.xxh64_hexdigest(os.fsencode(target))
+    installation = xxhash.xxh64_hexdigest(os.fsencode(os.path.realpath(target)))
     directory = os.path.join(cache, "cacheaudit", "shims", installation)
-    if all(os.path.realpath(os.path.join(directory, name)) == target
-           for name in MASQUERADE_NAMES):
-        return directory
-    parent = os.path.dirname(directory)
     try:
-        os.makedirs(parent, exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=".staging-", dir=parent)
+        os.makedirs(directory, exist_ok=True)
+        for name in MASQUERADE_NAMES:
+            link_to_shim(directory, name, target)
+        mark_masquerade_dir(directory)
     except OSError:
         return None
+    return directory
+
+
+def _stand_in(child: dict[str, str], shims: str, value: str, family: str) -> str | None:
+    """The masquerade path a compiler setting is pointed at, None to leave it as it is.
+
+    A bare family name needs nothing: the link of that name hands over to PATH's. Anything else
+    gets a link of its own whose CACHEAUDIT_REAL_ variable names exactly that value.
+    """
+    from cacheaudit.shim import ShimError, shim_executable, stand_in_name
+
+    if value == family:
+        return os.path.join(shims, family)
+    name = stand_in_name(value, family)
     try:
-        install_masquerade(staging)
-        shutil.rmtree(directory, ignore_errors=True)
-        # Two sessions may race here: the loser's rename fails and its staging copy goes.
-        os.rename(staging, directory)
-    except Exception:  # noqa: BLE001 - OSError or install_masquerade's UsageError
-        shutil.rmtree(staging, ignore_errors=True)
-    return directory if os.path.isdir(directory) else None
+        link = link_to_shim(shims, name, shim_executable())
+    except (OSError, ShimError):
+        return None
+    child[real_variable(name)] = value
+    return link
 
 
 def _point_at_shims(child: dict[str, str], original: Mapping[str, str], shims: str) -> None:
-    nvcc = os.path.join(shims, "nvcc")
-    chosen = [original[name] for name in _NVCC_SETTINGS
-              if original.get(name) and not original[name].startswith(shims)]
-    if chosen:
-        # The runtime would have used this nvcc: the shim hands over to it, not to PATH's.
-        child.setdefault(real_variable("nvcc"), chosen[0])
-    elif original.get("CUDA_HOME") or original.get("CUDA_PATH"):
+    """Runtimes' compiler settings at the shim, each handing over to what it named before.
+
+    Settings of several words (`ccache g++`) are left alone: the wrapper runs the compiler by
+    name, and PATH leads that name through the shim.
+    """
+
+    def single(value: str | None) -> bool:
+        if not value or value.startswith(shims + os.sep):
+            return False
+        try:
+            return len(shlex.split(value)) == 1
+        except ValueError:
+            return False
+
+    default_nvcc: str | None = None
+    home = original.get("CUDA_HOME") or original.get("CUDA_PATH")
+    if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
         # DeepJIT and DeepGEMM take CUDA_HOME/bin/nvcc before PATH's nvcc.
-        home = original.get("CUDA_HOME") or original.get("CUDA_PATH", "")
-        candidate = os.path.join(home, "bin", "nvcc")
-        if os.access(candidate, os.X_OK):
-            child.setdefault(real_variable("nvcc"), candidate)
-    # Without any nvcc there is nothing to stand in for; pointing a runtime at the shim would
-    # only turn "nvcc not found" into "the shim found no nvcc" (and change what runtimes that
-    # choose a backend by the setting's presence, such as the reference runtime, decide).
-    have_nvcc = bool(chosen) or real_variable("nvcc") in child or shutil.which(
-        "nvcc", path=os.pathsep.join(p for p in child.get("PATH", "").split(os.pathsep)
-                                     if p != shims)) is not None
+        default_nvcc = os.path.join(home, "bin", "nvcc")
+    elif shutil.which("nvcc", path=os.pathsep.join(
+            p for p in child.get("PATH", "").split(os.pathsep) if p != shims)):
+        default_nvcc = "nvcc"
     for name in _NVCC_SETTINGS:
-        if original.get(name) or (name in _ALWAYS and have_nvcc):
-            child[name] = nvcc
-    for name, masquerade in _CXX_SETTINGS.items():
         value = original.get(name)
-        if value in MASQUERADE_NAMES:
+        if single(value):
+            assert value is not None
+            _point(child, name, _stand_in(child, shims, value, "nvcc"))
+        elif not value and name in _ALWAYS and default_nvcc:
+            # Without any nvcc there is nothing to stand in for; pointing a runtime at the shim
+            # would only turn "nvcc not found" into "the shim found no nvcc".
+            _point(child, name, _stand_in(child, shims, default_nvcc, "nvcc"))
+    for name, family in _CXX_SETTINGS.items():
+        value = original.get(name)
+        if value in MASQUERADE_NAMES or not single(value):
             # A bare name finds the masquerade first on PATH; rewriting it would change the
             # command line the runtime keys on (torch's build.ninja) for nothing.
             continue
-        if value and not value.startswith(shims):
-            child.setdefault(real_variable(masquerade), value)
-            child[name] = os.path.join(shims, masquerade)
+        assert value is not None
+        _point(child, name, _stand_in(child, shims, value, family))
+
+
+def _point(child: dict[str, str], setting: str, stand_in: str | None) -> None:
+    if stand_in is not None:
+        child[setting] = stand_in

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -40,9 +41,32 @@ MARKER = ".cacheaudit-shim"
 ACTIVE_VARIABLE = "CACHEAUDIT_SHIM_ACTIVE"
 DISABLE_VARIABLE = "CACHEAUDIT_DISABLE"
 
+# Calls that compile nothing: handed straight to the compiler before any of cacheaudit is imported
+# (torch runs `c++ -dumpversion`-style probes, DeepJIT hashes `nvcc --version`).
+_QUERY_FLAGS = frozenset({"--version", "-V", "-v", "-dumpversion", "-dumpfullversion",
+                          "-dumpmachine", "--help", "-h", "--list-gpu-arch", "--list-gpu-code"})
+
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                       signal.SIGUSR1, signal.SIGUSR2)
 _MAX_DEPTH = 8
+
+
+def flag_set(env: Mapping[str, str], name: str) -> bool:
+    """A switch variable as every part of cacheaudit reads it: set, non-empty and not "0"."""
+    return env.get(name, "") not in ("", "0")
+
+
+def is_query(argv: Sequence[str]) -> bool:
+    """Only version/help queries: nothing to record."""
+    return bool(argv) and all(token in _QUERY_FLAGS for token in argv)
+
+
+def in_shim_process(argv: Sequence[str]) -> bool:
+    """Whether this interpreter runs the shim: its script is a masquerade link (or the
+    `cacheaudit-shim` script itself). The start-up hook stays out of such processes."""
+    script = argv[1] if len(argv) > 1 else ""
+    return (os.path.basename(script).startswith("cacheaudit-shim")
+            or _is_masquerade_dir(os.path.dirname(script)))
 
 
 class ShimError(Exception):
@@ -71,6 +95,21 @@ def strip_masquerade_dirs(path_value: str) -> str:
     return os.pathsep.join(d for d in path_value.split(os.pathsep) if not skip_directory(d))
 
 
+_STAND_IN_RE = re.compile(r"^[0-9a-f]{10}-(?P<name>.+)$")
+
+
+def stand_in_name(value: str, family: str) -> str:
+    """The masquerade name for a compiler setting that names something other than a bare
+    family name: unique to the value, and ending in a name the shim can tell the kind of."""
+    import xxhash
+
+    from cacheaudit.compilers import compiler_kind
+
+    base = os.path.basename(value)
+    digest = xxhash.xxh64_hexdigest(value.encode("utf-8", "surrogateescape"))[:10]
+    return f"{digest}-{base if compiler_kind(base) != 'unknown' else family}"
+
+
 def real_variable(name: str) -> str:
     """The override variable for a name: `g++` gives CACHEAUDIT_REAL_GXX."""
     cleaned = name.upper().replace("+", "X").replace("-", "_").replace(".", "_")
@@ -87,6 +126,10 @@ def find_real_compiler(name: str, env: Mapping[str, str]) -> str:
     if explicit:
         candidates.append(find_program(explicit, env.get("PATH", os.defpath), skip_directory))
     else:
+        # A stand-in link whose variable a runtime scrubbed: the compiler's own name is the best
+        # guess left.
+        stand_in = _STAND_IN_RE.match(name)
+        name = stand_in.group("name") if stand_in else name
         candidates.append(find_program(name, env.get("PATH", os.defpath), skip_directory))
         if name == "nvcc":
             # Runtimes find nvcc through CUDA_HOME as often as through PATH.
@@ -155,10 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"cacheaudit-shim: {exc}\n")
         return 127
     child_env = compiler_env(env)
-    if _depth(env) or env.get(DISABLE_VARIABLE, "") not in ("", "0"):
+    if _depth(env) or flag_set(env, DISABLE_VARIABLE) or is_query(invocation.argv):
         _exec(real, invocation.argv, child_env)
     try:
-        from cacheaudit.recorder import ShimRecorder  # imported late: keeps `--version` cheap
+        from cacheaudit.recorder import ShimRecorder  # imported late: queries never pay for it
 
         recorder = ShimRecorder.prepare(invocation.name, real, invocation.argv, env)
     except Exception as exc:  # noqa: BLE001 - a bug of ours must not cost the user a compile
@@ -176,8 +219,12 @@ def run_and_record(recorder: ShimRecorder, real: str, argv: Sequence[str],
     # Handlers go in before the compiler starts: a signal that arrives in between is held and
     # handed to the compiler as soon as it exists, never taken by the shim alone.
     forwarder = _Forwarder()
-    previous = {sig: signal.signal(sig, forwarder.receive) for sig in _FORWARDED_SIGNALS}
+    # A signal our parent ignores (nohup's SIGHUP) stays ignored: the compiler inherits SIG_IGN
+    # from us, as it would from the parent, whereas a handler of ours would be reset by exec.
+    previous = {sig: signal.signal(sig, forwarder.receive) for sig in _FORWARDED_SIGNALS
+                if signal.getsignal(sig) is not signal.SIG_IGN}
     started_ns = time.time_ns()
+    recorder.started_ns = started_ns
     started = time.perf_counter()
     try:
         child = subprocess.Popen([real, *argv], env=child_env)
@@ -198,8 +245,12 @@ def run_and_record(recorder: ShimRecorder, real: str, argv: Sequence[str],
         duration_ns = int((time.perf_counter() - started) * 1e9)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        recorder.finish(returncode, duration_ns)
+        # Ctrl-C while the record is written: the compile's status stands, not a traceback.
+        with contextlib.suppress(BaseException):
+            recorder.finish(returncode, duration_ns)
     finally:
+        if recorder.dependency_pass is not None:
+            recorder.dependency_pass.kill()  # its own session: nobody else would stop it
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
     if returncode < 0:
@@ -275,17 +326,41 @@ def install_masquerade(directory: str, names: Sequence[str] | None = None,
     done: list[str] = []
     for name in chosen:
         link = os.path.join(directory, name)
-        if os.path.lexists(link):
-            ours = os.path.islink(link) and os.path.realpath(link) == os.path.realpath(target)
-            if not ours and not force:
-                raise UsageError(f"{link} exists and is not the shim (use --force to replace it)")
-            os.remove(link)
-        os.symlink(target, link)
+        if os.path.lexists(link) and not is_link_to(link, target) and not force:
+            raise UsageError(f"{link} exists and is not the shim (use --force to replace it)")
+        link_to_shim(directory, name, target)
         done.append(f"{link} -> {target}")
-    with open(os.path.join(directory, MARKER), "w", encoding="utf-8") as handle:
+    mark_masquerade_dir(directory)
+    return done
+
+
+def is_link_to(link: str, target: str) -> bool:
+    return os.path.islink(link) and os.path.realpath(link) == os.path.realpath(target)
+
+
+def link_to_shim(directory: str, name: str, target: str) -> str:
+    """`directory/name` -> the shim, replaced atomically: a compile running through the old link
+    in another session never sees the name missing."""
+    link = os.path.join(directory, name)
+    if is_link_to(link, target):
+        return link
+    staging = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(staging)
+    os.symlink(target, staging)
+    os.replace(staging, link)
+    return link
+
+
+def mark_masquerade_dir(directory: str) -> None:
+    marker = os.path.join(directory, MARKER)
+    if os.path.isfile(marker):
+        return
+    staging = f"{marker}.{os.getpid()}.tmp"
+    with open(staging, "w", encoding="utf-8") as handle:
         handle.write("This directory holds cacheaudit compiler shims; PATH lookups of the real\n"
                      "compiler skip it.\n")
-    return done
+    os.replace(staging, marker)
 
 
 if __name__ == "__main__":  # pragma: no cover

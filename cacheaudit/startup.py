@@ -24,6 +24,12 @@ def process_startup() -> bool:
     global _started
     if _started:
         return False
+    from cacheaudit.shim import in_shim_process
+
+    if in_shim_process(sys.orig_argv):
+        # The shim records its compile itself; a session or adapters here would only cost the
+        # compile start-up time and split one build across runs.
+        return False
     from cacheaudit import session
 
     if not session.enabled(os.environ):
@@ -57,7 +63,6 @@ def _ledger_setting() -> str:
 
 
 def pth_entry() -> None:
-    """The PEP 829 `.start` entry point: the same gate as the `.pth` line."""
-    if os.environ.get("CACHEAUDIT", "") in ("", "0") and not os.environ.get("CACHEAUDIT_CONFIG"):
-        return
+    """The PEP 829 `.start` entry point (process_startup applies the same gate as the `.pth`
+    line)."""
     process_startup()

@@ -773,6 +773,9 @@ def test_parse_nvcc_command() -> None:
     defaults = parse_command("nvcc", ["-ptx", "-odir", "out", "a.cu", "b.cu"])
     assert output_paths("nvcc", defaults, "/w") == ["/w/out/a.ptx", "/w/out/b.ptx"]
     assert output_paths("nvcc", parse_command("nvcc", ["-lib", "a.cu"]), "/w") == ["/w/a.a"]
+    # nvcc 13.0 writes a_dlink.o for a device link without -o (measured).
+    assert output_paths("nvcc", parse_command("nvcc", ["-dlink", "-arch=sm_90", "x.o"]),
+                        "/w") == ["/w/a_dlink.o"]
     assert output_paths("nvcc", parse_command("nvcc", ["-cubin", "-MD", "a.cu"]), "/w") == [
         "/w/a.cubin", "/w/a.d"]
 

@@ -202,14 +202,48 @@ def test_sessions_share_one_masquerade_directory(tmp_path: Path):
     assert first.shims == second.shims and os.path.isdir(first.shims)
     assert first.shims.startswith(str(tmp_path / "cache"))
     assert first.env["PATH"].split(os.pathsep)[0] == first.shims
-    # A bare masquerade name is left alone (PATH finds the shim); a path is pointed at it.
+    # A bare masquerade name is left alone (PATH finds the shim); a path gets a link of its own.
     assert first.env["CXX"] == "g++"
-    assert second.env["CXX"] == os.path.join(second.shims, "c++")
-    assert second.env["CACHEAUDIT_REAL_CXX"] == gxx
+    assert os.path.dirname(second.env["CXX"]) == second.shims
+    assert second.env["CXX"].endswith("-g++")
     version = subprocess.run([second.env["CXX"], "--version"], capture_output=True, text=True,
                              env=second.env, timeout=60)
     assert version.returncode == 0 and version.stdout == subprocess.run(
         [gxx, "--version"], capture_output=True, text=True, timeout=60).stdout
+
+
+def _fake_compiler(path: Path, says: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\necho {says}\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_each_compiler_setting_keeps_the_compiler_it_named(tmp_path: Path):
+    from cacheaudit.session import prepare
+
+    old = _fake_compiler(tmp_path / "cuda-12.8" / "bin" / "nvcc", "nvcc-12.8")
+    new = _fake_compiler(tmp_path / "cuda-13" / "bin" / "nvcc", "nvcc-13")
+    _fake_compiler(tmp_path / "bin" / "g++-99", "gxx-99")
+    env = {"PATH": os.pathsep.join([str(tmp_path / "bin"), os.environ.get("PATH", "")]),
+           "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "DG_JIT_NVCC_COMPILER": str(old), "FLASHINFER_NVCC": str(new), "CXX": "g++-99",
+           "CC": "ccache gcc"}
+    session = prepare(env, ledger=str(tmp_path / "l.db"), label="t")
+
+    def says(command: str) -> str:
+        done = subprocess.run([command, "--version"], capture_output=True, text=True,
+                              env=session.env, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert says(session.env["DG_JIT_NVCC_COMPILER"]) == "nvcc-12.8"
+    assert says(session.env["FLASHINFER_NVCC"]) == "nvcc-13"
+    assert says(session.env["CXX"]) == "gxx-99"
+    # What the settings named never leaks into a bare name run in the session.
+    assert says("c++") != "gxx-99"
+    # A wrapper command line is left as it is: the wrapper runs gcc, which PATH leads to the shim.
+    assert session.env["CC"] == "ccache gcc"
 
 
 def test_an_unwritable_cache_gets_a_temporary_masquerade_directory(tmp_path: Path):

@@ -295,3 +295,40 @@ def test_cutlass_reference_tu_graph_equals_nvcc_m(shim_env: ShimEnv, tmp_path: P
                               tmp_path / "check.d")
     assert len(expected) > 800
     assert _recorded_inputs(record) == expected
+
+
+def test_a_signal_the_parent_ignores_stays_ignored_in_the_compiler(shim_env: ShimEnv,
+                                                                    tmp_path: Path):
+    (tmp_path / "x.c").write_text("int x;\n")
+    fake = _script(tmp_path / "fake-gcc", """
+        case "$*" in *-MF*) exit 0;; esac
+        grep '^SigIgn' /proc/$$/status
+    """)
+    env = dict(shim_env.env, CACHEAUDIT_REAL_GCC=str(fake))
+
+    def ignore_hangup() -> None:  # as nohup does
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    shimmed = subprocess.run(["gcc", "-c", "x.c"], cwd=tmp_path, env=env, capture_output=True,
+                             preexec_fn=ignore_hangup, timeout=120)
+    bare = subprocess.run([str(fake), "-c", "x.c"], cwd=tmp_path, capture_output=True,
+                          preexec_fn=ignore_hangup, timeout=120)
+    assert shimmed.returncode == 0, shimmed.stderr
+    ignored = int(shimmed.stdout.split()[1], 16)
+    assert ignored & (1 << (signal.SIGHUP - 1))
+    assert shimmed.stdout == bare.stdout
+
+
+def test_the_start_up_hook_stays_out_of_shim_processes(shim_env: ShimEnv, tmp_path: Path):
+    (tmp_path / "x.c").write_text("int x;\n")
+    fake = _script(tmp_path / "fake-gcc", "exit 0\n")
+    env = dict(shim_env.env, CACHEAUDIT_REAL_GCC=str(fake), CACHEAUDIT="1")
+    env.pop("CACHEAUDIT_SHIMS", None)
+    # A build tool that is not Python (make, ninja): nothing prepared a session before the shim.
+    done = subprocess.run(["sh", "-c", "gcc -c x.c && gcc -c x.c"], cwd=tmp_path, env=env,
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    records = shim_env.records()
+    assert len(records) == 2
+    # One parent process, one run: no shim started a session of its own.
+    assert len({r.extra["run_uuid"] for r in records}) == 1
