@@ -16,6 +16,7 @@ from cacheaudit.exceptions import CacheAuditError, ExitCode, UsageError
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from cacheaudit.config import Settings
     from cacheaudit.ledger import Ledger
 
 app = typer.Typer(
@@ -44,12 +45,43 @@ def _console() -> Console:
     return Console()
 
 
-def _open_ledger(path: Path | None, *, create: bool = False) -> Ledger:
-    from cacheaudit.ledger import Ledger, default_ledger_path, ingest_spool
+def _settings() -> Settings:
+    from cacheaudit.config import load_settings
 
-    ledger = Ledger.open(str(path) if path else default_ledger_path(), create=create)
+    return load_settings()
+
+
+def _ledger_location(option: Path | None, settings: Settings | None = None) -> str:
+    from cacheaudit.config import ledger_location
+
+    return ledger_location(option, settings if settings is not None else _settings())
+
+
+def _open_ledger(location: str, *, create: bool = False) -> Ledger:
+    from cacheaudit.ledger import Ledger, ingest_spool
+
+    ledger = Ledger.open(location, create=create)
     ingest_spool(ledger)
     return ledger
+
+
+def _write_output(path: Path, text: str) -> None:
+    """A file the user named: one that cannot be written is a usage error, not a crash."""
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse an output file that cannot be written before any work is done for it."""
+    directory = path.resolve().parent
+    if path.is_dir():
+        raise UsageError(f"cannot write {path}: it is a directory")
+    if not directory.is_dir():
+        raise UsageError(f"cannot write {path}: no directory {directory}")
+    if not os.access(directory, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"cannot write {path}: permission denied")
 
 
 @app.command()
@@ -63,26 +95,17 @@ def report(
 ) -> None:
     """The recorded compiles with the four answers per kernel."""
     from cacheaudit import output
+    from cacheaudit.ledger import open_existing
 
-    conditions, params = [], []
-    if kernel:
-        conditions.append("r.kernel = ?")
-        params.append(kernel)
-    if runtime:
-        conditions.append("r.runtime = ?")
-        params.append(runtime)
-    from cacheaudit.ledger import default_ledger_path
-
-    location = str(ledger) if ledger else default_ledger_path()
-    if not os.path.exists(location):
+    location = _ledger_location(ledger)
+    opened = open_existing(location)
+    if opened is None:
         typer.echo(f"no ledger at {location} yet: nothing has been recorded there", err=True)
         if json_output:
             sys.stdout.write(output.records_json([]) + "\n")
         return
-    with _open_ledger(ledger) as opened:
-        records = opened.records(where=" AND ".join(conditions), params=params,
-                                 order="r.started_ns DESC, r.id DESC", limit=limit)
-    records.reverse()
+    with opened:
+        records = opened.recent_records(kernel=kernel, runtime=runtime, limit=limit)
     if json_output:
         sys.stdout.write(output.records_json(records, with_graph=graph) + "\n")
     else:
@@ -133,9 +156,9 @@ def scan(
 ) -> None:
     """Audit cache entries: every input that changed without the key noticing."""
     from cacheaudit import audit, output
-    from cacheaudit.config import FAIL_ON_CHOICES, load_settings
+    from cacheaudit.config import FAIL_ON_CHOICES
 
-    settings = load_settings()
+    settings = _settings()
     fail_on = fail_on or settings.fail_on
     if fail_on not in FAIL_ON_CHOICES:
         raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON_CHOICES)}, not {fail_on!r}")
@@ -150,9 +173,8 @@ def scan(
         select=frozenset(selected), ignore=frozenset(ignored),
         reconstruct=settings.reconstruct if reconstruct is None else reconstruct,
         verify_keys=settings.verify_keys if verify_keys is None else verify_keys)
-    ledger_path = ledger or (Path(settings.ledger) if settings.ledger else None)
     console = _console()
-    with _open_ledger(ledger_path, create=True) as opened, _progress(
+    with _open_ledger(_ledger_location(ledger, settings), create=True) as opened, _progress(
             progress and output_format == "table") as advance:
         result = audit.scan(paths or settings.paths, os.environ, ledger=opened, options=options,
                             progress=advance)
@@ -205,11 +227,12 @@ def explain(
     since the kernel's previous compile."""
     from cacheaudit import output
     from cacheaudit.explain import explain as build
-    from cacheaudit.ledger import default_ledger_path
+    from cacheaudit.ledger import open_existing
 
-    has_ledger = os.path.exists(str(ledger) if ledger else default_ledger_path())
     with contextlib.ExitStack() as stack:
-        opened = stack.enter_context(_open_ledger(ledger)) if has_ledger else None
+        opened = open_existing(_ledger_location(ledger))
+        if opened is not None:
+            stack.enter_context(opened)
         explanation = build(target, os.environ, opened)
         if json_output:
             sys.stdout.write(output.explanation_json(explanation) + "\n")
@@ -231,21 +254,27 @@ def run(
     report at exit. The exit status is the command's unless --fail-on says otherwise."""
     from cacheaudit import audit, output, runner
     from cacheaudit.config import FAIL_ON_CHOICES
-    from cacheaudit.ledger import default_ledger_path
 
     if fail_on not in FAIL_ON_CHOICES:
         raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON_CHOICES)}, not {fail_on!r}")
-    outcome = runner.run_recorded(command, ledger=str(ledger) if ledger else default_ledger_path())
+    if report_json is not None:
+        _check_writable(report_json)
+    outcome = runner.run_recorded(command, ledger=_ledger_location(ledger))
     report = outcome.report
     console = _stderr_console()
-    console.print(f"cacheaudit: {report.summary()} in run {report.run_uuid}")
-    if report.findings:
-        output.render_findings(report.findings, console,
-                               f"{len(report.findings)} finding(s) about this run")
+    # From here on the command has run: nothing cacheaudit fails at may change its status.
+    if report is None:
+        typer.echo(f"cacheaudit: warning: the audit failed, the command's exit status stands: "
+                   f"{outcome.problem}", err=True)
+        raise typer.Exit(outcome.status)
+    output.render_run_report(report, console)
     if report_json is not None:
-        report_json.write_text(output.findings_json(report.findings, {
-            "run": report.run_uuid, "command": list(command), "exit_status": outcome.status,
-            "events": dict(report.events())}) + "\n")
+        try:
+            report_json.write_text(output.run_report_json(report, command, outcome.status)
+                                   + "\n", encoding="utf-8")
+        except OSError as exc:
+            typer.echo(f"cacheaudit: warning: cannot write {report_json}: "
+                       f"{exc.strerror or exc}", err=True)
     status = outcome.status
     if status == 0 and audit.fails(report.findings, fail_on):
         status = ExitCode.FINDINGS
@@ -262,7 +291,7 @@ def combine(
     """Merge ledgers (pytest-xdist workers, ranks, hosts) into one, sharing graphs and states."""
     from cacheaudit.ledger import combine as merge
 
-    with _open_ledger(ledger, create=True) as opened:
+    with _open_ledger(_ledger_location(ledger), create=True) as opened:
         result = merge(opened, [str(s) for s in sources], keep=keep)
         total = opened.count("records")
     for problem in result.skipped:
@@ -296,13 +325,15 @@ def snapshot(
 
     from cacheaudit.snapshot import collect, to_markdown
 
-    taken = collect(os.environ, ledger=str(ledger) if ledger else None, timeout=timeout,
+    if out is not None:
+        _check_writable(out)
+    taken = collect(os.environ, ledger=_ledger_location(ledger), timeout=timeout,
                     anonymize=anonymize)
     text = json.dumps(taken, indent=2) + "\n" if json_output else to_markdown(taken)
     if out is None:
         sys.stdout.write(text)
     else:
-        out.write_text(text)
+        _write_output(out, text)
         typer.echo(f"wrote {out}", err=True)
 
 
@@ -356,24 +387,15 @@ def demo(
     say = (lambda _line: None) if json_output else console.print
     result = run_demo(say=say, compiler=compiler)
     try:
-        assert result.scan is not None
         if json_output:
             sys.stdout.write(json.dumps(result_json(result), indent=2) + "\n")
             return
-        summary = output.summary_line(len(result.scan.entries), len(result.scan.roots),
-                                      result.scan.matched, result.scan.reconstructed,
-                                      result.scan.findings)
-        output.render_findings(result.scan.findings, console, summary)
-        console.print(
-            "The runtime served the same binary three times while the code it was built from "
-            f"changed twice: its key covers neither the edited header nor "
-            f"{result.changed_variable}. Each finding names the input, its recorded and "
-            "current value, and how that was established.")
+        output.render_demo(result, console)
     finally:
         if keep:
-            console.print(f"kept {result.workdir}: try `cacheaudit explain "
-                          f"{result.workdir}/cache/cache/<entry> --ledger "
-                          f"{result.workdir}/ledger.db`")
+            console.print(output.escape_markup(
+                f"kept {result.workdir}: try `cacheaudit explain {result.workdir}/cache/cache/"
+                f"<entry> --ledger {result.workdir}/ledger.db`"))
         else:
             shutil.rmtree(result.workdir, ignore_errors=True)
 
@@ -403,9 +425,16 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code
-    except typer.Abort:
+    except typer.Abort as exc:
+        # click turns Ctrl-C into Abort: the shell's convention for SIGINT, not a usage error.
+        if isinstance(exc.__context__, KeyboardInterrupt):
+            sys.stderr.write("cacheaudit: interrupted\n")
+            return ExitCode.INTERRUPTED
         sys.stderr.write("cacheaudit: aborted\n")
         return ExitCode.USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("cacheaudit: interrupted\n")
+        return ExitCode.INTERRUPTED
     except Exception as exc:  # click's own usage errors, and the unexpected
         # typer vendors click in some releases: recognise its exceptions by shape, not class.
         if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None),

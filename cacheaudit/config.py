@@ -1,7 +1,11 @@
 """Settings from `[tool.cacheaudit]` in pyproject.toml, in one table with their defaults.
 
 Precedence, lowest first: 1. the defaults below; 2. `[tool.cacheaudit]` of the nearest
-pyproject.toml at or above the working directory; 3. command-line options.
+pyproject.toml at or above the working directory; 3. command-line options (and the
+CACHEAUDIT_LEDGER variable, which stands for `--ledger`).
+
+Paths in the table (`ledger`, `paths`) are read as the project means them wherever the command
+runs: `~` is expanded, and a relative path is taken from the pyproject.toml's directory.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ class Settings:
     ledger: str | None = None
     reconstruct: bool = True
     verify_keys: bool = False
-    source: str | None = None
 
 
 # key in [tool.cacheaudit] -> (attribute, expected type)
@@ -44,6 +47,21 @@ _TABLE: dict[str, tuple[str, type]] = {
     "reconstruct": ("reconstruct", bool),
     "verify-keys": ("verify_keys", bool),
 }
+
+
+def resolve_path(value: str, base: str) -> str:
+    """A path from the settings table: `~` expanded, then joined to `base` when relative."""
+    return os.path.normpath(os.path.join(base, os.path.expanduser(value)))
+
+
+def ledger_location(option: str | os.PathLike[str] | None, settings: Settings) -> str:
+    """The ledger a command uses: `--ledger` (or CACHEAUDIT_LEDGER), else `[tool.cacheaudit]`
+    ledger, else the default place."""
+    from cacheaudit.ledger import default_ledger_path
+
+    if option:
+        return os.path.abspath(os.path.expanduser(os.fspath(option)))
+    return settings.ledger or default_ledger_path()
 
 
 def find_pyproject(start: str | None = None) -> str | None:
@@ -89,7 +107,8 @@ def apply_table(settings: Settings, table: Mapping[str, Any], path: str) -> None
     if settings.fail_on not in FAIL_ON_CHOICES:
         raise ConfigError(f"{path}: [tool.cacheaudit] fail-on must be one of "
                           f"{', '.join(FAIL_ON_CHOICES)}, not {settings.fail_on!r}")
-    if settings.ledger and not os.path.isabs(settings.ledger):
-        settings.ledger = os.path.join(os.path.dirname(path), settings.ledger)
-    settings.source = path
+    base = os.path.dirname(os.path.abspath(path))
+    if settings.ledger:
+        settings.ledger = resolve_path(settings.ledger, base)
+    settings.paths = [resolve_path(p, base) for p in settings.paths]
 

@@ -19,7 +19,9 @@ from types import ModuleType
 from typing import Any
 
 from cacheaudit.audit import ScanResult, scan
+from cacheaudit.exceptions import UsageError
 from cacheaudit.ledger import Ledger
+from cacheaudit.output import escape_markup
 from cacheaudit.shim import install_masquerade
 
 KERNEL = """\
@@ -110,11 +112,44 @@ def _digest(path: str) -> str:
     return hash_file(path)
 
 
+def _nvcc_available() -> bool:
+    # Where the shim finds a real nvcc too: runtimes reach it through CUDA_HOME as often as PATH.
+    roots = (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda")
+    return shutil.which("nvcc") is not None or any(
+        os.access(os.path.join(root, "bin", "nvcc"), os.X_OK) for root in roots if root)
+
+
+def choose_backend(compiler: str) -> str:
+    """The compiler the demo builds with; UsageError when it is not installed."""
+    if compiler == "auto":
+        if _nvcc_available():
+            return "nvcc"
+        compiler = "g++"
+    if compiler == "nvcc" and not _nvcc_available():
+        raise UsageError("the demo with --compiler nvcc needs nvcc on PATH (or under CUDA_HOME)")
+    if compiler == "g++" and shutil.which("g++") is None:
+        raise UsageError("the demo needs g++ (or nvcc) on PATH to build its kernel")
+    return compiler
+
+
 def run_demo(workdir: str | None = None, say: Callable[[str], None] = print,
              compiler: str = "auto") -> DemoResult:
+    """Run the demo in `workdir`, a new temporary directory by default; one made here is
+    removed again when the demo fails, and left to the caller when it succeeds."""
+    backend = choose_backend(compiler)
     minijit = load_minijit()
+    made = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="cacheaudit-demo-")
-    backend = compiler if compiler != "auto" else ("nvcc" if shutil.which("nvcc") else "g++")
+    try:
+        return _run(minijit, workdir, backend, say)
+    except BaseException:
+        if made:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
+
+
+def _run(minijit: ModuleType, workdir: str, backend: str,
+         say: Callable[[str], None]) -> DemoResult:
     result = DemoResult(workdir=workdir, backend=backend)
     include, third = os.path.join(workdir, "include"), os.path.join(workdir, "third_party")
     _write(os.path.join(include, "mylib", "gemm.cuh"), GEMM_CUH)
@@ -166,7 +201,7 @@ def run_demo(workdir: str | None = None, say: Callable[[str], None] = print,
     else:
         variable, value = "CPATH", os.path.join(workdir, "alt")
     result.changed_variable = variable
-    say(f"[bold]3.[/bold] Set {variable}={value} and ask again:")
+    say(f"[bold]3.[/bold] Set {escape_markup(f'{variable}={value}')} and ask again:")
     step = request(f"with {variable} set", {variable: value})
     step.fresh_digest = fresh({variable: value})
     result.steps.append(step)
@@ -175,7 +210,7 @@ def run_demo(workdir: str | None = None, say: Callable[[str], None] = print,
             done.stale) else "a fresh compile gives the same bytes"
         say(f"  {done.title}: served the binary of key {done.key[:12]}; {verdict}")
 
-    say(f"[bold]4.[/bold] cacheaudit scan {os.path.join(workdir, 'cache')}:")
+    say(f"[bold]4.[/bold] cacheaudit scan {escape_markup(os.path.join(workdir, 'cache'))}:")
     with _environment({**base, variable: value}), Ledger.open(
             os.path.join(workdir, "ledger.db")) as ledger:
         result.scan = scan([os.path.join(workdir, "cache")], dict(os.environ), ledger=ledger)

@@ -10,13 +10,13 @@ class ExitCode:
     FINDINGS = 1
     USAGE = 2
     INTERNAL = 3
+    INTERRUPTED = 130  # 128 + SIGINT, the shell's convention for Ctrl-C
 
 
 class CacheAuditError(Exception):
     """Base of every error cacheaudit raises on purpose; the CLI prints it as one line."""
 
     exit_code = ExitCode.INTERNAL
-    slug: str | None = None
 
 
 class UsageError(CacheAuditError):
@@ -28,13 +28,9 @@ class UsageError(CacheAuditError):
 class LedgerError(UsageError):
     """A ledger file cannot be used: not a cacheaudit ledger, newer than this code, unreadable."""
 
-    slug = "ledger"
-
 
 class ConfigError(UsageError):
     """A `[tool.cacheaudit]` setting or CACHEAUDIT_* variable has a value we cannot use."""
-
-    slug = "config"
 
 
 class TokenizeError(ValueError):

@@ -79,7 +79,13 @@ def locate(target: str, env: Mapping[str, str], ledger: Ledger | None,
             raise UsageError(f"{target}: not inside a cache entry of any known runtime")
         return entry, None
     if ledger is not None:
-        records = ledger.records(where="r.record_uuid LIKE ?", params=(target + "%",), limit=2)
+        # A literal prefix: LIKE would read `_` and `%` in the target as wildcards.
+        condition, params = "substr(r.record_uuid, 1, ?) = ?", (len(target), target)
+        records = ledger.records(where=condition, params=params, limit=2)
+        if len(records) > 1:
+            count = ledger.conn.execute(
+                f"SELECT count(*) FROM records r WHERE {condition}", params).fetchone()[0]
+            raise UsageError(f"{target!r} matches {count} records; give more of the record id")
         if len(records) == 1:
             record = records[0]
             entry = _entry_at(record.entry, cache) if record.entry and os.path.exists(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -21,10 +22,14 @@ HINTS = {
     "CA201": "add the variable's value to the runtime's extra signature, or unset it",
     "CA202": "evict the entry, or restore the value it was built with",
     "CA203": "set the prefixed variable explicitly if the fallback is not intended",
+    "CA204": "restart the process after changing a *_JIT_* setting: the runtime read its "
+             "configuration once, when it was constructed",
     "CA301": "evict the runtime's cache after replacing a compiler in place",
     "CA302": "evict the runtime's cache after changing the host compiler",
     "CA401": "evict the entry: the binary may come from another version of the file",
     "CA402": "remove the entry or leftover; the runtime would fail on it or ignore it",
+    "CA403": "evict the entry, then look for the cause with `cacheaudit explain`",
+    "CA404": "look for timestamps, random seeds or absolute paths that enter the binary",
     "CA501": "make the file or compiler available again, or evict the entry",
 }
 
@@ -44,10 +49,17 @@ def make_finding(code: str, *, subject: str, message: str, entry: CacheEntry | N
 
 
 def ns_text(ns: int | None) -> str:
-    """A wall-clock time in nanoseconds as findings show it (local time, to the second)."""
+    """A wall-clock time in nanoseconds as people read it everywhere cacheaudit shows one
+    (local time, to the second)."""
     if not ns:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
+
+
+def ns_iso(ns: int) -> str:
+    """A wall-clock time in nanoseconds for machines: ISO 8601 in UTC, to the second."""
+    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc).isoformat(
+        timespec="seconds")
 
 
 def state_text(state: FileState | Mapping[str, Any]) -> str:

@@ -49,7 +49,8 @@ APPLICATION_ID = 0x43414144  # "CAAD": lets `file` and our own open() tell a led
 #
 # Schema history:
 #   1 (0.1.0): first version.
-SCHEMA_VERSION = 1
+#   2: indexes on records by run and by test (audit_run and the pytest fixture read by them).
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 -- Properties of this ledger file: schema_version, ledger_id, created_at, created_by.
@@ -169,6 +170,10 @@ CREATE INDEX IF NOT EXISTS records_by_kernel ON records (runtime, kernel, starte
 CREATE INDEX IF NOT EXISTS records_by_key ON records (key);
 
 CREATE INDEX IF NOT EXISTS records_by_entry ON records (entry_id);
+
+CREATE INDEX IF NOT EXISTS records_by_run ON records (run_id, started_ns);
+
+CREATE INDEX IF NOT EXISTS records_by_test ON records (test_id) WHERE test_id IS NOT NULL;
 
 -- Verdicts of an audit, each with its evidence.
 CREATE TABLE IF NOT EXISTS findings (
@@ -332,6 +337,8 @@ class Ledger:
         self._graph_cache: dict[int, IncludeGraph] = {}
         self._compiler_cache: dict[int, CompilerIdentity] = {}
         self._blob_cache: dict[int, Any] = {}
+        # (runtime, kernel, key, entry, record_uuid) waiting for a write transaction
+        self._attributions: list[tuple[str, str, str | None, str, str]] = []
 
     # ---------------------------------------------------------------- opening
 
@@ -381,8 +388,12 @@ class Ledger:
             raise LedgerError(
                 f"{self.path} has ledger schema version {version}, newer than this cacheaudit "
                 f"({__version__}) understands ({SCHEMA_VERSION}); upgrade cacheaudit")
-        if not create:
-            raise LedgerError(f"{self.path} needs a schema upgrade; open it with create=True")
+        if version is None and not create:
+            raise LedgerError(
+                f"{self.path} is empty or not a cacheaudit ledger yet; run `cacheaudit scan` "
+                "or record into it first")
+        # An older ledger is upgraded by whoever opens it first, reader or writer: the records
+        # in it stay readable only through the current schema.
         _retrying(lambda: _enable_wal(conn))
         _retrying(self._migrate)
 
@@ -418,6 +429,7 @@ class Ledger:
             raise
 
     def close(self) -> None:
+        self.flush()
         self.conn.close()
 
     def __enter__(self) -> Ledger:
@@ -426,19 +438,18 @@ class Ledger:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @property
-    def db(self) -> sqlite_utils.Database:
-        """The same connection seen through sqlite-utils, for queries and tooling."""
-        import sqlite_utils
-
-        return sqlite_utils.Database(self.conn, execute_plugins=False)
-
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         self.conn.execute("BEGIN IMMEDIATE")
         try:
+            try:
+                applied = self._apply_attributions()
+            except sqlite3.DatabaseError:
+                self._attributions.clear()  # never let a queued update block every write
+                raise
             yield self.conn
             self.conn.execute("COMMIT")
+            del self._attributions[:applied]
         except BaseException:
             if self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
@@ -464,7 +475,7 @@ class Ledger:
         return row_id
 
     def _file_id(self, path: str) -> int:
-        return self._intern("file", "INSERT OR IGNORE INTO files (path) VALUES (?)",
+        return self._intern("file", "INSERT INTO files (path) VALUES (?) ON CONFLICT DO NOTHING",
                             "SELECT id FROM files WHERE path = ?", (path,), path)
 
     def _state_id(self, state: FileState) -> int:
@@ -473,8 +484,8 @@ class Ledger:
                   state.error or "")
         return self._intern(
             "state",
-            "INSERT OR IGNORE INTO file_states (file_id, present, size, mtime_ns, ctime_ns, inode,"
-            " digest, settled, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO file_states (file_id, present, size, mtime_ns, ctime_ns, inode,"
+            " digest, settled, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             "SELECT id FROM file_states WHERE file_id = ? AND present = ? AND size = ? AND"
             " mtime_ns = ? AND ctime_ns = ? AND inode = ? AND digest = ? AND settled = ? AND"
             " error = ?",
@@ -513,9 +524,9 @@ class Ledger:
             return None
         body = _blob_json(value)
         digest = content_digest(body.encode("utf-8", "surrogateescape"))
-        return self._intern("blob", "INSERT OR IGNORE INTO blobs (digest, body) VALUES (?, ?)",
-                            "SELECT id FROM blobs WHERE digest = ?", (digest, body), digest,
-                            key_params=1)
+        return self._intern(
+            "blob", "INSERT INTO blobs (digest, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
+            "SELECT id FROM blobs WHERE digest = ?", (digest, body), digest, key_params=1)
 
     def _compiler_id(self, compiler: CompilerIdentity | None) -> int | None:
         if compiler is None:
@@ -526,9 +537,9 @@ class Ledger:
             return cached
         host_id = self._compiler_id(compiler.host)
         self.conn.execute(
-            "INSERT OR IGNORE INTO compilers (digest, invoked, path, resolved, wrappers, kind,"
+            "INSERT INTO compilers (digest, invoked, path, resolved, wrappers, kind,"
             " version_text, binary_digest, size, mtime_ns, host_id, error)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(digest) DO NOTHING",
             _params((digest, compiler.invoked, compiler.path, compiler.resolved,
              _blob_json(list(compiler.wrappers)), compiler.kind, compiler.version_text,
              compiler.digest, compiler.size, compiler.mtime_ns, host_id, compiler.error)))
@@ -542,8 +553,8 @@ class Ledger:
         if cached is not None:
             return cached
         self.conn.execute(
-            "INSERT OR IGNORE INTO runs (run_uuid, started_ns, host, pid, label, command,"
-            " cacheaudit_version) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO runs (run_uuid, started_ns, host, pid, label, command,"
+            " cacheaudit_version) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(run_uuid) DO NOTHING",
             _params((run.run_uuid, run.started_ns, run.host, run.pid, run.label,
                      None if run.command is None else _blob_json(list(run.command)),
                      __version__)))
@@ -570,11 +581,13 @@ class Ledger:
 
     def _insert_record(self, record: CompileRecord, run_id: int) -> int:
         cursor = self.conn.execute(
-            "INSERT OR IGNORE INTO records (record_uuid, run_id, event, runtime, kernel, key,"
+            "INSERT INTO records (record_uuid, run_id, event, runtime, kernel, key,"
             " entry_id, compiler_id, argv_id, effective_argv_id, env_id, cwd_id, sources_id,"
             " graph_id, outputs_id, tracked_id, exit_code, signal, started_ns, duration_ns, pid,"
             " host, test_id, observer, notes_id, extra_id)"
-            f" VALUES ({', '.join('?' * 26)})",
+            # Only a record already present is skipped: OR IGNORE would also drop, without a
+            # word, a record that breaks NOT NULL or CHECK (an unknown event, say).
+            f" VALUES ({', '.join('?' * 26)}) ON CONFLICT(record_uuid) DO NOTHING",
             _params((
                 record.record_id, run_id, record.event, record.runtime, record.kernel, record.key,
                 self._file_id(record.entry) if record.entry else None,
@@ -696,6 +709,7 @@ class Ledger:
         graph (shared, loaded once) and leaves out each record's own sources and outputs, which
         an audit of thousands of entries does not need.
         """
+        self.flush()  # what a scan attributed is part of what a reader asks for
         sql = f"SELECT {self._RECORD_COLUMNS}{self._RECORD_FROM}"
         if where:
             sql += f" WHERE {where}"
@@ -708,14 +722,25 @@ class Ledger:
             self._load_graphs(row[c] for row in rows for c in columns)
         return [self._record_from_row(row, with_graphs, with_files) for row in rows]
 
+    def recent_records(self, *, kernel: str | None = None, runtime: str | None = None,
+                       limit: int = 50, with_files: bool = True) -> list[CompileRecord]:
+        """The newest `limit` records, of one kernel or runtime when given, newest last."""
+        conditions, params = [], []
+        if kernel:
+            conditions.append("r.kernel = ?")
+            params.append(kernel)
+        if runtime:
+            conditions.append("r.runtime = ?")
+            params.append(runtime)
+        found = self.records(where=" AND ".join(conditions), params=params,
+                             order="r.started_ns DESC, r.id DESC", limit=max(limit, 0),
+                             with_files=with_files)
+        found.reverse()
+        return found
+
     def record(self, record_uuid: str) -> CompileRecord | None:
         found = self.records(where="r.record_uuid = ?", params=(record_uuid,))
         return found[0] if found else None
-
-    def history(self, runtime: str | None, kernel: str) -> list[CompileRecord]:
-        """Every record of one kernel, oldest first."""
-        return self.records(where="r.runtime IS ? AND r.kernel = ?", params=(runtime, kernel),
-                            order="r.started_ns, r.id")
 
     def _record_from_row(self, row: Sequence[Any], with_graphs: bool,
                          with_files: bool = True) -> CompileRecord:
@@ -748,8 +773,8 @@ class Ledger:
             with self._write() as conn:
                 run_id = self._run_id(run)
                 conn.executemany(
-                    "INSERT OR IGNORE INTO tests (run_id, nodeid, started_ns, finished_ns,"
-                    " outcome, worker) VALUES (?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO tests (run_id, nodeid, started_ns, finished_ns,"
+                    " outcome, worker) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                     [_params((run_id, t.nodeid, t.started_ns, t.finished_ns, t.outcome, t.worker))
                      for t in rows])
 
@@ -847,39 +872,108 @@ class Ledger:
         for start in range(0, len(wanted), 500):
             part = wanted[start:start + 500]
             marks = ", ".join("?" * len(part))
+            # One row per run, found by walking records_by_run from the run's earliest record.
             rows = self.conn.execute(
-                "SELECT runs.run_uuid, r.started_ns, r.env_id FROM records r"
-                " JOIN runs ON runs.id = r.run_id"
-                f" WHERE r.event = 'compile' AND runs.run_uuid IN ({marks})"
-                " ORDER BY r.started_ns DESC, r.id DESC", _params(part))
+                "SELECT runs.run_uuid, r.started_ns, r.env_id FROM runs"
+                " JOIN records r ON r.id = (SELECT f.id FROM records f WHERE f.run_id = runs.id"
+                " AND f.event = 'compile' ORDER BY f.started_ns, f.id LIMIT 1)"
+                f" WHERE runs.run_uuid IN ({marks})", _params(part))
             for run_uuid, started_ns, env_id in rows:
                 found[_text(run_uuid)] = (started_ns, dict(self._load_blob(env_id) or {}))
         return found
 
-    def lookups_by_entry(self) -> dict[str, list[CompileRecord]]:
-        """Hit records (disk-hit, memory-hit) per entry path, oldest first."""
+    def lookups_by_entry(self, paths: Iterable[str] | None = None, *,
+                         with_graphs: bool = False) -> dict[str, list[CompileRecord]]:
+        """Hit records (disk-hit, memory-hit) per entry path, oldest first; only those of
+        `paths` when given. A hit is judged by its time and process, so its files are left out
+        unless `with_graphs`."""
+        condition = "r.event != 'compile' AND r.entry_id IS NOT NULL"
+        if paths is None:
+            chunks: list[list[str]] = [[]]
+        else:
+            wanted = sorted(set(paths))
+            chunks = [wanted[i:i + 500] for i in range(0, len(wanted), 500)]
         by_entry: dict[str, list[CompileRecord]] = {}
-        for record in self.records(where="r.event != 'compile' AND r.entry_id IS NOT NULL",
-                                   order="r.started_ns, r.id"):
-            if record.entry:
-                by_entry.setdefault(record.entry, []).append(record)
+        for part in chunks:
+            if paths is not None and not part:
+                continue
+            where = condition if paths is None else (
+                f"{condition} AND e.path IN ({', '.join('?' * len(part))})")
+            for record in self.records(where=where, params=part, order="r.started_ns, r.id",
+                                       with_graphs=with_graphs):
+                if record.entry:
+                    by_entry.setdefault(record.entry, []).append(record)
         return by_entry
 
     def attribute(self, record_uuid: str, *, runtime: str, kernel: str, key: str | None,
                   entry: str) -> None:
         """Fill in what a compile's observer could not know (the shim sees `kernel.cu` in a
-        temporary directory) once an audit has tied the compile to its cache entry. Fields an
-        observer already set are left alone."""
+        temporary directory) once an audit has tied the compile to its cache entry.
+
+        The runtime, key and entry an observer already set are left alone. The kernel name is
+        replaced while the record has no entry: the shim can only name the kernel after its
+        source file. A scan attributes thousands of records, so the writes are queued and
+        applied in one transaction: with the next write, the next `records()` read, or `close()`.
+        """
+        self._attributions.append((runtime, kernel, key, entry, record_uuid))
+
+    def _apply_attributions(self) -> int:
+        """Apply the queued attributions inside the caller's write transaction."""
+        pending = len(self._attributions)
+        if pending:
+            self.conn.executemany(
+                "UPDATE records SET runtime = coalesce(runtime, ?),"
+                " kernel = CASE WHEN entry_id IS NULL THEN ? ELSE kernel END,"
+                " key = coalesce(key, ?), entry_id = coalesce(entry_id, ?)"
+                " WHERE record_uuid = ?",
+                [_params((runtime, kernel, key, self._file_id(entry), record_uuid))
+                 for runtime, kernel, key, entry, record_uuid in self._attributions[:pending]])
+        return pending
+
+    def flush(self) -> None:
+        """Write the queued attributions now. A ledger that cannot be written loses them: the
+        next scan attributes the same records again."""
+        if not self._attributions:
+            return
 
         def write() -> None:
             with self._write():
-                entry_id = self._file_id(entry)
-                self.conn.execute(
-                    "UPDATE records SET runtime = coalesce(runtime, ?),"
-                    " kernel = CASE WHEN entry_id IS NULL THEN ? ELSE kernel END,"
-                    " key = coalesce(key, ?), entry_id = coalesce(entry_id, ?)"
-                    " WHERE record_uuid = ?",
-                    _params((runtime, kernel, key, entry_id, record_uuid)))
+                pass
+
+        try:
+            _retrying(write)
+        except sqlite3.Error:
+            self._attributions.clear()
+
+    _FINDING_COLUMNS = ("audit_uuid, found_ns, code, severity, subject, message, recorded,"
+                        " current, how, inferred, record_uuid, entry, runtime, kernel, hint")
+
+    def _copy_findings_and_roots(self, source: Ledger) -> None:
+        """`combine`'s share of another ledger's findings and cache roots. A finding already
+        here (same audit, code, subject, record and entry) is not copied again; a root keeps
+        its latest scan time."""
+        findings = [_params(r) for r in source.conn.execute(
+            f"SELECT {self._FINDING_COLUMNS} FROM findings ORDER BY id")]
+        roots = [_params(r) for r in source.conn.execute(
+            "SELECT path, layout, last_scan_ns FROM cache_roots")]
+        if not findings and not roots:
+            return
+
+        def write() -> None:
+            with self._write() as conn:
+                for row in findings:
+                    present = conn.execute(
+                        "SELECT 1 FROM findings WHERE audit_uuid = ? AND code = ? AND subject = ?"
+                        " AND record_uuid IS ? AND entry IS ? AND message = ? LIMIT 1",
+                        (row[0], row[2], row[4], row[10], row[11], row[5])).fetchone()
+                    if present is None:
+                        conn.execute(f"INSERT INTO findings ({self._FINDING_COLUMNS})"
+                                     f" VALUES ({', '.join('?' * 15)})", row)
+                conn.executemany(
+                    "INSERT INTO cache_roots (path, layout, last_scan_ns) VALUES (?, ?, ?)"
+                    " ON CONFLICT(path) DO UPDATE SET layout = excluded.layout,"
+                    " last_scan_ns = excluded.last_scan_ns"
+                    " WHERE excluded.last_scan_ns > cache_roots.last_scan_ns", roots)
 
         _retrying(write)
 
@@ -906,11 +1000,9 @@ _TABLES = ("meta", "runs", "files", "file_states", "graphs", "graph_files", "com
 
 
 def _enable_wal(conn: sqlite3.Connection) -> None:
-    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-    if str(mode).lower() != "wal":
-        # A filesystem without shared memory (some network mounts) refuses WAL: keep going in
-        # the default journal mode, slower under contention but correct.
-        return
+    # A filesystem without shared memory (some network mounts) refuses WAL and answers with
+    # the mode it kept: going on in that mode is slower under contention but correct.
+    conn.execute("PRAGMA journal_mode = WAL")
 
 
 def _build_migrations() -> Any:
@@ -927,6 +1019,15 @@ def _build_migrations() -> Any:
                 "created_at": str(time.time_ns()), "created_by": f"cacheaudit {__version__}"}
         db.conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                             sorted(meta.items()))
+
+    @migrations(name="0002_records_by_run_and_test")
+    def records_by_run_and_test(db: sqlite_utils.Database) -> None:
+        # New ledgers already have both from SCHEMA; a version 1 ledger gains them here.
+        db.conn.execute(
+            "CREATE INDEX IF NOT EXISTS records_by_run ON records (run_id, started_ns)")
+        db.conn.execute("CREATE INDEX IF NOT EXISTS records_by_test ON records (test_id)"
+                        " WHERE test_id IS NOT NULL")
+        db.conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
 
     return migrations
 
@@ -947,6 +1048,21 @@ _MIGRATIONS = _LazyMigrations()
 
 def new_record_id() -> str:
     return uuid.uuid4().hex
+
+
+def open_existing(path: str | None = None) -> Ledger | None:
+    """The ledger at `path` (or the default place) for reading, with its spool folded in; None
+    when no file is there yet. Readers never create a ledger."""
+    location = os.path.abspath(path or default_ledger_path())
+    if not os.path.exists(location):
+        return None
+    ledger = Ledger.open(location, create=False)
+    try:
+        ingest_spool(ledger)
+    except BaseException:
+        ledger.close()
+        raise
+    return ledger
 
 
 # ------------------------------------------------------------------------------------ the spool
@@ -1028,8 +1144,19 @@ def spool_record(ledger_path: str, record: CompileRecord, run: RunInfo) -> str:
     return final
 
 
+# What a spooled record that can never be stored raises: a value the schema refuses (an unknown
+# event, a missing start time) or a field of the wrong type.
+_UNSTORABLE = (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.DataError, OverflowError,
+               ValueError, KeyError, TypeError, AttributeError)
+
+
 def ingest_spool(ledger: Ledger) -> int:
-    """Fold spooled records into the ledger and delete their files; returns how many."""
+    """Fold spooled records into the ledger and delete their files; returns how many.
+
+    A file that cannot be read or stored is renamed to `.bad` beside the others, for a human to
+    look at, never deleted. While the ledger cannot be written at all (locked past every retry,
+    read-only, disk full) the files stay for the next reader.
+    """
     directory = spool_dir(ledger.path)
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
@@ -1041,12 +1168,15 @@ def ingest_spool(ledger: Ledger) -> int:
         try:
             with open(path, encoding="utf-8", errors="surrogateescape") as handle:
                 record, run = record_from_json(json.load(handle))
-        except (OSError, ValueError, KeyError, TypeError):
-            # Keep what we cannot read, out of the way, for a human to look at.
+            added += ledger.add_records([record], run)
+        except OSError:
+            continue  # gone (another reader took it) or unreadable now: try again next time
+        except sqlite3.OperationalError:
+            return added
+        except _UNSTORABLE:
             with contextlib.suppress(OSError):
                 os.replace(path, path + ".bad")
             continue
-        added += ledger.add_records([record], run)
         with contextlib.suppress(OSError):
             os.remove(path)
     with contextlib.suppress(OSError):
@@ -1070,8 +1200,9 @@ def combine(target: Ledger, sources: Sequence[str], *, keep: bool = True,
 
     Records keep their ids, so combining twice adds nothing; file states, graphs, compilers and
     JSON values are content-addressed, so the thousands of records that share a CUTLASS graph
-    still share one copy. A source that cannot be read is skipped, named, and left in place
-    (coverage.py's `combine` does the same); the others are deleted unless `keep`.
+    still share one copy. Findings (deduplicated) and known cache roots come along too. A source
+    that cannot be read is skipped, named, and left in place (coverage.py's `combine` does the
+    same); the others are deleted unless `keep`.
     """
     result = CombineResult()
     for source in sources:
@@ -1099,6 +1230,7 @@ def combine(target: Ledger, sources: Sequence[str], *, keep: bool = True,
                 target.add_tests(runs.get(window.run_uuid) or RunInfo(
                     run_uuid=window.run_uuid, label="combined"), [window])
             target.remember_states(opened.seen_states())
+            target._copy_findings_and_roots(opened)
         result.combined.append(source)
         if not keep:
             with contextlib.suppress(OSError):

@@ -1,25 +1,48 @@
-"""Rendering: records and findings as rich tables, JSON and Markdown. No decisions are made here."""
+"""Rendering: records and findings as rich tables, JSON and Markdown. No decisions are made here.
+
+Everything recorded (test ids, argv tokens, paths, messages) goes through `_e` before it meets
+rich markup: `test_k[fp16-128]` must keep its brackets and `-DTAG=[/x]` must not be read as a
+closing tag.
+"""
 
 from __future__ import annotations
 
-import datetime
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from cacheaudit.findings import ns_text
 from cacheaudit.model import CompileRecord, CompilerIdentity, FileState, Finding
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from cacheaudit.audit import RunReport
+    from cacheaudit.demo import DemoResult
+    from cacheaudit.explain import Explanation
 
 ENV_ORIGIN_PREFIX = "env:"
 
 
+def injected_by_environment(record: CompileRecord) -> list[str]:
+    """The tokens the environment added to the compiler's argv (NVCC_APPEND_FLAGS, ...); a
+    response file's tokens came from argv and are not among them."""
+    return [t.text for t in record.effective_argv if t.origin.startswith(ENV_ORIGIN_PREFIX)]
+
+
+def escape_markup(value: object) -> str:
+    """Recorded text as literal rich markup."""
+    from rich.markup import escape
+
+    return escape(str(value))
+
+
+_e = escape_markup
+
+
 def _short(digest: str | None, width: int = 12) -> str:
     return digest[:width] if digest else "-"
-
-
-def _when(ns: int) -> str:
-    moment = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc).astimezone()
-    return moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def compiler_summary(compiler: CompilerIdentity | None) -> dict[str, Any] | None:
@@ -46,7 +69,7 @@ def _state_summary(state: FileState) -> dict[str, Any]:
 
 def record_summary(record: CompileRecord, *, with_graph: bool = False) -> dict[str, Any]:
     """The four answers of one record as plain data: compiler, options, event, inputs."""
-    injected = [t.text for t in record.effective_argv if t.origin.startswith(ENV_ORIGIN_PREFIX)]
+    injected = injected_by_environment(record)
     graph = record.graph
     inputs: dict[str, Any] = {
         "sources": [_state_summary(s) for s in record.sources],
@@ -60,7 +83,7 @@ def record_summary(record: CompileRecord, *, with_graph: bool = False) -> dict[s
             dict(_state_summary(f.state), written=f.written) for f in graph.files]
     return {
         "record_id": record.record_id,
-        "started": _when(record.started_ns),
+        "started": ns_text(record.started_ns),
         "started_ns": record.started_ns,
         "runtime": record.runtime,
         "kernel": record.kernel,
@@ -95,26 +118,27 @@ def records_json(records: Iterable[CompileRecord], *, with_graph: bool = False) 
 def _compiler_lines(compiler: CompilerIdentity | None) -> list[str]:
     if compiler is None:
         return ["-"]
-    first = compiler.path
+    first = _e(compiler.path)
     if compiler.resolved and compiler.resolved != compiler.path:
-        first += f" -> {compiler.resolved}"
-    lines = [first, f"{compiler.version_line or compiler.kind}  [dim]xxh3 "
-             f"{_short(compiler.digest)}[/dim]"]
+        first += f" -> {_e(compiler.resolved)}"
+    lines = [first, f"{_e(compiler.version_line or compiler.kind)}  [dim]xxh3 "
+             f"{_e(_short(compiler.digest))}[/dim]"]
     if compiler.host is not None:
-        lines.append(f"host {compiler.host.path}: {compiler.host.version_line}")
+        lines.append(f"host {_e(compiler.host.path)}: {_e(compiler.host.version_line)}")
     if compiler.error:
-        lines.append(f"[yellow]{compiler.error}[/yellow]")
+        lines.append(f"[yellow]{_e(compiler.error)}[/yellow]")
     return lines
 
 
 def _option_lines(record: CompileRecord) -> list[str]:
-    lines = [" ".join(t.text for t in record.effective_argv if t.origin == "argv") or "-"]
+    lines = [_e(" ".join(t.text for t in record.effective_argv if t.origin == "argv") or "-")]
     for token in record.effective_argv:
         if token.origin != "argv":
-            lines.append(f"[bold magenta]+ {token.text}[/bold magenta]  (from {token.origin})")
+            lines.append(f"[bold magenta]+ {_e(token.text)}[/bold magenta]  "
+                         f"(from {_e(token.origin)})")
     for name, value in sorted(record.env.items()):
         if name in _SHOWN_VARIABLES:
-            lines.append(f"[magenta]{name}={value}[/magenta]")
+            lines.append(f"[magenta]{_e(f'{name}={value}')}[/magenta]")
     return lines
 
 
@@ -124,7 +148,7 @@ _SHOWN_VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "NVCC_CCBIN
 
 def _event_line(record: CompileRecord) -> str:
     if record.extra.get("runtime_error"):
-        return f"[red]refused by the runtime: {record.extra['runtime_error']}[/red]"
+        return f"[red]refused by the runtime: {_e(record.extra['runtime_error'])}[/red]"
     if record.signal:
         status = f"[red]killed by signal {record.signal}[/red]"
     elif record.exit_code not in (0, None):
@@ -132,33 +156,34 @@ def _event_line(record: CompileRecord) -> str:
     else:
         status = "ok"
     took = f"{record.duration_ns / 1e6:.0f} ms"
-    return f"{record.event}, {status}, {took}  [dim]{record.observer}[/dim]"
+    return f"{_e(record.event)}, {status}, {took}  [dim]{_e(record.observer)}[/dim]"
 
 
 def _input_lines(record: CompileRecord) -> list[str]:
-    first = ", ".join(s.path for s in record.sources) or "-"
+    first = _e(", ".join(s.path for s in record.sources) or "-")
     if record.graph is not None:
-        first += (f" + {len(record.graph.files)} headers  [dim]({record.graph.method}, graph "
-                  f"{_short(record.graph.digest, 8)})[/dim]")
+        first += (f" + {len(record.graph.files)} headers  [dim]({_e(record.graph.method)}, "
+                  f"graph {_short(record.graph.digest, 8)})[/dim]")
     lines = [first]
     late = record.extra.get("modified_during_compile")
     if late:
-        lines.append(f"[bold red]CA401 modified during the compile: {', '.join(late)}[/bold red]")
+        lines.append(f"[bold red]CA401 modified during the compile: "
+                     f"{_e(', '.join(late))}[/bold red]")
     for note in record.notes:
-        lines.append(f"[yellow]{note}[/yellow]")
+        lines.append(f"[yellow]{_e(note)}[/yellow]")
     return lines
 
 
-def render_records(records: Sequence[CompileRecord], console: Any) -> None:
+def render_records(records: Sequence[CompileRecord], console: Console) -> None:
     """The recorded compiles, one block a record, the four answers as numbered lines."""
     from rich.table import Table
 
     console.print(f"[bold]{len(records)} recorded compile(s)[/bold]")
     for record in records:
-        title = (f"[bold]{record.runtime or '-'}:{record.kernel or '?'}[/bold]  "
-                 f"{_when(record.started_ns)}")
+        title = (f"[bold]{_e(record.runtime or '-')}:{_e(record.kernel or '?')}[/bold]  "
+                 f"{ns_text(record.started_ns)}")
         if record.test_id:
-            title += f"  [dim]{record.test_id}[/dim]"
+            title += f"  [dim]{_e(record.test_id)}[/dim]"
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="cyan", no_wrap=True)
         grid.add_column(overflow="fold")
@@ -168,7 +193,7 @@ def render_records(records: Sequence[CompileRecord], console: Any) -> None:
         grid.add_row("4 inputs", "\n".join(_input_lines(record)))
         if record.outputs:
             grid.add_row("  outputs", "\n".join(
-                f"{s.path}  [dim]xxh3 {_short(s.digest)}[/dim]" for s in record.outputs))
+                f"{_e(s.path)}  [dim]xxh3 {_short(s.digest)}[/dim]" for s in record.outputs))
         console.print(title)
         console.print(grid)
         console.print()
@@ -207,13 +232,13 @@ def summary_line(scanned: int, roots: int, matched: int, reconstructed: int,
             f"{reconstructed} reconstructed): {verdict}")
 
 
-def render_findings(findings: Sequence[Finding], console: Any, summary: str) -> None:
+def render_findings(findings: Sequence[Finding], console: Console, summary: str) -> None:
     from rich.table import Table
 
     if not findings:
-        console.print(f"[green]{summary}[/green]")
+        console.print(f"[green]{_e(summary)}[/green]")
         return
-    table = Table(show_lines=True, title=summary, title_justify="left")
+    table = Table(show_lines=True, title=_e(summary), title_justify="left")
     table.add_column("code", no_wrap=True)
     table.add_column("where", overflow="fold")
     table.add_column("what", overflow="fold")
@@ -223,12 +248,13 @@ def render_findings(findings: Sequence[Finding], console: Any, summary: str) -> 
         code = f"[{style}]{first.code}[/{style}]\n{first.severity.value}"
         if first.inferred:
             code += "\n[dim]inferred[/dim]"
-        what = f"[bold]{first.subject}[/bold]\n{first.message}\n[dim]how: {first.how}[/dim]"
+        what = (f"[bold]{_e(first.subject)}[/bold]\n{_e(first.message)}\n"
+                f"[dim]how: {_e(first.how)}[/dim]")
         if first.hint:
-            what += f"\n[green]fix: {first.hint}[/green]"
-        values = "" if first.recorded is None and first.current is None else (
+            what += f"\n[green]fix: {_e(first.hint)}[/green]"
+        values = "" if first.recorded is None and first.current is None else _e(
             f"{first.recorded or '-'}\n-> {first.current or '-'}")
-        table.add_row(code, _where(group), what, values)
+        table.add_row(code, _e(_where(group)), what, values)
     console.print(table)
 
 
@@ -269,7 +295,7 @@ def findings_markdown(findings: Sequence[Finding], summary: str) -> str:
 # ------------------------------------------------------------------------------------ explain
 
 
-def explanation_json(explanation: Any) -> str:
+def explanation_json(explanation: Explanation) -> str:
     record = explanation.record
     entry = explanation.entry
     return json.dumps({
@@ -277,12 +303,12 @@ def explanation_json(explanation: Any) -> str:
             "runtime": entry.runtime, "layout": entry.layout, "path": entry.path,
             "kernel": entry.kernel, "key": entry.key,
             "binary": entry.binary.to_dict() if entry.binary else None,
-            "built": _when(entry.built_ns) if entry.built_ns else None,
-            "last_hit": _when(entry.committed_ns) if entry.committed_ns else None,
+            "built": ns_text(entry.built_ns) if entry.built_ns else None,
+            "last_hit": ns_text(entry.committed_ns) if entry.committed_ns else None,
             "problems": list(entry.problems)},
         "record": None if record is None else record_summary(record, with_graph=True),
         "previous_record": explanation.previous.record_id if explanation.previous else None,
-        "lookups": [{"event": r.event, "at": _when(r.started_ns), "pid": r.pid}
+        "lookups": [{"event": r.event, "at": ns_text(r.started_ns), "pid": r.pid}
                     for r in explanation.lookups],
         "tracked": None if explanation.tracked is None else {
             "names": dict(explanation.tracked.names), "paths": sorted(explanation.tracked.paths),
@@ -299,17 +325,16 @@ def explanation_json(explanation: Any) -> str:
     }, indent=2, ensure_ascii=False)
 
 
-def render_explanation(explanation: Any, console: Any) -> None:
+def render_explanation(explanation: Explanation, console: Console) -> None:
     from rich.table import Table
 
     entry, record = explanation.entry, explanation.record
     if entry is not None:
-        console.print(f"[bold]{entry.runtime}:{entry.kernel}[/bold]  {entry.path}")
-        console.print(f"  key {entry.key}  built {_when(entry.built_ns) if entry.built_ns else '-'}"
-                      f"  last disk hit or commit "
-                      f"{_when(entry.committed_ns) if entry.committed_ns else '-'}")
+        console.print(f"[bold]{_e(entry.runtime)}:{_e(entry.kernel)}[/bold]  {_e(entry.path)}")
+        console.print(f"  key {_e(entry.key)}  built {ns_text(entry.built_ns)}  last disk hit "
+                      f"or commit {ns_text(entry.committed_ns)}")
         for problem in entry.problems:
-            console.print(f"  [yellow]{problem}[/yellow]")
+            console.print(f"  [yellow]{_e(problem)}[/yellow]")
     if record is not None:
         console.print()
         render_records([record], console)
@@ -318,16 +343,16 @@ def render_explanation(explanation: Any, console: Any) -> None:
             console.print(record.compiler.version_text.rstrip(), markup=False)
             console.print()
     for lookup in explanation.lookups:
-        console.print(f"  {lookup.event} at {_when(lookup.started_ns)} (pid {lookup.pid})")
+        console.print(f"  {_e(lookup.event)} at {ns_text(lookup.started_ns)} (pid {lookup.pid})")
     if explanation.tracked is not None:
         tracked = explanation.tracked
-        console.print(f"[cyan]tracked set[/cyan] ({tracked.how})")
+        console.print(f"[cyan]tracked set[/cyan] ({_e(tracked.how)})")
         for name, path in sorted(tracked.names.items()):
-            console.print(f"  <{name}> -> {path}")
+            console.print(_e(f"  <{name}> -> {path}"))
         if not tracked.names:
             console.print("  only the source itself")
         if tracked.error:
-            console.print(f"  [yellow]{tracked.error}[/yellow]")
+            console.print(f"  [yellow]{_e(tracked.error)}[/yellow]")
         if record is not None and record.graph is not None:
             untracked = [f for f in record.graph.files if f.path not in tracked.paths]
             console.print(f"  untracked: {len(untracked)} of {len(record.graph.files)} files "
@@ -340,21 +365,22 @@ def render_explanation(explanation: Any, console: Any) -> None:
         table.add_column("value", overflow="fold")
         table.add_column("digest", no_wrap=True)
         for component in key.components:
-            table.add_row(component.label, component.value, component.digest or "")
+            table.add_row(_e(component.label), _e(component.value), _e(component.digest or ""))
         if key.components:
             console.print(table)
         matches = key.matches(entry.key if entry else None)
         verdict = {True: "[green]matches the entry's key[/green]",
                    False: "[bold red]differs from the entry's key[/bold red]",
-                   None: f"[yellow]not recomputed: {key.note}[/yellow]"}[matches]
-        console.print(f"recomputed key {key.recomputed or '-'}: {verdict}")
+                   None: f"[yellow]not recomputed: {_e(key.note)}[/yellow]"}[matches]
+        console.print(f"recomputed key {_e(key.recomputed or '-')}: {verdict}")
     if explanation.previous is not None:
         table = Table(title=f"changes since the previous compile of this kernel "
-                            f"({_when(explanation.previous.started_ns)})", title_justify="left")
+                            f"({ns_text(explanation.previous.started_ns)})", title_justify="left")
         for column in ("component", "item", "before", "now"):
             table.add_column(column, overflow="fold")
         for change in explanation.changes:
-            table.add_row(change.component, change.item, change.old or "-", change.new or "-")
+            table.add_row(_e(change.component), _e(change.item), _e(change.old or "-"),
+                          _e(change.new or "-"))
         if not explanation.changes:
             table.add_row("-", "nothing", "", "")
         console.print(table)
@@ -364,10 +390,45 @@ def render_explanation(explanation: Any, console: Any) -> None:
         console.print("[green]no findings[/green]")
 
 
+# ------------------------------------------------------------------------------------ run
+
+
+def run_report_json(report: RunReport, command: Sequence[str], status: int) -> str:
+    """`cacheaudit run --report-json`: the run's findings with the command and its status."""
+    return findings_json(report.findings, {
+        "run": report.run_uuid, "command": list(command), "exit_status": status,
+        "events": dict(report.events())})
+
+
+def render_run_report(report: RunReport, console: Console) -> None:
+    console.print(f"cacheaudit: {_e(report.summary())} in run {_e(report.run_uuid)}")
+    if report.findings:
+        render_findings(report.findings, console,
+                        f"{len(report.findings)} finding(s) about this run")
+
+
+# ------------------------------------------------------------------------------------ demo
+
+
+def render_demo(result: DemoResult, console: Console) -> None:
+    scan = result.scan
+    if scan is None:
+        return
+    summary = summary_line(len(scan.entries), len(scan.roots), scan.matched, scan.reconstructed,
+                           scan.findings)
+    render_findings(scan.findings, console, summary)
+    console.print(
+        "The runtime served the same binary three times while the code it was built from "
+        f"changed twice: its key covers neither the edited header nor "
+        f"{_e(result.changed_variable)}. Each finding names the input, its recorded and current "
+        "value, and how that was established.")
+
+
 # ------------------------------------------------------------------------------------ snapshots
 
 
-def render_snapshot_diff(groups: Mapping[str, Sequence[Mapping[str, Any]]], console: Any) -> None:
+def render_snapshot_diff(groups: Mapping[str, Sequence[Mapping[str, Any]]],
+                         console: Console) -> None:
     from rich.table import Table
 
     changed = {name: rows for name, rows in groups.items() if rows}
@@ -375,12 +436,12 @@ def render_snapshot_diff(groups: Mapping[str, Sequence[Mapping[str, Any]]], cons
         console.print("no differences")
         return
     for name, rows in changed.items():
-        table = Table(title=f"{name} ({len(rows)})", title_justify="left")
+        table = Table(title=f"{_e(name)} ({len(rows)})", title_justify="left")
         for column in ("item", "field", "before", "after"):
             table.add_column(column, overflow="fold")
         for row in rows:
-            table.add_row(str(row["item"]), str(row["field"]), _plain(row["before"]),
-                          _plain(row["after"]))
+            table.add_row(_e(row["item"]), _e(row["field"]), _e(_plain(row["before"])),
+                          _e(_plain(row["after"])))
         console.print(table)
 
 

@@ -11,6 +11,7 @@ sets the exit status.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import time
@@ -20,12 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from cacheaudit.config import FAIL_ON_CHOICES
+
 if TYPE_CHECKING:
     from cacheaudit.audit import RunReport
     from cacheaudit.ledger import TestWindow
     from cacheaudit.model import CompileRecord, Finding
+    from cacheaudit.session import Session
 
-FAIL_ON = ("error", "warning", "info", "never")
 MARKER = "no_cacheaudit"
 _PLUGIN_NAME = "_cacheaudit_session"
 
@@ -34,7 +37,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("cacheaudit", "compile-cache identity audit (cacheaudit)")
     group.addoption("--cacheaudit", action="store_true", default=False,
                     help="Record JIT compiles and cache hits during the session and audit them.")
-    group.addoption("--cacheaudit-fail-on", choices=FAIL_ON, default=None,
+    group.addoption("--cacheaudit-fail-on", choices=FAIL_ON_CHOICES, default=None,
                     help="Fail the session when a finding reaches this severity "
                          "(default: the ini option cacheaudit_fail_on, else error).")
     group.addoption("--cacheaudit-ledger", default=None, metavar="PATH",
@@ -58,20 +61,66 @@ def _enabled(config: pytest.Config) -> bool:
     return bool(getattr(namespace, "cacheaudit", False)) or bool(config.getini("cacheaudit"))
 
 
+def _fail_on(config: pytest.Config) -> str:
+    """--cacheaudit-fail-on, else the ini option; a value the ini gives wrong is a usage error
+    now rather than an "audit failed" at the end of a session that then cannot fail."""
+    given = getattr(config.known_args_namespace, "cacheaudit_fail_on", None)
+    if given:
+        return str(given)
+    value = str(config.getini("cacheaudit_fail_on") or "error").strip()
+    if value not in FAIL_ON_CHOICES:
+        raise pytest.UsageError(f"cacheaudit_fail_on = {value!r} in the ini file: expected one "
+                                f"of {', '.join(FAIL_ON_CHOICES)}")
+    return value
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser,
                                   args: list[str]) -> None:
     """Start before conftest files import the code under test (and its runtimes)."""
     if not _enabled(early_config):
         return
-    session = _Session(early_config)
+    fail_on = _fail_on(early_config)
+    try:
+        session: _Session | _Off = _Session(early_config, fail_on)
+    except Exception as exc:  # noqa: BLE001 - cacheaudit must not stop the tests from running
+        session = _Off(f"{type(exc).__name__}: {exc}")
     early_config.pluginmanager.register(session, _PLUGIN_NAME)
+
+
+class _Off:
+    """Stands in for the session when it could not start: the tests run unrecorded, and the
+    terminal summary says why, once."""
+
+    ledger: str | None = None
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        _write_off(terminalreporter, self.reason)
+
+
+def _write_off(terminalreporter: Any, reason: str) -> None:
+    terminalreporter.write_sep("=", "cacheaudit")
+    terminalreporter.write_line(f"cacheaudit: recording is off for this session: {reason}",
+                                yellow=True)
 
 
 class _Session:
     """The plugin's state for one pytest process: the controller, a worker, or a plain run."""
 
-    def __init__(self, config: pytest.Config) -> None:
+    def __init__(self, config: pytest.Config, fail_on: str) -> None:
+        self.saved_env = dict(os.environ)
+        self.session: Session | None = None
+        self.off: str | None = None
+        try:
+            self._start(config, fail_on)
+        except BaseException:
+            self._stop()
+            raise
+
+    def _start(self, config: pytest.Config, fail_on: str) -> None:
         from cacheaudit import adapters
         from cacheaudit.session import LEDGER, prepare
 
@@ -81,7 +130,6 @@ class _Session:
         # `pytest_configure` checks the guess against `config.workerinput`.
         self.worker = os.environ.get("PYTEST_XDIST_WORKER", "") if os.environ.get(
             "CACHEAUDIT_RUN_LABEL") == "pytest" else ""
-        self.saved_env = dict(os.environ)
         self.windows: list[TestWindow] = []
         self.started_ns = time.time_ns()
         self.outcomes: dict[str, str] = {}
@@ -90,8 +138,7 @@ class _Session:
         self.snapshot: str | None = None
         self.problem: str | None = None
         namespace = config.known_args_namespace
-        self.fail_on = (getattr(namespace, "cacheaudit_fail_on", None)
-                        or config.getini("cacheaudit_fail_on") or "error")
+        self.fail_on = fail_on
         self.roots = list(getattr(namespace, "cacheaudit_root", None) or [])
         if self.worker:
             # The controller prepared the environment; each worker keeps a ledger of its own
@@ -99,7 +146,6 @@ class _Session:
             self.ledger = os.environ[LEDGER] + f".{self.worker}"
             os.environ[LEDGER] = self.ledger
             self.run_uuid = os.environ.get("CACHEAUDIT_RUN", "")
-            self.session = None
         else:
             ledger = (getattr(namespace, "cacheaudit_ledger", None)
                       or os.environ.get(LEDGER)
@@ -112,17 +158,34 @@ class _Session:
             self.run_uuid = self.session.run_uuid
         adapters.activate()
 
+    def _stop(self) -> None:
+        """Put the process back as it was: adapters off, the session's environment gone."""
+        from cacheaudit import adapters
+
+        try:
+            with contextlib.suppress(Exception):  # what they had pending is spooled or lost
+                adapters.deactivate()
+        finally:
+            if self.session is not None:
+                self.session.close()
+                self.session = None
+            os.environ.clear()
+            os.environ.update(self.saved_env)
+
     def pytest_configure(self, config: pytest.Config) -> None:
         if self.worker and not hasattr(config, "workerinput"):
-            raise pytest.UsageError(
-                "cacheaudit: this pytest inherited an xdist worker's environment but is not a "
-                "worker; unset PYTEST_XDIST_WORKER or CACHEAUDIT_RUN_LABEL")
+            self.off = ("this pytest inherited an xdist worker's environment but is not a "
+                        "worker; unset PYTEST_XDIST_WORKER or CACHEAUDIT_RUN_LABEL")
+            self._stop()
 
     # ---------------------------------------------------------------- per test
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None
                                 ) -> Iterator[None]:
+        if self.off:
+            yield
+            return
         excluded = item.get_closest_marker(MARKER) is not None
         os.environ["CACHEAUDIT_TEST_ID"] = item.nodeid
         if excluded:
@@ -147,6 +210,8 @@ class _Session:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.off:
+            return
         try:
             self._finish(session)
         except Exception as exc:  # noqa: BLE001 - a reporting failure is a warning, not a crash
@@ -191,6 +256,9 @@ class _Session:
         return path
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.off:
+            _write_off(terminalreporter, self.off)
+            return
         if self.worker:
             return
         write = terminalreporter.write_line
@@ -225,16 +293,12 @@ class _Session:
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         # Leave the process as it was: pytester runs sessions inside one interpreter.
-        from cacheaudit import adapters
-
-        adapters.deactivate()
-        if self.session is not None:
-            self.session.close()
-        os.environ.clear()
-        os.environ.update(self.saved_env)
+        self._stop()
 
 
 def _write_finding(write: Any, finding: Finding, records: list[CompileRecord]) -> None:
+    from cacheaudit.output import injected_by_environment
+
     record = next((r for r in records if r.record_id == finding.record_id), None)
     where = f"{finding.runtime or '-'}:{finding.kernel or '?'}"
     write(f"{finding.code} {where}: {finding.subject}")
@@ -248,7 +312,7 @@ def _write_finding(write: Any, finding: Finding, records: list[CompileRecord]) -
         compiler = record.compiler
         if compiler is not None:
             write(f"    1 compiler: {compiler.path} ({compiler.version_line})")
-        injected = [t.text for t in record.effective_argv if t.origin != "argv"]
+        injected = injected_by_environment(record)
         write(f"    2 options: {len(record.effective_argv)} tokens"
               + (f", from the environment: {' '.join(injected)}" if injected else ""))
         write(f"    3 event: {record.event}")
@@ -311,4 +375,6 @@ def cacheaudit(request: pytest.FixtureRequest) -> CacheauditFixture:
     plugin = request.config.pluginmanager.get_plugin(_PLUGIN_NAME)
     if plugin is None:
         pytest.skip("cacheaudit is not enabled: run pytest with --cacheaudit")
+    if isinstance(plugin, _Off) or plugin.off:
+        pytest.skip("cacheaudit could not start in this session; its summary says why")
     return CacheauditFixture(plugin.ledger, request.node.nodeid)

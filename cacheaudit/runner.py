@@ -21,15 +21,25 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 @dataclass
 class RunOutcome:
     status: int
-    report: RunReport
+    report: RunReport | None
+    problem: str | None = None
+    """Why there is no report: the audit failed after the command ran (the status stands)."""
 
 
 def run_recorded(command: Sequence[str], *, ledger: str) -> RunOutcome:
     """Run `command` with the shim and the start-up hook active; the status is the shell's
-    convention (128 + signal for a command killed by one)."""
+    convention (128 + signal for a command killed by one).
+
+    Once the command has run, its status is the outcome whatever happens to the audit: a
+    failing audit leaves `report` None and says why in `problem`, as the pytest plugin does.
+    """
     if not command:
         raise UsageError("no command given: cacheaudit run -- COMMAND [ARGS...]")
-    os.makedirs(os.path.dirname(os.path.abspath(ledger)), exist_ok=True)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(ledger)), exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the ledger's directory for {ledger}: "
+                         f"{exc.strerror or exc}") from exc
     session = prepare(os.environ, ledger=ledger, label="run")
     started_ns = time.time_ns()
     try:
@@ -44,12 +54,16 @@ def run_recorded(command: Sequence[str], *, ledger: str) -> RunOutcome:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        with Ledger.open(session.ledger) as opened:
-            ingest_spool(opened)
-            report = audit_run(opened, session.run_uuid, session.env, started_ns=started_ns)
+        status = returncode if returncode >= 0 else 128 - returncode
+        try:
+            with Ledger.open(session.ledger) as opened:
+                ingest_spool(opened)
+                report = audit_run(opened, session.run_uuid, session.env, started_ns=started_ns)
+        except Exception as exc:  # noqa: BLE001 - the command's status must survive the audit
+            return RunOutcome(status=status, report=None,
+                              problem=f"{type(exc).__name__}: {exc}")
     finally:
         session.close()
-    status = returncode if returncode >= 0 else 128 - returncode
     return RunOutcome(status=status, report=report)
 
 

@@ -13,7 +13,6 @@ redacts credential-shaped text anywhere in the snapshot.
 
 from __future__ import annotations
 
-import datetime
 import getpass
 import importlib.metadata
 import importlib.util
@@ -23,10 +22,12 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from cacheaudit import __version__, envvars
+from cacheaudit.findings import ns_iso
 
 FORMAT = 1
 COULD_NOT_COLLECT = "could not collect"
@@ -215,26 +216,22 @@ def _caches(env: Mapping[str, str]) -> list[dict[str, Any]]:
                 count = 0
             size, newest = _tree_size(root)
             roots.append({"layout": reader.layout, "root": root, "entries": count,
-                          "bytes": size, "last_change": _iso(newest) if newest else None})
+                          "bytes": size, "last_change": ns_iso(newest) if newest else None})
     return roots
 
 
-def _iso(ns: int) -> str:
-    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc).isoformat(
-        timespec="seconds")
-
-
 def _ledger(path: str | None, recent: int) -> dict[str, Any]:
-    from cacheaudit.ledger import Ledger, default_ledger_path
+    from cacheaudit.ledger import default_ledger_path, open_existing
     from cacheaudit.output import record_summary
 
     path = path or default_ledger_path()
-    if not os.path.exists(path):
-        return {"path": path, "status": "no ledger yet"}
     try:
-        with Ledger.open(path, create=False) as ledger:
-            records = ledger.records(order="r.started_ns DESC, r.id DESC", limit=recent,
-                                     with_files=False)
+        opened = open_existing(path)
+        if opened is None:
+            return {"path": path, "status": "no ledger yet"}
+        with opened as ledger:
+            # Newest first: the snapshot's table leads with what ran last.
+            records = ledger.recent_records(limit=recent, with_files=False)[::-1]
             findings = ledger.findings()
             total = ledger.count("records")
     except Exception as exc:  # noqa: BLE001 - a damaged ledger is a line, not a failure
@@ -270,7 +267,7 @@ def collect(env: Mapping[str, str] | None = None, *, ledger: str | None = None,
 
     snapshot = {
         "format": FORMAT,
-        "taken": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "taken": ns_iso(time.time_ns()),
         "system": part("system", _system, {}),
         "packages": part("packages", _packages, {}),
         "compilers": part("compilers", lambda: _compilers(env, timeout), []),
@@ -302,27 +299,40 @@ def _scrub(value: Any) -> Any:
 _GPU_UUID = re.compile(r"GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 
 
+# A name is replaced only where it stands as a whole word or path component: a user `root`
+# must not turn `rootfs` into `<user>fs`, nor a host `vm` turn `vmware` into `<host>ware`.
+_NAME_CHARS = r"[A-Za-z0-9_-]"
+
+
+def _whole(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<!{_NAME_CHARS}){re.escape(name)}(?!{_NAME_CHARS})")
+
+
 def anonymized(snapshot: Any, env: Mapping[str, str]) -> Any:
-    """The home directory, user and host names, and GPU UUIDs replaced by placeholders."""
-    home = env.get("HOME") or os.path.expanduser("~")
+    """The home directory, user and host names, and GPU UUIDs replaced by placeholders, in
+    values only: the keys are the snapshot's own structure (a cache's `root`, say)."""
+    home = (env.get("HOME") or os.path.expanduser("~")).rstrip("/")
     try:
         user = getpass.getuser()
     except Exception:  # noqa: BLE001 - no user name is nothing to hide
         user = ""
     host = socket.gethostname()
-    replacements = [(home, "~")] if home and home != "/" else []
-    replacements += [(name, placeholder) for name, placeholder in
+    replacements: list[tuple[re.Pattern[str], str]] = []
+    if home:
+        # The home directory as a leading path: /home/al must not match inside /home/alice.
+        replacements.append((re.compile(rf"{re.escape(home)}(?=/|$|[^A-Za-z0-9_.-])"), "~"))
+    replacements += [(_whole(name), placeholder) for name, placeholder in
                      ((host, "<host>"), (user, "<user>")) if name and len(name) > 1]
 
     def clean(value: Any) -> Any:
         if isinstance(value, str):
-            for old, new in replacements:
-                value = value.replace(old, new)
+            for pattern, new in replacements:
+                value = pattern.sub(new, value)
             return _GPU_UUID.sub("GPU-<uuid>", value)
         if isinstance(value, list):
             return [clean(v) for v in value]
         if isinstance(value, dict):
-            return {clean(k): clean(v) for k, v in value.items()}
+            return {k: clean(v) for k, v in value.items()}
         return value
 
     return clean(snapshot)

@@ -123,3 +123,125 @@ def test_demo_table_names_the_stale_header():
     shown = cacheaudit("demo", "--compiler", "g++", env=dict(os.environ, COLUMNS="200"))
     assert shown.returncode == 0, shown.stderr
     assert "disk-hit" in shown.stdout and "CA101" in shown.stdout and "tile.h" in shown.stdout
+
+
+# ------------------------------------------------------------------ recorded text, bad input
+
+
+def _ledger_with(path: Path, *records: object) -> None:
+    from cacheaudit.ledger import Ledger, RunInfo
+
+    with Ledger.open(str(path)) as ledger:
+        ledger.add_records(records, RunInfo(run_uuid="r", label="test"))  # type: ignore[arg-type]
+
+
+def _compile(record_id: str | None = None, **changes: object) -> object:
+    from cacheaudit.ledger import new_record_id
+    from cacheaudit.model import ArgToken, CompileRecord
+
+    values: dict[str, object] = dict(
+        record_id=record_id or new_record_id(), event="compile", started_ns=1_700_000_000 * 10**9,
+        runtime="deepjit", kernel="gemm", argv=("-DTAG=[/x]",),
+        effective_argv=(ArgToken("-DTAG=[/x]"), ArgToken("-DY=[bold]", "env:NVCC_APPEND_FLAGS")),
+        test_id="tests/test_k.py::test_k[fp16-128]", exit_code=0, observer="shim:nvcc")
+    values.update(changes)
+    return CompileRecord(**values)  # type: ignore[arg-type]
+
+
+def test_report_prints_recorded_text_literally(tmp_path: Path):
+    _ledger_with(tmp_path / "l.db", _compile(notes=("odd [red]note[/red]",)))
+    shown = cacheaudit("report", "--ledger", str(tmp_path / "l.db"),
+                       env=dict(os.environ, COLUMNS="200"))
+    assert shown.returncode == 0, shown.stderr
+    assert "tests/test_k.py::test_k[fp16-128]" in shown.stdout
+    assert "-DTAG=[/x]" in shown.stdout and "+ -DY=[bold]" in shown.stdout
+    assert "odd [red]note[/red]" in shown.stdout
+
+
+def test_report_on_an_empty_file_asks_for_a_scan(tmp_path: Path):
+    (tmp_path / "empty.db").touch()
+    shown = cacheaudit("report", "--ledger", str(tmp_path / "empty.db"))
+    assert shown.returncode == ExitCode.USAGE
+    assert shown.stderr.strip().splitlines() == [
+        f"cacheaudit: error: {tmp_path / 'empty.db'} is empty or not a cacheaudit ledger yet; "
+        "run `cacheaudit scan` or record into it first"]
+
+
+def test_explain_takes_a_record_id_prefix_literally_and_names_an_ambiguous_one(tmp_path: Path):
+    ledger = tmp_path / "l.db"
+    _ledger_with(ledger, _compile("ab12" + "0" * 28), _compile("ab34" + "0" * 28))
+    env = dict(os.environ, HOME=str(tmp_path))
+    both = cacheaudit("explain", "ab", "--ledger", str(ledger), env=env)
+    assert both.returncode == ExitCode.USAGE
+    assert "'ab' matches 2 records; give more of the record id" in both.stderr
+    one = cacheaudit("explain", "ab3", "--ledger", str(ledger), "--json", env=env)
+    assert one.returncode == 0, one.stderr
+    assert json.loads(one.stdout)["record"]["record_id"] == "ab34" + "0" * 28
+    # `_` is a character of the id here, not LIKE's any-character.
+    wild = cacheaudit("explain", "a_1", "--ledger", str(ledger), env=env)
+    assert wild.returncode == ExitCode.USAGE and "no entry path" in wild.stderr
+
+
+def test_an_output_file_that_cannot_be_written_is_a_usage_error(tmp_path: Path):
+    env = dict(os.environ, CACHEAUDIT_LEDGER=str(tmp_path / "l.db"), HOME=str(tmp_path))
+    snap = cacheaudit("snapshot", "--timeout", "5", "-o", str(tmp_path / "no" / "x.md"), env=env)
+    assert snap.returncode == ExitCode.USAGE
+    assert snap.stderr.strip().splitlines() == [
+        f"cacheaudit: error: cannot write {tmp_path / 'no' / 'x.md'}: "
+        f"no directory {tmp_path / 'no'}"]
+    marker = tmp_path / "ran"
+    run = cacheaudit("run", "--report-json", str(tmp_path / "no" / "r.json"), "--",
+                     sys.executable, "-c", f"open({str(marker)!r}, 'w')", env=env)
+    assert run.returncode == ExitCode.USAGE and "cannot write" in run.stderr
+    assert not marker.exists()  # refused before the command ran, not after
+
+
+def test_run_keeps_the_command_status_when_the_audit_fails(tmp_path: Path):
+    ledger = tmp_path / "l.db"
+    env = dict(os.environ, CACHEAUDIT_LEDGER=str(ledger), HOME=str(tmp_path))
+    clobber = (f"import os\nfor s in ('', '-wal', '-shm'):\n"
+               f"    if os.path.exists({str(ledger)!r} + s): os.remove({str(ledger)!r} + s)\n"
+               f"open({str(ledger)!r}, 'w').write('not a ledger')\nraise SystemExit(5)\n")
+    done = cacheaudit("run", "--fail-on", "error", "--", sys.executable, "-c", clobber, env=env)
+    assert done.returncode == 5, done.stderr
+    [line] = [ln for ln in done.stderr.splitlines() if ln.startswith("cacheaudit:")]
+    assert line.startswith("cacheaudit: warning: the audit failed, the command's exit status "
+                           "stands: LedgerError")
+
+
+def test_ctrl_c_exits_130(tmp_path: Path):
+    import signal
+    import time
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    started = tmp_path / "probe-started"
+    # A GPU probe that hangs: the snapshot is interrupted while it waits for it.
+    (fake / "nvidia-smi").write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 60\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}{os.pathsep}{os.environ['PATH']}", HOME=str(tmp_path),
+               CACHEAUDIT_LEDGER=str(tmp_path / "l.db"))
+    child = subprocess.Popen([sys.executable, "-m", "cacheaudit", "snapshot", "--timeout", "120"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not started.exists() and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    _out, err = child.communicate(timeout=60)
+    # typer before 0.13 turns Ctrl-C into Abort, later ones into a silent exit 130: both end
+    # as 130, the shell's convention, and never as a usage error.
+    assert child.returncode == ExitCode.INTERRUPTED == 130, err
+    assert "Traceback" not in err and "aborted" not in err
+
+
+def test_demo_without_a_compiler_is_a_usage_error_and_leaves_nothing(tmp_path: Path):
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, PATH=str(empty), TMPDIR=str(scratch), HOME=str(tmp_path))
+    shown = cacheaudit("demo", "--compiler", "g++", env=env)
+    assert shown.returncode == ExitCode.USAGE, shown.stderr
+    assert shown.stderr.strip().splitlines() == [
+        "cacheaudit: error: the demo needs g++ (or nvcc) on PATH to build its kernel"]
+    assert list(scratch.iterdir()) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -15,12 +16,15 @@ from cacheaudit.ledger import (
     SCHEMA_VERSION,
     Ledger,
     RunInfo,
+    combine,
     default_ledger_path,
     ingest_spool,
     new_record_id,
+    open_existing,
     spool_dir,
     spool_record,
 )
+from cacheaudit.ledger import TestWindow as Window
 from cacheaudit.model import (
     ArgToken,
     CompileRecord,
@@ -167,8 +171,10 @@ def test_schema_is_created_through_recorded_migrations_in_wal_mode(tmp_path):
     conn = sqlite3.connect(path)
     applied = [r[0] for r in conn.execute(
         "SELECT name FROM _sqlite_migrations WHERE migration_set = 'cacheaudit'")]
-    assert applied == ["0001_initial"]
+    assert applied == ["0001_initial", "0002_records_by_run_and_test"]
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == (
+        str(SCHEMA_VERSION))
 
 
 def test_missing_ledger_without_create_is_a_clear_error(tmp_path):
@@ -256,3 +262,227 @@ def test_records_survive_json_of_odd_bytes(tmp_path):
     assert loaded.argv == (odd,)
     assert loaded.sources[0].path == odd
     assert loaded.cwd == "/tmp/w\udcff"
+
+
+# ------------------------------------------------------------------ nothing recorded is lost
+
+
+def _spool_edited(path: str, edit: object) -> tuple[CompileRecord, str]:
+    record = _record()
+    spooled = spool_record(path, record, RUN)
+    with open(spooled) as handle:
+        data = json.load(handle)
+    edit(data)  # type: ignore[operator]
+    with open(spooled, "w") as handle:
+        json.dump(data, handle)
+    return record, spooled
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: d["record"].update(event="lookup"),          # breaks the CHECK on event
+    lambda d: d["record"].update(started_ns=None),         # breaks NOT NULL on records
+    lambda d: d["run"].update(run_uuid="run-2", started_ns=None),  # NOT NULL on runs
+], ids=["unknown-event", "record-without-start", "run-without-start"])
+def test_a_spooled_record_the_schema_refuses_is_kept_aside_not_dropped(tmp_path, edit):
+    path = str(tmp_path / "ledger.db")
+    good = _record("fine")
+    spool_record(path, good, RUN)
+    _bad, spooled = _spool_edited(path, edit)
+    with Ledger.open(path) as ledger:
+        assert ingest_spool(ledger) == 1
+        assert [r.record_id for r in ledger.records()] == [good.record_id]
+    # The refused record is still there, out of the way, and later readers are not stopped.
+    assert os.path.exists(spooled + ".bad") and not os.path.exists(spooled)
+    with Ledger.open(path) as ledger:
+        assert ingest_spool(ledger) == 0
+
+
+def test_add_records_raises_on_a_record_the_schema_refuses(tmp_path):
+    with Ledger.open(str(tmp_path / "ledger.db")) as ledger:
+        with pytest.raises(sqlite3.IntegrityError):
+            ledger.add_records([_record(event="lookup")], RUN)
+        assert ledger.count("records") == 0
+        assert ledger.add_records([_record()], RUN) == 1
+
+
+def test_spooled_records_wait_while_the_ledger_cannot_be_written(tmp_path, monkeypatch):
+    import cacheaudit.ledger as module
+
+    path = str(tmp_path / "ledger.db")
+    Ledger.open(path).close()
+    spooled = spool_record(path, _record(), RUN)
+    monkeypatch.setattr(module._retrying, "__defaults__", (0.05,))  # give up in 50 ms, not 60 s
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    try:
+        with Ledger.open(path) as ledger:
+            ledger.conn.execute("PRAGMA busy_timeout = 10")
+            assert ingest_spool(ledger) == 0
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert os.path.exists(spooled)
+
+
+# ------------------------------------------------------------------ schema upgrades
+
+
+def _downgrade_to_version_1(path: str) -> None:
+    conn = sqlite3.connect(path)
+    conn.execute("DROP INDEX records_by_run")
+    conn.execute("DROP INDEX records_by_test")
+    conn.execute("DELETE FROM _sqlite_migrations WHERE name != '0001_initial'")
+    conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+
+
+def test_a_version_1_ledger_is_upgraded_by_a_reader_and_keeps_its_records(tmp_path):
+    path = str(tmp_path / "ledger.db")
+    record = _record(test_id="t.py::test_k[fp16]")
+    with Ledger.open(path) as ledger:
+        ledger.add_records([record], RUN)
+    _downgrade_to_version_1(path)
+    with Ledger.open(path, create=False) as ledger:
+        assert ledger.record(record.record_id) is not None
+        indexes = {r[0] for r in ledger.conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index'")}
+        version = ledger.conn.execute(
+            "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+    assert {"records_by_run", "records_by_test"} <= indexes
+    assert version == str(SCHEMA_VERSION) == "2"
+
+
+def _plan(ledger: Ledger, sql: str, params: tuple[object, ...]) -> str:
+    return " | ".join(r[3] for r in ledger.conn.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+
+
+def test_records_of_a_run_and_of_a_test_are_found_by_index(tmp_path):
+    with Ledger.open(str(tmp_path / "ledger.db")) as ledger:
+        ledger.add_records([_record(f"k{i}", test_id=f"t.py::test_{i}") for i in range(5)], RUN)
+        by_run = _plan(ledger, f"SELECT r.id{ledger._RECORD_FROM} WHERE runs.run_uuid = ?",
+                       ("run-1",))
+        by_test = _plan(ledger, f"SELECT r.id{ledger._RECORD_FROM} WHERE r.test_id = ?",
+                        ("t.py::test_1",))
+        first = _plan(ledger, "SELECT f.id FROM records f WHERE f.run_id = ? AND"
+                      " f.event = 'compile' ORDER BY f.started_ns, f.id LIMIT 1", (1,))
+    assert "records_by_run" in by_run and "SCAN r" not in by_run
+    assert "records_by_test" in by_test and "SCAN r" not in by_test
+    assert "records_by_run" in first and "TEMP B-TREE" not in first
+
+
+def test_first_compile_environment_is_the_earliest_compile_of_each_run(tmp_path):
+    other = RunInfo(run_uuid="run-2", label="test")
+    with Ledger.open(str(tmp_path / "ledger.db")) as ledger:
+        ledger.add_records([
+            _record("late", started_ns=30, env={"CPATH": "/late"}),
+            _record("early", started_ns=10, env={"CPATH": "/early"}),
+            _record("hit", started_ns=5, event="disk-hit", env={"CPATH": "/hit"}),
+        ], RUN)
+        ledger.add_records([_record("b", started_ns=7, env={"CPATH": "/b"})], other)
+        found = ledger.first_compile_environments(["run-1", "run-2", "run-none"])
+    assert found == {"run-1": (10, {"CPATH": "/early"}), "run-2": (7, {"CPATH": "/b"})}
+
+
+def test_lookups_are_read_for_the_entries_asked_about_without_their_files(tmp_path):
+    with Ledger.open(str(tmp_path / "ledger.db")) as ledger:
+        ledger.add_records([
+            _record("a", event="memory-hit", entry="/c/a", started_ns=2),
+            _record("a", event="disk-hit", entry="/c/a", started_ns=1),
+            _record("b", event="disk-hit", entry="/c/b", started_ns=1),
+            _record("a", entry="/c/a")], RUN)
+        everything = ledger.lookups_by_entry()
+        only_a = ledger.lookups_by_entry(["/c/a", "/c/elsewhere"])
+    assert set(everything) == {"/c/a", "/c/b"}
+    assert list(only_a) == ["/c/a"]
+    assert [r.event for r in only_a["/c/a"]] == ["disk-hit", "memory-hit"]
+    assert all(r.graph is None and not r.sources for r in only_a["/c/a"])
+
+
+# ------------------------------------------------------------------ reading
+
+
+def test_an_empty_file_is_named_as_not_a_ledger_yet(tmp_path):
+    path = tmp_path / "empty.db"
+    path.touch()
+    with pytest.raises(LedgerError, match=r"empty or not a cacheaudit ledger yet.*cacheaudit scan"):
+        Ledger.open(str(path), create=False)
+    assert path.stat().st_size == 0
+
+
+def test_open_existing_is_none_where_nothing_was_recorded(tmp_path):
+    assert open_existing(str(tmp_path / "absent.db")) is None
+    assert not (tmp_path / "absent.db").exists()
+    path = str(tmp_path / "ledger.db")
+    record = _record()
+    spool_record(path, record, RUN)
+    Ledger.open(path).close()
+    opened = open_existing(path)
+    assert opened is not None
+    with opened:
+        assert [r.record_id for r in opened.records()] == [record.record_id]
+
+
+def test_recent_records_are_the_newest_of_a_kernel_newest_last(tmp_path):
+    with Ledger.open(str(tmp_path / "ledger.db")) as ledger:
+        ledger.add_records([_record("gemm", started_ns=n) for n in (3, 1, 2)]
+                           + [_record("other", started_ns=9)], RUN)
+        assert [r.started_ns for r in ledger.recent_records(kernel="gemm", limit=2)] == [2, 3]
+        assert [r.kernel for r in ledger.recent_records(runtime="deepjit")][-1] == "other"
+        assert ledger.recent_records(runtime="triton") == []
+
+
+def test_attributions_are_written_together_and_seen_by_the_next_read(tmp_path):
+    path = str(tmp_path / "ledger.db")
+    records = [_record("kernel", runtime=None, key=None) for _ in range(3)]
+    with Ledger.open(path) as ledger:
+        ledger.add_records(records, RUN)
+        for n, record in enumerate(records):
+            ledger.attribute(record.record_id, runtime="deepjit", kernel=f"gemm{n}",
+                             key=f"k{n}", entry=f"/c/e{n}")
+        other = sqlite3.connect(path)
+        attributed = "SELECT count(*) FROM records WHERE entry_id IS NOT NULL"
+        assert other.execute(attributed).fetchone()[0] == 0  # queued, not one write each
+        loaded = {r.record_id: r for r in ledger.records()}
+        assert other.execute(attributed).fetchone()[0] == 3
+        other.close()
+    assert [(loaded[r.record_id].kernel, loaded[r.record_id].entry) for r in records] == [
+        (f"gemm{n}", f"/c/e{n}") for n in range(3)]
+    # The kernel is named once; an attributed record keeps its name.
+    with Ledger.open(path) as ledger:
+        ledger.attribute(records[0].record_id, runtime="x", kernel="renamed", key="x",
+                         entry="/c/x")
+    with Ledger.open(path) as ledger:
+        again = ledger.record(records[0].record_id)
+    assert again is not None
+    assert (again.runtime, again.kernel, again.key, again.entry) == (
+        "deepjit", "gemm0", "k0", "/c/e0")
+
+
+# ------------------------------------------------------------------ combine
+
+
+def test_combine_brings_findings_and_cache_roots_along_once(tmp_path):
+    finding = Finding("CA101", "/h.h", "stale", recorded="aa", current="bb", how="hash",
+                      record_id="r1", entry="/c/e")
+    sources = []
+    for rank in range(2):
+        path = str(tmp_path / f"rank{rank}.db")
+        with Ledger.open(path) as ledger:
+            ledger.add_records([_record(f"k{rank}")], RunInfo(run_uuid=f"rank{rank}",
+                                                               label="test"))
+            ledger.add_findings([finding], audit_uuid=f"audit-{rank}")
+            ledger.remember_roots([("deepjit", f"/roots/{rank}"), ("deepjit", "/roots/shared")])
+            ledger.add_tests(RunInfo(run_uuid=f"rank{rank}", label="test"),
+                             [Window(f"t.py::test_{rank}", 1, 2, "passed")])
+        sources.append(path)
+    target = str(tmp_path / "all.db")
+    with Ledger.open(target) as ledger:
+        combine(ledger, sources, keep=True)
+        combine(ledger, sources, keep=True)  # twice adds nothing
+        audits = ledger.conn.execute(
+            "SELECT audit_uuid, code, entry FROM findings ORDER BY audit_uuid").fetchall()
+        roots = sorted(ledger.known_roots())
+        assert ledger.count("records") == 2 and ledger.count("tests") == 2
+    assert audits == [("audit-0", "CA101", "/c/e"), ("audit-1", "CA101", "/c/e")]
+    assert roots == ["/roots/0", "/roots/1", "/roots/shared"]

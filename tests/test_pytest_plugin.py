@@ -163,3 +163,58 @@ def test_one(runtime):
     result.assert_outcomes(passed=1)
     assert len(_records(tmp_path / "ledger.db")) == 1
     assert json.dumps(result.stdout.str()).count("cacheaudit") >= 1
+
+
+def test_a_misspelt_ini_fail_on_is_a_usage_error(project: pytest.Pytester):
+    project.makeini("[pytest]\naddopts = -p no:cacheprovider\ncacheaudit = true\n"
+                    "cacheaudit_fail_on = errors\n")
+    project.makepyfile(test_one="def test_nothing():\n    pass\n")
+    result = project.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*cacheaudit_fail_on = 'errors'*expected one of error, "
+                                 "warning, info, never*"])
+
+
+def test_a_session_that_cannot_start_runs_the_tests_unrecorded(project: pytest.Pytester,
+                                                                tmp_path: Path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    project.makepyfile(test_one="def test_nothing(cacheaudit):\n    pass\n"
+                                "def test_other():\n    pass\n")
+    result = project.runpytest_subprocess(
+        "--cacheaudit", f"--cacheaudit-ledger={blocker / 'ledger.db'}", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*cacheaudit: recording is off for this session: *a-file*",
+                                 "*cacheaudit could not start in this session*"])
+
+
+def test_an_inherited_worker_environment_runs_the_tests_unrecorded(
+        project: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    monkeypatch.setenv("CACHEAUDIT_RUN_LABEL", "pytest")
+    project.makepyfile(test_one="import os\n\ndef test_env():\n"
+                                "    assert 'CACHEAUDIT_TEST_ID' not in os.environ\n")
+    result = project.runpytest_subprocess("--cacheaudit")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*recording is off for this session: this pytest inherited "
+                                 "an xdist worker's environment*"])
+    assert not list(tmp_path.glob("ledger.db*"))
+
+
+def test_only_environment_tokens_are_called_injected_by_the_environment():
+    from cacheaudit.ledger import new_record_id
+    from cacheaudit.model import ArgToken, CompileRecord, Finding
+    from cacheaudit.pytest_plugin import _write_finding
+
+    record = CompileRecord(
+        record_id=new_record_id(), event="compile", started_ns=1, kernel="k",
+        effective_argv=(ArgToken("k.cu"), ArgToken("-O3", "file:/tmp/opts.rsp"),
+                        ArgToken("-DX=1", "env:NVCC_APPEND_FLAGS")), observer="shim:nvcc")
+    lines: list[str] = []
+    _write_finding(lambda text, **_style: lines.append(text),
+                   Finding("CA202", "NVCC_APPEND_FLAGS", "drift", how="environment",
+                           record_id=record.record_id), [record])
+    [options] = [line for line in lines if "2 options" in line]
+    assert options.endswith("3 tokens, from the environment: -DX=1")

@@ -126,3 +126,34 @@ def test_explain_by_key_prefix_and_unknown_target(project: Project):
     assert json.loads(shown.stdout)["entry"]["path"] == answer["path"]
     missing = cacheaudit(project, "explain", "f" * 20)
     assert missing.returncode == ExitCode.USAGE and "no entry path" in missing.stderr
+
+
+def test_pyproject_ledger_and_paths_hold_for_every_command_from_a_subdirectory(
+        project: Project, tmp_path: Path):
+    import os
+
+    _stale(project)
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    cache = os.path.relpath(project.cache, work)  # relative to the pyproject, not to the cwd
+    (work / "pyproject.toml").write_text(
+        f'[tool.cacheaudit]\nledger = "~/audit.db"\npaths = ["{cache}"]\nfail-on = "never"\n')
+    env = {k: v for k, v in project.env.items() if k != "CACHEAUDIT_LEDGER"}
+    home = Path(env["HOME"])
+    home.mkdir(exist_ok=True)
+    mine = home / "audit.db"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([sys.executable, "-m", "cacheaudit", *args], capture_output=True,
+                              text=True, env=env, cwd=work / "sub", timeout=300)
+        assert done.returncode == ExitCode.CLEAN, (args, done.stderr)
+        return done
+
+    run("combine", "--keep", str(project.ledger))
+    assert mine.exists() and not (work / "sub" / "~").exists()
+    scanned = json.loads(run("scan", "--json").stdout)
+    assert scanned["ledger"] == str(mine) and scanned["entries"] == 1
+    assert "CA101" in scanned["counts"]
+    assert json.loads(run("report", "--json").stdout)["records"]
+    snapshot = json.loads(run("snapshot", "--json", "--timeout", "10").stdout)
+    assert snapshot["ledger"]["path"] == str(mine) and snapshot["ledger"]["status"] == "ok"

@@ -152,6 +152,22 @@ def test_anonymize_replaces_home_user_host_and_gpu_uuids(tmp_path: Path):
         assert hostname not in text
 
 
+def test_anonymize_as_root_replaces_whole_names_in_values_only(tmp_path: Path):
+    env = _base_env(tmp_path)
+    # getpass reads LOGNAME first: the user is `root`, as in a container, and `root` is also a
+    # key of every cache entry in the snapshot.
+    env.update(LOGNAME="root", USER="root")
+    (tmp_path / "home" / "jit").mkdir()
+    env["DG_JIT_CACHE_DIR"] = str(tmp_path / "home" / "jit")
+    env["CPATH"] = "/opt/rootfs/include:/srv/root/include"
+    markdown, _ = snapshot(env, "--anonymize", "--timeout", "10")
+    assert "## cacheaudit snapshot" in markdown and "~/jit" in markdown
+    hidden = json.loads(snapshot(env, "--json", "--anonymize", "--timeout", "10")[0])
+    assert [c for c in hidden["caches"] if c["root"] == "~/jit"]
+    assert all("<user>" not in c for c in hidden["caches"])
+    assert hidden["environment"]["variables"]["CPATH"] == "/opt/rootfs/include:/srv/<user>/include"
+
+
 def test_diff_shows_exactly_what_changed(tmp_path: Path):
     env = _base_env(tmp_path)
     for name in ("a", "b"):
