@@ -19,6 +19,7 @@ import os
 import socket
 import tempfile
 import time
+import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -203,8 +204,24 @@ class Auditor:
                         how=f"{leftover.layout} layout of {leftover.root}")
 
     def audit_entry(self, entry: CacheEntry) -> list[Finding]:
+        """Every finding about one entry. Fails open: an error while judging it (a cache holding
+        what no runtime wrote, a policy meeting a case it does not know) becomes a CA501 finding
+        for this entry, naming the error, and the scan goes on to the next one."""
         findings = [make_finding("CA402", subject=entry.path, message=problem, entry=entry,
                              how=f"{entry.layout} layout") for problem in entry.problems]
+        try:
+            return self._judge(entry, findings)
+        except Exception as exc:  # noqa: BLE001 - reported as a finding, never swallowed
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            return [*findings, make_finding(
+                "CA501", subject=entry.path, entry=entry,
+                message=f"cacheaudit could not judge this entry ({type(exc).__name__}: {exc}): "
+                        f"its inputs were not verified; the scan went on",
+                how=f"internal error at {os.path.basename(where.filename)}:{where.lineno} "
+                    f"({where.name}); please report it with this entry's files")]
+
+    def _judge(self, entry: CacheEntry, findings: list[Finding]) -> list[Finding]:
+        findings = list(findings)
         try:
             policy = policy_for(entry.runtime)
         except KeyError:
@@ -320,7 +337,7 @@ class Auditor:
         findings: list[Finding] = []
         if not changes and not self.options.verify_keys:
             return findings
-        check = policy.check_key(entry, record)
+        check = policy.check_key(entry, record, env=self.env)
         matches = check.matches(entry.key)
         alive = run_process_alive(record.extra.get("run_uuid"))
         if not changes:
@@ -434,11 +451,14 @@ class Auditor:
         started_ns, first_env = first
         if _jit_part(first_env) == _jit_part(record.env):
             return []  # the common case, thousands of times a scan: nothing to resolve
-        findings = []
+        findings: list[Finding] = []
+        flavour = getattr(policy, "flavour", None)
+        if flavour is None:
+            return findings  # a runtime without a <PREFIX>_JIT_* family
         for prefix in policy.env_prefixes:
             before = {s.suffix: s for s in envvars.resolve_jit_settings(
-                prefix, first_env, flavour=policy.flavour)}
-            for now in envvars.resolve_jit_settings(prefix, record.env, flavour=policy.flavour):
+                prefix, first_env, flavour=flavour)}
+            for now in envvars.resolve_jit_settings(prefix, record.env, flavour=flavour):
                 then = before.get(now.suffix)
                 if then is None or now.read_at != "construction" or then.value == now.value:
                     continue

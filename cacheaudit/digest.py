@@ -10,6 +10,7 @@ uses the same 2 s minimum age).
 
 from __future__ import annotations
 
+import errno
 import os
 import stat as stat_module
 import time
@@ -48,6 +49,43 @@ def _unreadable(path: str, st: os.stat_result, error: str) -> FileState:
 
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+class NotARegularFile(OSError):
+    """A path that names a FIFO, socket, device or directory where a file was expected."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(errno.EINVAL, "not a regular file", path)
+
+
+def read_file(path: str, limit: int | None = None) -> bytes:
+    """The bytes of a regular file (the first `limit` of them when given), exactly as stored.
+
+    A cache can hold anything a user or a crash left there: O_NONBLOCK keeps the open of a FIFO
+    from waiting for a writer, and the fstat check refuses it (and a device, whose read may
+    never end) before any read. Raises OSError; `NotARegularFile` for those.
+    """
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if not stat_module.S_ISREG(st.st_mode):
+            raise NotARegularFile(path)
+        if limit is not None and limit <= 0:
+            return b""
+        chunks: list[bytes] = []
+        got = 0
+        # The size fstat gave is only a first guess: a file that grew meanwhile is read to its
+        # end (or to `limit`), which is what a runtime reading it now would see.
+        while limit is None or got < limit:
+            ask = max(st.st_size - got + 1, 4096) if limit is None else limit - got
+            chunk = os.read(fd, ask)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _hash_fd(fd: int, size: int) -> str:

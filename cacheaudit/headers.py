@@ -57,13 +57,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cacheaudit.digest import StateCache, changed_files, normalise_path
+from cacheaudit.digest import StateCache, changed_files, normalise_path, read_file
 from cacheaudit.model import FileState, GraphFile, IncludeGraph
 
 __all__ = [
     "METHODS",
     "FingerprintError",
     "HeaderFingerprint",
+    "digest_now",
     "digest_of",
     "fingerprint_headers",
     "header_digest",
@@ -140,8 +141,7 @@ class HeaderFingerprint:
 
     def current_digest(self, cache: StateCache | None = None) -> bytes:
         """The digest over the same headers as they are on disk now (same set, new content)."""
-        cache = cache or StateCache()
-        return digest_of([cache.capture(p) for p in self.paths], self.missing)
+        return digest_now(self.paths, self.missing, cache)
 
     def describe(self) -> str:
         lines = [f"{self.hexdigest} over {len(self.files)} header(s) ({self.method}):"]
@@ -181,6 +181,14 @@ def digest_of(states: Iterable[FileState], missing: Iterable[str] = ()) -> bytes
     for name in sorted(set(missing)):
         part(b"missing:" + name.encode("utf-8", "surrogateescape"))
     return hasher.digest()
+
+
+def digest_now(paths: Iterable[str], missing: Iterable[str] = (),
+               cache: StateCache | None = None) -> bytes:
+    """The fingerprint digest over `paths` as they are on disk now, with the same unresolved
+    names: what a fingerprint (or a record of one) would give if it were taken again."""
+    cache = cache or StateCache()
+    return digest_of([cache.capture(p) for p in paths], missing)
 
 
 # ------------------------------------------------------------------------------------ registry
@@ -407,7 +415,10 @@ def _scan(request: _Request, cwd: str) -> tuple[list[tuple[str, str]], list[str]
         if path is None:
             missing.append(header)
             continue
-        written = header if not os.path.isabs(header) else path
+        # Only a header found in the main directory is "from the working directory"; one found
+        # through include_path is written as its resolved path.
+        in_main = main_dir is not None and path == os.path.join(main_dir, header)
+        written = header if in_main and not os.path.isabs(header) else path
         if normalise_path(path) not in seen:
             seen.add(normalise_path(path))
             found.append((normalise_path(path), written))
@@ -435,7 +446,10 @@ def _scan(request: _Request, cwd: str) -> tuple[list[tuple[str, str]], list[str]
             if real in seen:
                 continue
             seen.add(real)
-            relative = quoted and is_main and not source_dir and directory == main_dir
+            # A quoted include of the main source resolves in the working directory first, and
+            # then through include_path: only the first of those is "from the working directory".
+            relative = (quoted and is_main and not source_dir and directory == main_dir
+                        and directory is not None and path == os.path.join(directory, name))
             found.append((real, name if relative else real))
             queue.append((_read(real), os.path.dirname(real), False))
     if missing:
@@ -446,9 +460,9 @@ def _scan(request: _Request, cwd: str) -> tuple[list[tuple[str, str]], list[str]
 
 
 def _read(path: str) -> bytes:
+    # A FIFO or device among the headers would block or never end a plain read.
     try:
-        with open(path, "rb") as handle:
-            return handle.read()
+        return read_file(path)
     except OSError:
         return b""
 
@@ -472,7 +486,8 @@ def _tree(request: _Request, cwd: str) -> tuple[list[tuple[str, str]], list[str]
         if path is None:
             missing.append(header)
         else:
-            found.append((normalise_path(path), header))
+            in_cwd = path == os.path.join(cwd, header)
+            found.append((normalise_path(path), header if in_cwd else normalise_path(path)))
     return found, missing
 
 

@@ -3,21 +3,25 @@ key recomputation checked against the reference runtime, filtering and threshold
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cacheaudit.audit import AuditOptions, fails, keep, scan
 from cacheaudit.digest import StateCache
-from cacheaudit.ledger import Ledger
-from cacheaudit.model import Finding
-from cacheaudit.policies import policy_for
+from cacheaudit.ledger import Ledger, new_record_id
+from cacheaudit.model import ArgToken, CacheEntry, CompileRecord, CompilerIdentity, Finding
+from cacheaudit.policies import TrackedSet, policy_for
 from cacheaudit.readers import reader_for
 
 from support import NVCC
@@ -207,3 +211,264 @@ def test_configuration_changed_after_construction_is_ca204(project: Project):
     with Ledger.open(str(project.ledger)) as ledger:
         [record] = [r for r in ledger.records() if r.record_id == changed["record_id"]]
     assert "-std=c++20" in [t.text for t in record.effective_argv]
+
+
+# ============================================================================================
+# Review fixes: meta.json types, byte-exact reads, recipes the policy does not know, fail open
+# ============================================================================================
+
+class Blocked(Exception):
+    """Raised by `deadline`; not an OSError, which the code under test may rightly catch."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: int = 30) -> Iterator[None]:
+    """Fail, instead of hanging the suite, when a read blocks (a FIFO opened without a writer)."""
+    def expired(signum: int, frame: Any) -> None:
+        # Re-armed: code that swallows the first interruption must not block forever after it.
+        signal.alarm(1)
+        raise Blocked(f"still blocked after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture
+def gxx_project(tmp_path: Path) -> Project:
+    project = Project(tmp_path, "gxx")
+    project.setup()
+    return project
+
+
+def _entry_dir(project: Project) -> Path:
+    [entry_dir] = list((project.cache / "cache").iterdir())
+    return entry_dir
+
+
+def _rewrite_meta(entry_dir: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    meta = json.loads((entry_dir / "meta.json").read_text())
+    change(meta)
+    (entry_dir / "meta.json").write_text(json.dumps(meta))
+
+
+def _scan(project: Project) -> list[Finding]:
+    with Ledger.open(str(project.ledger)) as ledger:
+        return scan([str(project.cache)], project.env, ledger=ledger).findings
+
+
+def test_non_string_include_dirs_give_evidence_not_a_crash(gxx_project: Project):
+    gxx_project.once()
+    _rewrite_meta(_entry_dir(gxx_project),
+                  lambda meta: meta["config"].__setitem__("include_dirs", [1]))
+    findings = _scan(gxx_project)
+    corrupt = [f.message for f in findings if f.code == "CA402"]
+    assert any("config.include_dirs (a JSON list, not a list of strings)" in m for m in corrupt)
+    unverifiable = [f.message for f in findings if f.code == "CA501"]
+    assert any("tracked set cannot be computed" in m and "include_dirs" in m
+               for m in unverifiable), unverifiable
+
+
+def test_a_string_of_prefixes_is_not_read_one_character_at_a_time(gxx_project: Project):
+    gxx_project.once()
+    _rewrite_meta(_entry_dir(gxx_project),
+                  lambda meta: meta["config"].__setitem__("include_prefixes", "mylib/"))
+    [entry] = list(reader_for("deepjit").read(str(gxx_project.cache), StateCache()))
+    policy = policy_for("deepjit")
+    tracked = policy.tracked(entry, None)
+    assert tracked.names == {} and tracked.error is not None
+    assert "include_prefixes (a JSON str, not a list of strings)" in tracked.error
+    check = policy.check_key(entry)
+    assert check.recomputed is None and "include_prefixes" in check.note
+
+
+def test_an_error_judging_one_entry_is_ca501_for_it_and_the_scan_goes_on(
+        gxx_project: Project, monkeypatch: pytest.MonkeyPatch):
+    driver = gxx_project.driver()
+    try:
+        first = driver.compile()
+        second = driver.compile(SOURCE.replace("void gemm", "void gemm2"), name="gemm2")
+    finally:
+        driver.close()
+    policy = policy_for("deepjit")
+    real_tracked = policy.tracked
+
+    def tracked(entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
+        # An injected fault: stands for any case a policy does not foresee.
+        if entry.path == second["path"]:
+            raise RuntimeError("injected fault for this entry only")
+        return real_tracked(entry, record)
+
+    monkeypatch.setattr(policy, "tracked", tracked)
+    findings = _scan(gxx_project)
+    [failed] = [f for f in findings if f.code == "CA501" and f.entry == second["path"]]
+    assert "RuntimeError: injected fault for this entry only" in failed.message
+    assert "internal error at test_audit.py" in failed.how
+    assert not any(f.code == "CA501" and f.entry == first["path"] for f in findings)
+
+
+def test_crlf_headers_are_hashed_byte_for_byte_deepjit(gxx_project: Project):
+    api = gxx_project.root / "inc" / "mylib" / "api.cuh"
+    api.write_bytes(api.read_bytes().replace(b"\n", b"\r\n"))
+    answer = gxx_project.once(SOURCE.replace("\n", "\r\n"))
+    [entry] = list(reader_for("deepjit").read(str(gxx_project.cache), StateCache()))
+    assert policy_for("deepjit").check_key(entry).recomputed == answer["key"] == entry.key
+
+
+def _deepgemm_build(project: Project, monkeypatch: pytest.MonkeyPatch, library: Path,
+                    source: str = DG_SOURCE) -> tuple[CacheEntry, CompileRecord]:
+    from fixtures.minijit import DeepGemmRuntime
+
+    env = dict(project.env, DG_JIT_CACHE_DIR=str(project.root / "dgcache"),
+               CPLUS_INCLUDE_PATH=str(project.root / "third"))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    DeepGemmRuntime(library, backend=project.backend).build("dg_kernel", source)
+    [entry] = [e for e in reader_for("deepgemm").read(str(project.root / "dgcache"),
+                                                      StateCache()) if hasattr(e, "key")]
+    with Ledger.open(str(project.ledger)) as ledger:
+        record = ledger.records()[-1]
+    return entry, record
+
+
+def test_crlf_headers_are_hashed_byte_for_byte_deepgemm(gxx_project: Project,
+                                                        monkeypatch: pytest.MonkeyPatch):
+    library = _deepgemm_library(gxx_project.root)
+    common = library / "include" / "deep_gemm" / "common.cuh"
+    common.write_bytes(common.read_bytes().replace(b"\n", b"\r\n"))
+    entry, record = _deepgemm_build(gxx_project, monkeypatch, library,
+                                    DG_SOURCE.replace("\n", "\r\n"))
+    assert policy_for("deepgemm").check_key(entry, record).recomputed == entry.key
+
+
+def _dg_library(root: Path) -> Path:
+    """A DeepGEMM package as the Python JIT and the early C++ JIT saw it."""
+    package = root / "pkg" / "deep_gemm"
+    _write(package / "include" / "deep_gemm" / "common.cuh", "#pragma once\n")
+    _write(package / "include" / "deep_gemm" / "impls" / "gemm.cuh",
+           "#pragma once\n#include <deep_gemm/common.cuh>\n")
+    _write(package / "include" / "deep_gemm" / "util.hpp", "#pragma once\n")
+    _write(package / "jit" / "interleave_ffma.py", "# rewrites the cubin\n")
+    return package / "include"
+
+
+def _dg_entry(root: Path, key: str, source: str) -> CacheEntry:
+    entry_dir = root / "cache" / "cache" / f"kernel.gemm.{key}"
+    _write(entry_dir / "kernel.cu", source)
+    (entry_dir / "kernel.cubin").write_bytes(b"\x7fELF cubin")
+    [entry] = [e for e in reader_for("deepgemm").read(str(root / "cache"), StateCache())
+               if isinstance(e, CacheEntry)]
+    return entry
+
+
+def _dg_record(include: Path) -> CompileRecord:
+    return CompileRecord(record_id=new_record_id(), event="compile", started_ns=1,
+                         effective_argv=(ArgToken(f"-I{include}"),), observer="test")
+
+
+def test_python_jit_entries_are_not_recomputed_and_track_what_that_jit_hashed(tmp_path: Path):
+    include = _dg_library(tmp_path)
+    entry = _dg_entry(tmp_path, "0123456789ab", "#include <deep_gemm/impls/gemm.cuh>\n")
+    policy = policy_for("deepgemm")
+    check = policy.check_key(entry, _dg_record(include))
+    assert check.recomputed is None and "Python JIT" in check.note
+    tracked = policy.tracked(entry, _dg_record(include))
+    assert tracked.error is None
+    # get_deep_gemm_version(): top-level *.cuh (not impls/, not .hpp) and interleave_ffma.py.
+    assert tracked.names == {
+        "deep_gemm/common.cuh": str(include / "deep_gemm" / "common.cuh"),
+        "jit/interleave_ffma.py": str(include.parent / "jit" / "interleave_ffma.py")}
+
+
+def test_entries_before_the_include_hash_line_are_not_recomputed(tmp_path: Path):
+    include = _dg_library(tmp_path)
+    entry = _dg_entry(tmp_path, "0123456789abcdef0123456789abcdef",
+                      "#include <deep_gemm/common.cuh>\n")
+    policy = policy_for("deepgemm")
+    check = policy.check_key(entry, _dg_record(include))
+    assert check.recomputed is None and "7f2a703" in check.note
+    tracked = policy.tracked(entry, _dg_record(include))
+    # get_library_version(): every .cuh under include/deep_gemm, whatever kernel.cu includes.
+    assert set(tracked.names) == {"deep_gemm/common.cuh", "deep_gemm/impls/gemm.cuh"}
+
+
+def test_gxx_stand_in_version_change_is_in_the_deepgemm_key():
+    def gxx(version: str) -> CompilerIdentity:
+        return CompilerIdentity(invoked="g++", path="/usr/bin/g++", resolved="/usr/bin/g++",
+                                kind="gcc", digest="0" * 32,
+                                version_text=f"g++ (Debian {version}-14) {version}\n"
+                                             "Copyright (C) 2022 Free Software Foundation\n")
+
+    policy = policy_for("deepgemm")
+    assert policy.compiler_change_in_key(gxx("12.2.0"), gxx("13.1.0")) is True
+    assert policy.compiler_change_in_key(gxx("12.2.0"), gxx("12.2.1")) is False
+
+
+def _deepjit_entry(root: Path, files: dict[str, bytes]) -> CacheEntry:
+    entry_dir = root / "cache" / f"gemm.{'0' * 32}"
+    entry_dir.mkdir(parents=True)
+    for name, data in files.items():
+        (entry_dir / name).write_bytes(data)
+    [entry] = [e for e in reader_for("deepjit").read(str(root), StateCache())
+               if isinstance(e, CacheEntry)]
+    return entry
+
+
+def test_tracked_errors_name_the_real_source_file(tmp_path: Path):
+    meta = json.dumps({"backend": "ROCm", "command": "hipcc", "config": {
+        "python_library_root": "/", "extra_signature": "", "include_dirs": [],
+        "include_prefixes": []}, "compiler_info": {"path": "hipcc", "version": "HIP 6"},
+        "compiler_options": {}}).encode()
+    rocm = _deepjit_entry(tmp_path / "rocm", {"kernel.hsaco": b"\x7fELF", "meta.json": meta,
+                                              ".committed": b""})
+    policy = policy_for("deepjit")
+    assert policy.tracked(rocm, None).error == "kernel.hip is missing"
+    check = policy.check_key(rocm)
+    assert check.recomputed is None and "kernel.hip" in check.note and "CUDA" in check.note
+
+    fifo = _deepjit_entry(tmp_path / "fifo", {"kernel.cubin": b"\x7fELF", ".committed": b""})
+    os.mkfifo(os.path.join(fifo.path, "kernel.cu"))
+    [fifo] = [e for e in reader_for("deepjit").read(str(tmp_path / "fifo"), StateCache())
+              if isinstance(e, CacheEntry)]
+    with deadline():
+        error = policy.tracked(fifo, None).error
+    assert error == "kernel.cu cannot be read: not a regular file"
+
+
+def test_fifo_sources_and_headers_do_not_hang_the_policies(gxx_project: Project, tmp_path: Path):
+    gxx_project.once()
+    api = gxx_project.root / "inc" / "mylib" / "api.cuh"
+    api.unlink()
+    os.mkfifo(api)
+    [entry] = list(reader_for("deepjit").read(str(gxx_project.cache), StateCache()))
+    policy = policy_for("deepjit")
+    with deadline():
+        tracked = policy.tracked(entry, None)
+        check = policy.check_key(entry)
+    assert tracked.error is not None and "not a regular file" in tracked.error
+    assert check.recomputed is None and "not a regular file" in check.note
+
+    include = _dg_library(tmp_path / "dg")
+    dg = _dg_entry(tmp_path / "dg", "f" * 32,
+                   "// Includes' hash value: " + "a" * 32 + "\n#include <deep_gemm/common.cuh>\n")
+    common = include / "deep_gemm" / "common.cuh"
+    common.unlink()
+    os.mkfifo(common)
+    with deadline():
+        tracked = policy_for("deepgemm").tracked(dg, _dg_record(include))
+        check = policy_for("deepgemm").check_key(dg, _dg_record(include))
+    assert tracked.error is not None and "not a regular file" in tracked.error
+    assert check.recomputed is None and "not a regular file" in check.note
+
+
+def test_every_finding_code_comes_with_a_fix():
+    from cacheaudit.findings import HINTS, make_finding
+    from cacheaudit.model import FINDING_CODES
+
+    assert set(HINTS) == set(FINDING_CODES)
+    assert make_finding("CA204", subject="DG_JIT_CPP_STANDARD", message="changed").hint.startswith(
+        "restart the process")

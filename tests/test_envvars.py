@@ -664,3 +664,15 @@ def test_exact_registry_has_no_duplicates_and_is_read_only() -> None:
     with pytest.raises(TypeError):
         cpath.status["nvrtc"] = IN  # type: ignore[index]
     assert hash(cpath) == hash(lookup("CPATH"))
+
+
+def test_every_policy_flavour_is_a_known_flavour_or_none() -> None:
+    from cacheaudit.envvars import FLAVOURS
+    from cacheaudit.policies import _MODULES, policy_for
+
+    for runtime in _MODULES:
+        policy = policy_for(runtime)
+        if policy.env_prefixes:
+            assert policy.flavour in FLAVOURS, runtime
+        else:
+            assert policy.flavour is None, runtime

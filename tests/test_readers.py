@@ -7,18 +7,25 @@ mtime set with os.utime, as a later disk hit would.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import xxhash
 
-from cacheaudit.digest import StateCache
+from cacheaudit.digest import NotARegularFile, StateCache, read_file
 from cacheaudit.model import CacheEntry, CacheLeftover
 from cacheaudit.readers import all_readers, reader_for
-from cacheaudit.readers._common import TMP_DIR_REASON, TMP_FILE_REASON
+from cacheaudit.readers._common import (
+    TMP_DIR_REASON,
+    TMP_FILE_REASON,
+    read_head,
+)
 from cacheaudit.readers.deepgemm import READER as DEEPGEMM
 from cacheaudit.readers.deepgemm import parse_head
 from cacheaudit.readers.deepjit import READER as DEEPJIT
@@ -598,3 +605,109 @@ def test_readers_never_modify_the_tree(tmp_path):
         reader.default_roots({"HOME": str(tmp_path)})
         list(reader.read(str(tmp_path), StateCache()))
     assert _snapshot(tmp_path) == before
+
+
+# ============================================================================================
+# Review fixes: mistyped meta.json fields, FIFOs and devices in a cache, shared helpers
+# ============================================================================================
+
+class Blocked(Exception):
+    """Raised by `deadline`; not an OSError, which the code under test may rightly catch."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: int = 20) -> Iterator[None]:
+    """Fail, instead of hanging the suite, when a read blocks (a FIFO opened without a writer)."""
+    def expired(signum: int, frame: Any) -> None:
+        # Re-armed: code that swallows the first interruption must not block forever after it.
+        signal.alarm(1)
+        raise Blocked(f"still blocked after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _fifo_instead(path: Path) -> Path:
+    """Replace a file by a FIFO of the same name (nobody ever writes to it)."""
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+    return path
+
+
+def test_mistyped_meta_fields_are_corrupt_not_silently_used(tmp_path):
+    meta = _meta(str(tmp_path / "tmp" / "BUILD"))
+    meta["config"]["include_dirs"] = [1]
+    meta["config"]["include_prefixes"] = "deep_gemm/"
+    meta["compiler_info"]["version"] = 12.9
+    meta["compiler_options"] = ["-O3"]
+    deepjit_entry(tmp_path, meta=meta)
+    problem = _one_problem(only_entry(DEEPJIT, tmp_path), "meta.json lacks")
+    for named in ("config.include_dirs (a JSON list, not a list of strings)",
+                  "config.include_prefixes (a JSON str, not a list of strings)",
+                  "compiler_info.version (a JSON float, not a string)",
+                  "compiler_options (a JSON list, not an object)"):
+        assert named in problem
+
+
+def test_read_file_refuses_fifos_and_devices_without_blocking(tmp_path):
+    fifo = _fifo_instead(tmp_path / "pipe")
+    with deadline(), pytest.raises(NotARegularFile):
+        read_file(str(fifo))
+    with deadline(), pytest.raises(NotARegularFile):
+        read_file("/dev/zero")  # a read that would never end
+    assert read_head(str(fifo)) is None
+    data = b"line one\r\nline two\r\n\x00\xff"
+    (tmp_path / "crlf.h").write_bytes(data)
+    assert read_file(str(tmp_path / "crlf.h")) == data  # byte for byte, CRs kept
+    assert read_file(str(tmp_path / "crlf.h"), 4) == data[:4]
+    assert read_file(str(tmp_path / "crlf.h"), 0) == b""
+
+
+def test_fifo_meta_json_is_evidence_not_a_hang(tmp_path):
+    entry_dir = deepjit_entry(tmp_path)
+    _fifo_instead(entry_dir / "meta.json")
+    with deadline():
+        entry = only_entry(DEEPJIT, tmp_path)
+    _one_problem(entry, "meta.json cannot be read", "not a regular file")
+
+
+def test_fifo_source_is_evidence_not_a_hang(tmp_path):
+    _fifo_instead(deepjit_entry(tmp_path) / "kernel.cu")
+    _fifo_instead(deepgemm_entry(tmp_path / "dg") / "kernel.cu")
+    with deadline():
+        jit = only_entry(DEEPJIT, tmp_path)
+        gemm = only_entry(DEEPGEMM, tmp_path / "dg")
+    _one_problem(jit, "kernel.cu cannot be read", "not a regular file")
+    assert any("kernel.cu cannot be read" in p and "not a regular file" in p
+               for p in gemm.problems), gemm.problems
+
+
+def test_fifo_triton_metadata_and_group_are_evidence_not_a_hang(tmp_path):
+    from cacheaudit.policies.triton import base32_name
+
+    key = "ab" * 32
+    directory = tmp_path / base32_name(key)
+    directory.mkdir()
+    (directory / "k.cubin").write_bytes(CUBIN)
+    os.mkfifo(directory / "k.json")
+    os.mkfifo(directory / "__grp__k.json")
+    with deadline():
+        entry = only_entry(reader_for("triton"), tmp_path)
+    assert [p for p in entry.problems if "not a regular file" in p] == [
+        "k.json cannot be read: NotARegularFile: not a regular file",
+        "__grp__k.json cannot be read: NotARegularFile: not a regular file"]
+
+
+def test_fifo_cupy_entry_is_evidence_not_a_hang(tmp_path):
+    digest = "0123456789abcdef0123456789abcdef01234567"
+    os.mkfifo(tmp_path / f"{digest}.cubin")
+    (tmp_path / f"{digest}.cubin.cu").write_bytes(b"extern \"C\" __global__ void k() {}\n")
+    with deadline():
+        entry = only_entry(reader_for("cupy"), tmp_path)
+    assert any("cannot be read" in p and "not a regular file" in p for p in entry.problems)
+

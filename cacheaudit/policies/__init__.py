@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from cacheaudit import envvars
+from cacheaudit.digest import read_file
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 
 _MODULES = {"deepjit": "deepjit", "deepgemm": "deepgemm", "deepep": "deepgemm",
@@ -63,8 +63,9 @@ class Policy(Protocol):
     runtime: str
     env_prefixes: tuple[str, ...]
     """The `<PREFIX>_JIT_*` families this runtime reads (for CA203, CA204)."""
-    flavour: str
-    """How it reads them: an `envvars.FLAVOURS` name."""
+    flavour: str | None = None
+    """How it reads them: an `envvars.FLAVOURS` name; required with `env_prefixes`, None for a
+    runtime that reads no such family."""
     # Optional: `caches_header_digests = False` for runtimes whose process does not keep a
     # header's digest from one lookup to the next (the audit then never infers CA106 from a
     # live process alone).
@@ -73,10 +74,12 @@ class Policy(Protocol):
         """Which files the entry's key covers, resolved against the disk now."""
         ...
 
-    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None) -> KeyCheck:
+    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None,
+                  env: Mapping[str, str] | None = None) -> KeyCheck:
         """Recompute the entry's key from the files on disk now (and the recorded compile, where
         the entry alone does not carry the recipe); `recomputed` None when something the recipe
-        needs is missing (the note says what)."""
+        needs is missing (the note says what). `env` is the environment the audit judges
+        against (the process's own when None), for recipes that look anything up in it."""
         ...
 
     def compiler_change_in_key(self, recorded: CompilerIdentity,
@@ -112,6 +115,30 @@ def policy_for(runtime: str) -> Policy:
     return loaded.POLICIES[runtime]  # type: ignore[attr-defined, no-any-return]
 
 
-def implicit_inputs(runtime: str, names: set[str]) -> list[str]:
-    """The variables among `names` that change a compile but not this runtime's key."""
-    return sorted(n for n in names if envvars.is_implicit_input(n, runtime))
+def read_input(path: str) -> bytes:
+    """A file a runtime hashes into its key, byte for byte as the runtime reads it.
+
+    DeepJIT's `Parser` and DeepGEMM's `IncludeParser` read with `std::ifstream` and
+    `istreambuf_iterator`, which on POSIX translate nothing: a header saved with CRLF line ends
+    is hashed with its carriage returns (the reference runtime, fixtures/minijit, reads "rb" for
+    the same reason). Python's text mode would drop them and recompute another digest. Raises
+    OSError; never waits on a FIFO.
+    """
+    return read_file(path)
+
+
+def input_text(data: bytes) -> str:
+    """`data` as text for include parsing, losslessly: encoding the result with
+    ("utf-8", "surrogateescape") gives back exactly `data`, so what is hashed is what was read."""
+    return data.decode("utf-8", "surrogateescape")
+
+
+_MASK_64 = (1 << 64) - 1
+
+
+def split_mix(value: int) -> int:
+    """SplitMix64's finaliser, which DeepJIT's `FNV1a` and DeepGEMM's `get_hex_digest` both apply
+    to each 64-bit lane before printing it."""
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK_64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK_64
+    return value ^ (value >> 31)

@@ -83,7 +83,7 @@ def recompute_key(inputs: Mapping[str, Any], extra_digest: bytes | None) -> byte
     for name in names:
         update("name", str(name).encode("utf-8", "surrogateescape"))
     if inputs.get("name") is not None:
-        update("options_name", str(inputs["name"]).encode("utf-8"))
+        update("options_name", str(inputs["name"]).encode("utf-8", "surrogateescape"))
     if extra_digest is not None:
         update("extra_digest", bytes(extra_digest))
     return hasher.digest()
@@ -111,7 +111,7 @@ def _fingerprint_files(inputs: Mapping[str, Any]) -> list[str]:
 class CudaCorePolicy:
     runtime = "cuda-core"
     env_prefixes: tuple[str, ...] = ()
-    flavour = "deepjit"  # unused: cuda.core reads no <PREFIX>_JIT_* family
+    flavour: str | None = None
     # The key takes the caller's extra_digest afresh at every compile: a live process keeps no
     # header digest of its own. A caller that reuses an old fingerprint is caught by
     # record_findings (CA106), not inferred from the process table.
@@ -151,13 +151,10 @@ class CudaCorePolicy:
         digest_note = "none"
         if inputs.get("extra_digest") is not None:
             if inputs.get("extra_digest_source") == "cacheaudit.headers":
-                from cacheaudit.digest import StateCache
-                from cacheaudit.headers import digest_of
+                from cacheaudit.headers import digest_now
 
                 fingerprint = inputs.get("fingerprint") or {}
-                cache = StateCache()
-                extra = digest_of([cache.capture(p) for p in _fingerprint_files(inputs)],
-                                  fingerprint.get("missing") or ())
+                extra = digest_now(_fingerprint_files(inputs), fingerprint.get("missing") or ())
                 digest_note = (f"cacheaudit.headers fingerprint over "
                                f"{len(_fingerprint_files(inputs))} header(s), recomputed now")
             else:
@@ -182,7 +179,8 @@ class CudaCorePolicy:
         ]
         return components, key, ""
 
-    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None) -> KeyCheck:
+    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None,
+                  env: Mapping[str, str] | None = None) -> KeyCheck:
         components, key, note = self.key_components(entry, record)
         if key is None:
             return KeyCheck(None, tuple(components), note)

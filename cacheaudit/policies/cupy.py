@@ -29,7 +29,7 @@ unverifiable (CA501) besides the reader's CA402 evidence.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policies import KeyCheck, TrackedSet
@@ -42,13 +42,14 @@ KEY_RECIPE = ("CuPy's key: sha1 of (arch, options, NVRTC version, backend), the 
 class CupyPolicy:
     runtime = "cupy"
     env_prefixes: tuple[str, ...] = ()
-    flavour = "deepjit"  # unused: CuPy reads no <PREFIX>_JIT_* family
+    flavour: str | None = None
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         # The source is keyed as text (a saved .cu is a copy, not an input); no file is.
         return TrackedSet(frozenset(), how=KEY_RECIPE)
 
-    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None) -> KeyCheck:
+    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None,
+                  env: Mapping[str, str] | None = None) -> KeyCheck:
         return KeyCheck(None, note=("CuPy's key hashes the compiler's output for an empty "
                                     "program and the full option tuple, which only a CuPy "
                                     "adapter could record; none exists yet"))

@@ -19,6 +19,17 @@ Not covered: CUTLASS/CuTe, CUDA and host headers, CPATH, NVCC_*_FLAGS, the host 
 patch version. Later revisions also fold a digest of the whole library include tree into the
 include hash; an entry built that way does not match the 2.6.1 recipe, which the recomputation
 reports instead of guessing.
+
+Older entries in the same layout follow other recipes, and are not recomputed (the key check
+says which; the tracked set follows their own rules):
+
+- the Python JIT (`kernel.<name>.<md5[:12]>`, deep_gemm/jit/compiler.py, 2025-02 to 2025-07):
+  md5 of `name$$get_deep_gemm_version()$$code$$(nvcc path, version)$$flags$$enable_sass_opt`
+  (the order varied), where `get_deep_gemm_version()` hashes the top-level
+  `include/deep_gemm/*.cuh` files and `jit/interleave_ffma.py`, nothing else;
+- the C++ JIT before 7f2a703 (no include-hash line in kernel.cu):
+  `name$$get_library_version()$$signature$$flags$$code`, the library version hashing every
+  `.cuh` under `include/deep_gemm`.
 """
 
 from __future__ import annotations
@@ -26,9 +37,18 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+from collections.abc import Mapping
 
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity
-from cacheaudit.policies import KeyCheck, KeyComponent, TrackedSet
+from cacheaudit.policies import (
+    KeyCheck,
+    KeyComponent,
+    TrackedSet,
+    input_text,
+    read_input,
+    split_mix,
+)
+from cacheaudit.readers.deepgemm import PYTHON_HASH_LEN
 
 _MASK = (1 << 64) - 1
 _PRIME = 0x100000001B3
@@ -36,23 +56,25 @@ _SEEDS = (0xC6A4A7935BD1E995, 0x9E3779B97F4A7C15)
 _INCLUDE = re.compile(r'#\s*include\s*[<"][^>"]+[>"]')
 _HASH_LINE = "// Includes' hash value: "
 _RELEASE = re.compile(r"release (\d+)\.(\d+)")
+_FIRST_VERSION = re.compile(r"(\d+)\.(\d+)")
+
+PYTHON_JIT_NOTE = ("a Python JIT entry (md5[:12] key): its signature holds "
+                   "get_deep_gemm_version() and the (nvcc path, version) pair in an order that "
+                   "changed between releases, so it is not recomputed")
+PRE_INCLUDE_HASH_NOTE = ("kernel.cu has no include-hash line: built by DeepGEMM before 7f2a703, "
+                         "whose key held get_library_version() (every .cuh under "
+                         "include/deep_gemm) instead; not recomputed")
 
 
-def _split_mix(value: int) -> int:
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK
-    return value ^ (value >> 31)
-
-
-def hex_digest(data: str) -> str:
+def hex_digest(data: str | bytes) -> str:
     """DeepGEMM's `get_hex_digest`: two seeded FNV-1a-64 passes, no length prefix, split-mixed."""
-    raw = data.encode("utf-8", "surrogateescape")
+    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
     lanes = []
     for seed in _SEEDS:
         state = seed
         for byte in raw:
             state = ((state ^ byte) * _PRIME) & _MASK
-        lanes.append(_split_mix(state))
+        lanes.append(split_mix(state))
     return f"{lanes[0]:016x}{lanes[1]:016x}"
 
 
@@ -95,27 +117,38 @@ class _IncludeHasher:
             raise NonStandardInclude(f"Circular include may occur: {path}")
         self._visiting.add(path)
         try:
-            with open(path, encoding="utf-8", errors="surrogateescape") as handle:
-                digest = self.code_hash(handle.read(), exclude_code=False)
+            digest = self.code_hash(input_text(read_input(path)), exclude_code=False)
         finally:
             self._visiting.discard(path)
         self.by_path[path] = digest
         return digest
 
 
-def _split_source(entry: CacheEntry) -> tuple[str, str] | None:
-    """(include hash line value, generated code after it) of an entry's kernel.cu."""
-    if entry.source is None or not entry.source.exists:
-        return None
+def _source_name(entry: CacheEntry) -> str:
+    return os.path.basename(entry.source.path) if entry.source is not None else "kernel.cu"
+
+
+def _split_source(entry: CacheEntry) -> tuple[str, str] | str:
+    """(include hash line value, generated code after it) of an entry's kernel.cu, read byte for
+    byte; "" for the value when there is no such line. A str alone says why it cannot be had."""
+    source = entry.source
+    name = _source_name(entry)
+    if source is None or not source.exists:
+        return f"{name} is missing"
+    if source.digest is None and source.error:
+        return f"{name} cannot be read: {source.error}"
     try:
-        with open(entry.source.path, encoding="utf-8", errors="surrogateescape") as handle:
-            text = handle.read()
-    except OSError:
-        return None
+        text = input_text(read_input(source.path))
+    except OSError as exc:
+        return f"{name} cannot be read: {type(exc).__name__}: {exc.strerror or exc}"
     if not text.startswith(_HASH_LINE):
         return "", text
     first, _, rest = text.partition("\n")
     return first[len(_HASH_LINE):], rest
+
+
+def _python_jit(entry: CacheEntry) -> bool:
+    return entry.key is not None and len(entry.key) == PYTHON_HASH_LEN
 
 
 def _library_include(record: CompileRecord | None, package: str) -> str | None:
@@ -135,6 +168,18 @@ def _library_include(record: CompileRecord | None, package: str) -> str | None:
     return None
 
 
+def compiler_signature(compiler: CompilerIdentity) -> str | None:
+    """The compiler part of the key: "NVCC<major>.<minor>" from nvcc's release line, or for the
+    reference runtime's CPU stand-in (fixtures/minijit) "GXX<major>.<minor>", the first version
+    number on the first line of `g++ --version`; None when the version text has neither."""
+    if compiler.kind == "gcc":
+        first_line = compiler.version_text.split("\n", 1)[0]
+        match = _FIRST_VERSION.search(first_line)
+        return f"GXX{match.group(1)}.{match.group(2)}" if match else None
+    match = _RELEASE.search(compiler.version_text)
+    return f"NVCC{match.group(1)}.{match.group(2)}" if match else None
+
+
 def _flags_and_signature(record: CompileRecord | None) -> tuple[str, str] | None:
     """The flag string and signature of the recorded compile: `cd tmp && nvcc <src> -cubin -o
     <cubin> <flags>` reaches the compiler as argv split on blanks, so the tokens after the output
@@ -144,17 +189,40 @@ def _flags_and_signature(record: CompileRecord | None) -> tuple[str, str] | None
     argv = [t.text for t in record.effective_argv if t.origin == "argv"]
     if "-o" not in argv:
         return None
-    flags = " ".join(argv[argv.index("-o") + 2:])
-    if record.compiler.kind == "gcc":
-        # The reference runtime's CPU stand-in (fixtures/minijit) signs with "GXX<major>.<minor>",
-        # the first version number on the first line of `g++ --version`.
-        first_line = record.compiler.version_text.split("\n", 1)[0]
-        match = re.search(r"(\d+)\.(\d+)", first_line)
-        return (flags, f"GXX{match.group(1)}.{match.group(2)}") if match else None
-    match = _RELEASE.search(record.compiler.version_text)
-    if match is None:
+    signature = compiler_signature(record.compiler)
+    if signature is None:
         return None
-    return flags, f"NVCC{match.group(1)}.{match.group(2)}"
+    return " ".join(argv[argv.index("-o") + 2:]), signature
+
+
+def _python_jit_tracked(include_dir: str) -> dict[str, str]:
+    """What `get_deep_gemm_version()` hashes: the top-level include/deep_gemm/*.cuh (os.listdir,
+    not recursive) and jit/interleave_ffma.py beside the package's include directory."""
+    names: dict[str, str] = {}
+    top = os.path.join(include_dir, "deep_gemm")
+    for name in sorted(os.listdir(top)):
+        if name.endswith(".cuh"):
+            names[f"deep_gemm/{name}"] = os.path.realpath(os.path.join(top, name))
+    ffma = os.path.join(os.path.dirname(include_dir), "jit", "interleave_ffma.py")
+    if os.path.isfile(ffma):
+        names["jit/interleave_ffma.py"] = os.path.realpath(ffma)
+    return names
+
+
+def _library_version_tracked(include_dir: str) -> dict[str, str]:
+    """What the C++ JIT's `get_library_version()` hashed before 7f2a703: every .cuh under
+    include/deep_gemm, recursively (.h and .hpp left out)."""
+    names: dict[str, str] = {}
+    top = os.path.join(include_dir, "deep_gemm")
+    if not os.path.isdir(top):
+        raise FileNotFoundError(f"{top} is not a directory")
+    for directory, dirs, files in os.walk(top):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".cuh"):
+                path = os.path.join(directory, name)
+                names[os.path.relpath(path, include_dir)] = os.path.realpath(path)
+    return names
 
 
 class DeepGemmPolicy:
@@ -162,43 +230,62 @@ class DeepGemmPolicy:
         self.runtime = runtime
         self.prefix = prefix
         self.env_prefixes = (env_prefix,)
-        self.flavour = runtime
+        self.flavour: str | None = runtime  # "deepgemm", "deepep": envvars.FLAVOURS names
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         include_dir = _library_include(record, self.prefix)
-        how = (f"{self.runtime}'s include regex over kernel.cu: <{self.prefix}...> in the library "
+        name = _source_name(entry)
+        how = (f"{self.runtime}'s include regex over {name}: <{self.prefix}...> in the library "
                f"include dir")
         paths = {entry.source.path} if entry.source is not None else set()
         split = _split_source(entry)
-        if split is None:
-            return TrackedSet(frozenset(paths), error="kernel.cu is missing", how=how)
+        if isinstance(split, str):
+            return TrackedSet(frozenset(paths), error=split, how=how)
         if include_dir is None:
             return TrackedSet(frozenset(paths), error="the library include directory is unknown "
                               f"(no recorded compile, {self.prefix} not installed)", how=how)
-        names: dict[str, str] = {}
+        legacy = None
+        if _python_jit(entry):
+            legacy = (_python_jit_tracked, "the Python JIT's get_deep_gemm_version(): the "
+                      "top-level include/deep_gemm/*.cuh and jit/interleave_ffma.py")
+        elif not split[0] and self.prefix == "deep_gemm":
+            legacy = (_library_version_tracked, "the C++ JIT's get_library_version() before "
+                      "7f2a703: every .cuh under include/deep_gemm")
+        if legacy is not None:
+            collect, legacy_how = legacy
+            try:
+                names = collect(include_dir)
+            except OSError as exc:
+                return TrackedSet(frozenset(paths), error=str(exc), how=legacy_how)
+            return TrackedSet(frozenset(paths | set(names.values())), names, how=legacy_how)
+        names = {}
         pending = [split[1]]
         try:
             while pending:
-                for name in tracked_includes(pending.pop(), self.prefix):
-                    path = os.path.join(include_dir, name)
-                    if name in names:
+                for include in tracked_includes(pending.pop(), self.prefix):
+                    path = os.path.join(include_dir, include)
+                    if include in names:
                         continue
-                    names[name] = os.path.realpath(path)
-                    with open(path, encoding="utf-8", errors="surrogateescape") as handle:
-                        pending.append(handle.read())
+                    names[include] = os.path.realpath(path)
+                    pending.append(input_text(read_input(path)))
         except (NonStandardInclude, OSError) as exc:
             return TrackedSet(frozenset(paths | set(names.values())), names, str(exc), how)
         return TrackedSet(frozenset(paths | set(names.values())), names, how=how)
 
-    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None) -> KeyCheck:
+    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None,
+                  env: Mapping[str, str] | None = None) -> KeyCheck:
         # The entry holds only kernel.cu and the binary; the recorded compile supplies the flags,
         # the signature and the library include directory.
-        split = _split_source(entry)
-        include_dir = _library_include(record, self.prefix)
-        if split is None:
-            return KeyCheck(None, note="kernel.cu is missing")
-        recorded_hash, generated = split
         components = [KeyComponent("name", entry.kernel, None)]
+        if _python_jit(entry):
+            return KeyCheck(None, tuple(components), PYTHON_JIT_NOTE)
+        split = _split_source(entry)
+        if isinstance(split, str):
+            return KeyCheck(None, tuple(components), split)
+        recorded_hash, generated = split
+        if not recorded_hash:
+            return KeyCheck(None, tuple(components), PRE_INCLUDE_HASH_NOTE)
+        include_dir = _library_include(record, self.prefix)
         if include_dir is None:
             return KeyCheck(None, tuple(components), "the library include directory is unknown")
         try:
@@ -212,7 +299,7 @@ class DeepGemmPolicy:
             return KeyCheck(None, tuple(components),
                             "flags and signature are not in the entry; no recorded compile")
         flags, signature = shape
-        code = f"{_HASH_LINE}{include_hash}\n{generated}" if recorded_hash else generated
+        code = f"{_HASH_LINE}{include_hash}\n{generated}"
         components += [KeyComponent("signature", signature, None),
                        KeyComponent("flags", flags, hex_digest(flags)),
                        KeyComponent("code", f"kernel.cu ({len(code)} bytes)", hex_digest(code))]
@@ -221,11 +308,10 @@ class DeepGemmPolicy:
 
     def compiler_change_in_key(self, recorded: CompilerIdentity,
                                current: CompilerIdentity) -> bool:
-        # Only "NVCC<major>.<minor>" enters the key: a patch release or another binary of the
-        # same release at the same path does not.
-        old = _RELEASE.search(recorded.version_text)
-        new = _RELEASE.search(current.version_text)
-        return (old and old.groups()) != (new and new.groups())
+        # Only the signature ("NVCC<major>.<minor>", or the stand-in's "GXX<major>.<minor>")
+        # enters the key: a patch release or another binary of the same release at the same
+        # path does not.
+        return compiler_signature(recorded) != compiler_signature(current)
 
     def dependency_command(self, entry: CacheEntry) -> tuple[list[str], str] | None:
         # DeepGEMM writes no command into the entry, and without a recorded compile the flags

@@ -21,23 +21,25 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity
-from cacheaudit.policies import KeyCheck, KeyComponent, TrackedSet
+from cacheaudit.policies import (
+    KeyCheck,
+    KeyComponent,
+    TrackedSet,
+    input_text,
+    read_input,
+    split_mix,
+)
+from cacheaudit.readers.deepjit import mistyped
 
 _MASK = (1 << 64) - 1
 _PRIME_0 = 0x100000001B3
 _PRIME_1 = 0x9E3779B97F4A7C15
 _SEED_0 = 0xC6A4A7935BD1E995
 _SEED_1 = 0xFF51AFD7ED558CCD
-
-
-def _split_mix(value: int) -> int:
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK
-    return value ^ (value >> 31)
 
 
 class FNV1a:
@@ -59,7 +61,7 @@ class FNV1a:
         return self
 
     def hexdigest(self) -> str:
-        return f"{_split_mix(self.state_0):016x}{_split_mix(self.state_1):016x}"
+        return f"{split_mix(self.state_0):016x}{split_mix(self.state_1):016x}"
 
 
 def hex_digest(data: str | bytes) -> str:
@@ -128,9 +130,7 @@ class _Parser:
         self._visiting.add(name)
         try:
             path = self.resolve(name)
-            with open(path, encoding="utf-8", errors="surrogateescape") as handle:
-                code = handle.read()
-            digest = self.parse_into_hash(code)
+            digest = self.parse_into_hash(input_text(read_input(path)))
         finally:
             self._visiting.discard(name)
         self.resolved[name] = os.path.realpath(path)
@@ -152,15 +152,9 @@ class _Parser:
             try:
                 path = self.resolve(name)
                 self.resolved[name] = os.path.realpath(path)
-                with open(path, encoding="utf-8", errors="surrogateescape") as handle:
-                    self.walk(handle.read())
+                self.walk(input_text(read_input(path)))
             finally:
                 self._visiting.discard(name)
-
-
-def _telling_line(version: str) -> str:
-    lines = [line.strip() for line in version.splitlines() if line.strip()]
-    return next((line for line in lines if "release" in line), lines[0] if lines else "")
 
 
 def _config(entry: CacheEntry) -> dict[str, Any]:
@@ -168,14 +162,39 @@ def _config(entry: CacheEntry) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def _read_source(entry: CacheEntry) -> str | None:
-    if entry.source is None or not entry.source.exists:
+_PARSER_FIELDS = ("config.include_dirs", "config.include_prefixes")
+_KEY_FIELDS = (*_PARSER_FIELDS, "config.extra_signature", "compiler_info.version", "command",
+               "compiler_options")
+
+
+def _mistyped(entry: CacheEntry, fields: Sequence[str]) -> str | None:
+    """Why meta.json's recipe fields cannot be used as DeepJIT's, or None. A value DeepJIT
+    cannot have written is no recipe: fed to the parser it would crash the scan or compute
+    another key (a string of prefixes read as one prefix per character)."""
+    bad = [why for name in fields if (why := mistyped(entry.meta, name)) is not None]
+    if not bad:
         return None
+    return f"meta.json has {'; '.join(bad)}: not what DeepJIT writes, so it cannot be used"
+
+
+def _source_name(entry: CacheEntry) -> str:
+    return os.path.basename(entry.source.path) if entry.source is not None else "the source"
+
+
+def _read_source(entry: CacheEntry) -> tuple[str | None, str]:
+    """(the entry's source as text, "") or (None, why it cannot be had, naming the file)."""
+    source = entry.source
+    if source is None:
+        return None, "the entry has no source file"
+    name = _source_name(entry)
+    if not source.exists:
+        return None, f"{name} is missing"
+    if source.digest is None and source.error:
+        return None, f"{name} cannot be read: {source.error}"
     try:
-        with open(entry.source.path, encoding="utf-8", errors="surrogateescape") as handle:
-            return handle.read()
-    except OSError:
-        return None
+        return input_text(read_input(source.path)), ""
+    except OSError as exc:
+        return None, f"{name} cannot be read: {type(exc).__name__}: {exc.strerror or exc}"
 
 
 def options_flags(options: dict[str, Any]) -> list[str] | None:
@@ -196,8 +215,11 @@ def options_flags(options: dict[str, Any]) -> list[str] | None:
             flags.append("--ptxas-options=--warn-on-local-memory-usage")
         if options.get("with_line_info"):
             flags.append("--generate-line-info")
-        flags += [str(f) for f in options.get("nvcc_flags") or []]
-        flags += [str(f) for f in options.get("extra_nvcc_flags") or []]
+        for name in ("nvcc_flags", "extra_nvcc_flags"):
+            extra = options.get(name) or []
+            if not isinstance(extra, list):
+                raise TypeError(f"{name} is not a list")  # a string would split into chars
+            flags += [str(f) for f in extra]
     except (KeyError, TypeError):
         return None
     return flags
@@ -229,14 +251,19 @@ class DeepJitPolicy:
     flavour = "deepjit"
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
+        paths = {entry.source.path} if entry.source is not None else set()
+        name = _source_name(entry)
+        if (bad := _mistyped(entry, _PARSER_FIELDS)) is not None:
+            return TrackedSet(frozenset(paths), error=bad,
+                              how=f"DeepJIT's parser over {name}: no usable include_dirs and "
+                                  "include_prefixes")
         config = _config(entry)
         parser = _Parser(config.get("include_dirs") or [], config.get("include_prefixes") or [])
-        source = _read_source(entry)
-        how = (f"DeepJIT's parser over kernel.cu: literal #include <...> lines with prefixes "
+        how = (f"DeepJIT's parser over {name}: literal #include <...> lines with prefixes "
                f"{parser.prefixes or '(none)'}, resolved in {parser.include_dirs or '(none)'}")
-        paths = {entry.source.path} if entry.source is not None else set()
+        source, why = _read_source(entry)
         if source is None:
-            return TrackedSet(frozenset(paths), error="kernel.cu is missing", how=how)
+            return TrackedSet(frozenset(paths), error=why, how=how)
         try:
             parser.walk(source)
         except (NonStandardInclude, FileNotFoundError, OSError) as exc:
@@ -247,6 +274,17 @@ class DeepJitPolicy:
 
     def key_components(self, entry: CacheEntry) -> tuple[list[KeyComponent], str | None, str]:
         """The labelled parts of the key as a new runtime would compute them now."""
+        name = _source_name(entry)
+        backend = entry.meta.get("backend")
+        other_source = entry.source is not None and name != "kernel.cu"
+        if other_source or (isinstance(backend, str) and backend.upper() != "CUDA"):
+            # ROCm's CompilerInfo hashes the hipcc path, its version and HIP/ROCm variables,
+            # Ascend's its own toolchain: only the CUDA recipe is known here.
+            which = f"{name}, backend {backend}" if isinstance(backend, str) else name
+            return [], None, (f"an entry of another backend ({which}): only DeepJIT's CUDA key "
+                              "recipe is recomputed")
+        if (bad := _mistyped(entry, _KEY_FIELDS)) is not None:
+            return [], None, bad
         config = _config(entry)
         info = entry.meta.get("compiler_info") or {}
         command = entry.meta.get("command")
@@ -260,9 +298,9 @@ class DeepJitPolicy:
         if flags is None:
             return [], None, "meta.json holds neither compiler options nor a command of " \
                              "DeepJIT's shape"
-        source = _read_source(entry)
+        source, why = _read_source(entry)
         if source is None:
-            return [], None, "kernel.cu is missing"
+            return [], None, why
         if isinstance(options, dict) and options.get("post_hook"):
             return [], None, "entries with a post hook are not recomputed"
         parser = _Parser(include_dirs, config.get("include_prefixes") or [])
@@ -270,25 +308,29 @@ class DeepJitPolicy:
             code_digest = parser.parse_into_hash(source)
         except (NonStandardInclude, FileNotFoundError, OSError) as exc:
             return [], None, f"the tracked headers cannot be hashed now: {exc}"
-        extra = str(config.get("extra_signature", ""))
-        version = str(info["version"])
+        extra = config.get("extra_signature", "")
+        version = info["version"]
+        nvcc = str(info.get("path") or "nvcc")
+        telling = CompilerIdentity(invoked=nvcc, path=nvcc, resolved=nvcc, kind="nvcc",
+                                   version_text=version, digest=None).version_line
         components = [
             KeyComponent("extra_signature", extra, hex_digest(extra)),
-            KeyComponent("compiler version (nvcc --version)", _telling_line(version),
-                         hex_digest(version)),
+            KeyComponent("compiler version (nvcc --version)", telling, hex_digest(version)),
             KeyComponent("flags", " ".join(flags), hex_digest(" ".join(flags))),
             KeyComponent("post hook", "(none)", hex_digest("")),
-            KeyComponent("source + tracked headers", f"kernel.cu + {len(parser.digests)} tracked",
+            KeyComponent("source + tracked headers", f"{name} + {len(parser.digests)} tracked",
                          code_digest),
         ]
-        components += [KeyComponent(f"  <{name}>", parser.resolved.get(name, "?"), digest)
-                       for name, digest in parser.digests.items()]
+        components += [KeyComponent(f"  <{include}>", parser.resolved.get(include, "?"), digest)
+                       for include, digest in parser.digests.items()]
         key = (FNV1a().update(extra).update(hex_digest(version)).update(" ".join(flags))
                .update("").update(code_digest).hexdigest())
         return components, key, ""
 
-    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None) -> KeyCheck:
-        # meta.json carries every part of the recipe; the recorded compile adds nothing.
+    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None,
+                  env: Mapping[str, str] | None = None) -> KeyCheck:
+        # meta.json carries every part of the recipe; the recorded compile and the environment
+        # add nothing.
         components, key, note = self.key_components(entry)
         return KeyCheck(key, tuple(components), note)
 

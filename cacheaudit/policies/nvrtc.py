@@ -46,13 +46,13 @@ class NvrtcPolicy:
     runtime = "nvrtc"
     env_prefixes: tuple[str, ...] = ()
     """NVRTC reads no `<PREFIX>_JIT_*` family (nor CPATH: platform-notes.md §2)."""
-    flavour = ""
-    """Unused: with no prefixes there is nothing to resolve."""
+    flavour: str | None = None
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         return TrackedSet(frozenset(), how=_NOTHING_KEYED)
 
-    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None) -> KeyCheck:
+    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None,
+                  env: Mapping[str, str] | None = None) -> KeyCheck:
         return KeyCheck(None, note=_NOTHING_KEYED)
 
     def compiler_change_in_key(self, recorded: CompilerIdentity,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from cacheaudit.findings import make_finding, state_text
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
@@ -40,8 +40,7 @@ TRACKED_HOW = ("ninja's deps log (-MMD: no -isystem or C/CPLUS_INCLUDE_PATH head
 class TorchExtPolicy:
     runtime = "torch-ext"
     env_prefixes: tuple[str, ...] = ()
-    # torch reads no <PREFIX>_JIT_* family; the flavour is never consulted with no prefixes.
-    flavour = "deepjit"
+    flavour: str | None = None  # torch reads no <PREFIX>_JIT_* family
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         """The record's tracked set (what ninja's deps log held right after that build), else
@@ -65,23 +64,25 @@ class TorchExtPolicy:
             return TrackedSet(frozenset(sources), error=str(exc), how=TRACKED_HOW)
         return TrackedSet(tracked_paths(build, deps), how=TRACKED_HOW + " (read now)")
 
-    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None) -> KeyCheck:
+    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None,
+                  env: Mapping[str, str] | None = None) -> KeyCheck:
         """The key as ninja would see it now: build.ninja's commands (the entry's key) and ninja's
         verdict. "No work to do" recomputes the same key (a hit would be served); work to do
-        recomputes another (the next load() in a new process rebuilds)."""
+        recomputes another (the next load() in a new process rebuilds). ninja runs in `env` (the
+        audit's environment, else this process's), with the recorded build's PATH."""
         from cacheaudit.readers.torch_ext import ninja_dry_run
 
         if entry.key is None:
             return KeyCheck(None, note="build.ninja cannot be read")
         # The ninja the build ran (torch runs `ninja` from PATH): another version may not read
         # its logs (ninja 1.11 starts over on a 1.12+ build log) and would claim a rebuild.
-        env = dict(os.environ)
+        run_env = dict(os.environ if env is None else env)
         if record is not None and record.env.get("PATH"):
-            env["PATH"] = record.env["PATH"]
-        ninja = shutil.which("ninja", path=env.get("PATH"))
+            run_env["PATH"] = record.env["PATH"]
+        ninja = shutil.which("ninja", path=run_env.get("PATH", ""))
         if ninja is None:
             return KeyCheck(None, note="ninja is not on PATH: its decision cannot be asked")
-        dry = ninja_dry_run(entry.path, env)
+        dry = ninja_dry_run(entry.path, run_env)
         commands = KeyComponent("build.ninja commands", f"{len(entry.meta.get('commands', []))} "
                                 f"edges", entry.key)
         if dry.work is None:

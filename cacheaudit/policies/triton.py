@@ -51,6 +51,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cacheaudit import envvars
+from cacheaudit.digest import read_file
 from cacheaudit.findings import make_finding
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policies import KeyCheck, KeyComponent, TrackedSet
@@ -110,8 +111,7 @@ def build_env(metadata: Mapping[str, Any]) -> dict[str, str]:
 
 @functools.lru_cache(maxsize=256)
 def _file_sha256(path: str, size: int, mtime_ns: int, ino: int) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
+    return hashlib.sha256(read_file(path)).hexdigest()
 
 
 def file_sha256(path: str) -> str:
@@ -180,8 +180,10 @@ def ptxas_version_text(path: str) -> str | None:
 def _extern_libs(entry: CacheEntry, record: CompileRecord | None) -> list[tuple[str, str]]:
     parts = _key_parts(record)
     libs = parts.get("extern_libs") if parts else entry.meta.get("extern_libs")
+    if not isinstance(libs, (list, tuple)):
+        return []  # Triton writes a list of [name, path] pairs; anything else names no file
     found = []
-    for item in libs or ():
+    for item in libs:
         if isinstance(item, (list, tuple)) and len(item) == 2:
             found.append((str(item[0]), str(item[1])))
     return found
@@ -198,7 +200,7 @@ class TritonPolicy:
     runtime = RUNTIME
     env_prefixes: tuple[str, ...] = ()
     """Triton has no `<PREFIX>_JIT_*` family, so CA203/CA204 never apply."""
-    flavour = "triton"
+    flavour: str | None = None
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         """The files Triton's key reads by content: the extern libraries (libdevice). The @jit
@@ -264,12 +266,14 @@ class TritonPolicy:
             components.append(KeyComponent(f"extern lib {name}", path, digest))
         return components
 
-    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None) -> KeyCheck:
+    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None,
+                  env: Mapping[str, str] | None = None) -> KeyCheck:
         """The key with the extern libraries and the ptxas as they are now, the recorded
         triton_key() and @jit source hash, and the environment the entry was compiled under
-        (a different environment now only means a different key, a miss, not a stale hit)."""
+        (a different environment now only means a different key, a miss, not a stale hit).
+        `env` is the environment a lookup would run under (the audit's, else this process's)."""
         components, key, note = self.key_components(entry, record)
-        now = invalidating_env(os.environ)
+        now = invalidating_env(os.environ if env is None else env)
         if now != build_env(entry.meta):
             components.append(KeyComponent("cache-invalidating environment (now: a lookup now "
                                            "computes another key)", env_key_part(now)))

@@ -6,7 +6,7 @@ read by DeepGEMM <= 2.6 and by DeepGEMM 2.8 on DeepJIT alike, so an upgrade unde
 leaves a mixed root. Each reader therefore knows the other's entry names, skips them instead of
 calling them leftovers, and accepts a root where its own entries are a minority.
 
-Readers only read: every file is opened O_RDONLY (through `StateCache.capture` or `read_head`),
+Readers only read: every file is opened O_RDONLY (through `StateCache.capture` or `read_file`),
 directories are listed with os.scandir, nothing is created, touched or removed.
 """
 
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from cacheaudit.digest import StateCache
-from cacheaudit.model import CacheEntry, CacheLeftover
+from cacheaudit.digest import StateCache, read_file
+from cacheaudit.model import CacheEntry, CacheLeftover, FileState
 
 # DeepJIT DiskCache::entry: the tag is [A-Za-z0-9_]+ (asserted), the digest is
 # FNV1a::get_hex_digest, "{:016x}{:016x}": 32 lowercase hex digits.
@@ -144,15 +144,31 @@ def binary_format(head: bytes | None) -> str:
 def read_head(path: str, limit: int = HEAD_BYTES) -> bytes | None:
     """The first `limit` bytes of a regular file, or None when it cannot be read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        return read_file(path, limit)
     except OSError:
         return None
-    try:
-        return os.read(fd, limit)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+
+
+def capture(directory: str, name: str, names: Mapping[str, os.DirEntry[str]],
+            cache: StateCache) -> FileState:
+    """The state of `name` in an entry directory already listed as `names`: a name the listing
+    lacks is missing without a second look (the listing is what the scan judged)."""
+    path = os.path.join(directory, name)
+    return cache.capture(path) if name in names else FileState.missing(path)
+
+
+def symlinks_outside(names: Mapping[str, os.DirEntry[str]], wanted: Iterable[str],
+                     boundary_real: str) -> list[str]:
+    """Problems (CA402 evidence) for each of the `wanted` files that is a symlink leading out of
+    the cache: its content can change under an unchanged key."""
+    problems = []
+    for name in wanted:
+        found = names.get(name)
+        if found is not None and found.is_symlink() and (
+                target := outside(found.path, boundary_real)) is not None:
+            problems.append(f"{name} is a symlink to {target}, outside the cache: its content "
+                            "can change without the key changing")
+    return problems
 
 
 def has_entry_named(cache_dir: str, pattern: re.Pattern[str]) -> bool:

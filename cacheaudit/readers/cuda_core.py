@@ -109,15 +109,21 @@ class CudaCoreReader:
                 yield unlistable(RUNTIME, LAYOUT, root, subdir.path, exc)
                 continue
             for item in files:
-                if NAME_RE.fullmatch(item.name) and not item.is_dir():
+                named = NAME_RE.fullmatch(item.name) is not None
+                if named and not item.is_dir():
                     yield read_entry(root, subdir.name, item, cache)
+                    continue
+                if named:
+                    reason = ("a directory with an entry's name: cuda.core only ever writes "
+                              "files there; a lookup of this key reads it with "
+                              "Path.read_bytes, whose IsADirectoryError is no miss but an error "
+                              "out of the compile, until the directory is removed")
                 else:
-                    yield CacheLeftover(
-                        runtime=RUNTIME, layout=LAYOUT, root=root, path=item.path,
-                        reason=("not a name cuda.core writes (62 hex digits of a SHA-256 after "
-                                "the two in the directory name): never looked up"),
-                        mtime_ns=lstat_mtime_ns(item))
-        yield from tmp_leftovers(root)
+                    reason = ("not a name cuda.core writes (62 hex digits of a SHA-256 after "
+                              "the two in the directory name): never looked up")
+                yield CacheLeftover(runtime=RUNTIME, layout=LAYOUT, root=root, path=item.path,
+                                    reason=reason, mtime_ns=lstat_mtime_ns(item))
+        yield from tmp_files(root)
 
 
 def read_entry(root: str, prefix: str, item: os.DirEntry[str], cache: StateCache) -> CacheEntry:
@@ -154,8 +160,10 @@ def read_entry(root: str, prefix: str, item: os.DirEntry[str], cache: StateCache
                       files=(item.name,), problems=tuple(problems))
 
 
-def tmp_leftovers(root: str, now_s: float | None = None) -> Iterator[CacheLeftover]:
-    """Files in tmp/: each is a write that never reached os.replace (or one running now)."""
+def tmp_files(root: str, now_s: float | None = None) -> Iterator[CacheLeftover]:
+    """Files in tmp/: each is a write that never reached os.replace (or one running now), judged
+    by cuda.core's own sweep age (unlike `_common.tmp_leftovers`, where everything in tmp/ is a
+    crashed build)."""
     tmp_dir = os.path.join(root, TMP)
     try:
         items = scandir_sorted(tmp_dir)

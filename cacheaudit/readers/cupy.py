@@ -50,6 +50,7 @@ from cacheaudit.model import CacheEntry, CacheLeftover, FileState, content_diges
 from cacheaudit.readers._common import (
     binary_format,
     lstat_mtime_ns,
+    read_file,
     read_head,
     scandir_sorted,
     unlistable,
@@ -178,8 +179,7 @@ def read_entry(root: str, item: os.DirEntry[str], digest: str, names: set[str],
         problems.append(f"the entry cannot be read: {binary.error}")
     elif binary.exists:
         try:
-            with open(path, "rb") as handle:
-                data = handle.read()
+            data = read_file(path)
         except OSError as exc:
             data = b""
             problems.append(f"the entry cannot be read: {exc.strerror or exc}")

@@ -57,18 +57,19 @@ import re
 from collections.abc import Iterator, Mapping
 
 from cacheaudit.digest import StateCache
-from cacheaudit.model import CacheEntry, CacheLeftover, FileState
+from cacheaudit.model import CacheEntry, CacheLeftover
 from cacheaudit.readers._common import (
     DEEPGEMM_ENTRY_RE,
     DEEPJIT_ENTRY_RE,
     TMP_NAME_RE,
+    capture,
     has_entry_named,
     has_tmp_named,
     home_default,
     list_entry,
-    outside,
     read_cache_root,
     read_head,
+    symlinks_outside,
     unique_paths,
 )
 
@@ -179,12 +180,6 @@ def parse_head(head: bytes) -> tuple[str | None, str | None, bool]:
     return include_hash, problem, is_deepep
 
 
-def _capture(path: str, name: str, names: Mapping[str, os.DirEntry[str]],
-             cache: StateCache) -> FileState:
-    return cache.capture(os.path.join(path, name)) if name in names else FileState.missing(
-        os.path.join(path, name))
-
-
 def read_entry(root: str, item: os.DirEntry[str], name: str, digest: str, boundary: str,
                cache: StateCache) -> CacheEntry:
     """One entry directory, with every reason it is corrupt or partial (CA402 evidence)."""
@@ -197,15 +192,10 @@ def read_entry(root: str, item: os.DirEntry[str], name: str, digest: str, bounda
 
     binary_name = next((b for b in BINARIES if b in names),
                        "kernel.so" if "kernel.args" in names else "kernel.cubin")
-    for file_name in (binary_name, SOURCE):
-        found = names.get(file_name)
-        if found is not None and found.is_symlink() and (
-                target := outside(found.path, boundary)) is not None:
-            problems.append(f"{file_name} is a symlink to {target}, outside the cache: its "
-                            "content can change without the key changing")
+    problems += symlinks_outside(names, (binary_name, SOURCE), boundary)
 
-    binary = _capture(path, binary_name, names, cache)
-    source = _capture(path, SOURCE, names, cache)
+    binary = capture(path, binary_name, names, cache)
+    source = capture(path, SOURCE, names, cache)
     if python_jit:
         if not binary.exists:
             problems.append(f"{binary_name} is missing: the Python JIT (Runtime.is_path_valid) "

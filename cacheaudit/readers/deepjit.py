@@ -53,22 +53,24 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from cacheaudit.digest import StateCache
-from cacheaudit.model import CacheEntry, CacheLeftover, FileState
+from cacheaudit.model import CacheEntry, CacheLeftover
 from cacheaudit.readers._common import (
     DEEPGEMM_ENTRY_RE,
     DEEPJIT_ENTRY_RE,
     TMP_NAME_RE,
+    capture,
     env_path_list,
     has_entry_named,
     has_tmp_named,
     home_default,
     list_entry,
-    outside,
     read_cache_root,
+    read_file,
+    symlinks_outside,
     unique_paths,
 )
 
@@ -153,17 +155,10 @@ def _pick_backend(names: Mapping[str, os.DirEntry[str]]) -> tuple[str, str]:
     return BACKEND_FILES[0]
 
 
-def _capture(path: str, name: str, names: Mapping[str, os.DirEntry[str]],
-             cache: StateCache) -> FileState:
-    return cache.capture(os.path.join(path, name)) if name in names else FileState.missing(
-        os.path.join(path, name))
-
-
 def read_meta(path: str) -> tuple[dict[str, Any], str | None]:
     """meta.json parsed once: (object, None), or ({}, why it is unusable)."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        data = read_file(path)
     except FileNotFoundError:
         return {}, (f"{META} is missing: the compiler identity and configuration DeepJIT "
                     "records for every entry cannot be checked")
@@ -178,17 +173,72 @@ def read_meta(path: str) -> tuple[dict[str, Any], str | None]:
     return meta, None
 
 
+def _is_str_list(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+# What DeepJIT's meta.json holds in each field it always writes (backend.hpp serialises them
+# from typed members): a value of another type was not written by DeepJIT, and feeding it to the
+# key recipe would crash the recomputation or, worse, silently compute something else (a string
+# of include prefixes taken as one prefix per character).
+META_TYPES: Mapping[str, tuple[Callable[[object], bool], str]] = {
+    "command": (lambda v: isinstance(v, str), "a string"),
+    "compiler_options": (lambda v: isinstance(v, dict), "an object"),
+    "config.python_library_root": (lambda v: isinstance(v, str), "a string"),
+    "config.extra_signature": (lambda v: isinstance(v, str), "a string"),
+    "config.include_dirs": (_is_str_list, "a list of strings"),
+    "config.include_prefixes": (_is_str_list, "a list of strings"),
+    "compiler_info.path": (lambda v: isinstance(v, str), "a string"),
+    "compiler_info.version": (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def meta_field(meta: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
+    """(present, value) of a dotted meta.json field ("config.include_dirs")."""
+    value: Any = meta
+    for part in dotted.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
+
+
+def mistyped(meta: Mapping[str, Any], dotted: str) -> str | None:
+    """Why a present field of meta.json cannot be what DeepJIT wrote there, or None."""
+    present, value = meta_field(meta, dotted)
+    check = META_TYPES.get(dotted)
+    if not present or check is None or check[0](value):
+        return None
+    return _mistyped_text(dotted, value)
+
+
+def _mistyped_text(dotted: str, value: object) -> str:
+    return f"{dotted} (a JSON {type(value).__name__}, not {META_TYPES[dotted][1]})"
+
+
+# (key, ((subkey, dotted name, type check), ...)) for the two objects meta.json always holds:
+# names and checks resolved once, since every entry of a scan goes through them.
+_OBJECT_FIELDS = tuple(
+    (key, tuple((sub, f"{key}.{sub}", META_TYPES[f"{key}.{sub}"][0]) for sub in subkeys))
+    for key, subkeys in (("config", META_CONFIG_KEYS), ("compiler_info", META_COMPILER_KEYS)))
+
+
 def meta_gaps(meta: Mapping[str, Any]) -> list[str]:
     """Dotted names of the keys DeepJIT always writes that `meta` lacks (or has mistyped)."""
     gaps = [key for key in META_KEYS if key not in meta]
-    for key, subkeys in (("config", META_CONFIG_KEYS), ("compiler_info", META_COMPILER_KEYS)):
+    for key, fields in _OBJECT_FIELDS:
         value = meta.get(key)
         if key in meta and not isinstance(value, dict):
             gaps.append(f"{key} (not an object)")
         elif isinstance(value, dict):
-            gaps.extend(f"{key}.{sub}" for sub in subkeys if sub not in value)
-    if "command" in meta and not isinstance(meta["command"], str):
-        gaps.append("command (not a string)")
+            for sub, dotted, check in fields:
+                if sub not in value:
+                    gaps.append(dotted)
+                elif not check(value[sub]):
+                    gaps.append(_mistyped_text(dotted, value[sub]))
+    for key in ("command", "compiler_options"):
+        if key in meta and not META_TYPES[key][0](meta[key]):
+            gaps.append(_mistyped_text(key, meta[key]))
     return gaps
 
 
@@ -202,12 +252,7 @@ def read_entry(root: str, item: os.DirEntry[str], tag: str, digest: str, boundar
                           key=digest, problems=tuple(problems))
 
     binary_name, source_name = _pick_backend(names)
-    for name in (binary_name, source_name, COMMITTED, META):
-        found = names.get(name)
-        if found is not None and found.is_symlink() and (
-                target := outside(found.path, boundary)) is not None:
-            problems.append(f"{name} is a symlink to {target}, outside the cache: its content "
-                            "can change without the key changing")
+    problems += symlinks_outside(names, (binary_name, source_name, COMMITTED, META), boundary)
 
     committed_ns: int | None = None
     marker = names.get(COMMITTED)
@@ -226,7 +271,7 @@ def read_entry(root: str, item: os.DirEntry[str], tag: str, digest: str, boundar
         problems.append(f"empty directory, no {COMMITTED} marker: DeepJIT treats this key as a "
                         "miss and its publishing rename replaces the directory")
 
-    binary = _capture(path, binary_name, names, cache)
+    binary = capture(path, binary_name, names, cache)
     if not binary.exists:
         problems.append(f"{binary_name} is missing: DeepJIT still counts the entry as a hit "
                         f"(it checks only {COMMITTED}) and then fails to load it")
@@ -236,7 +281,7 @@ def read_entry(root: str, item: os.DirEntry[str], tag: str, digest: str, boundar
         problems.append(f"{binary_name} is empty (0 bytes): DeepJIT never publishes an empty "
                         "binary, so it was truncated afterwards; loading it fails")
 
-    source = _capture(path, source_name, names, cache)
+    source = capture(path, source_name, names, cache)
     if not source.exists:
         problems.append(f"{source_name} is missing: DeepJIT does not need it to load the kernel, "
                         "but the cached binary can no longer be tied to its source")

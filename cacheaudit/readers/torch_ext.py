@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cacheaudit.digest import StateCache
 from cacheaudit.model import CacheEntry, CacheLeftover, FileState, json_digest
+from cacheaudit.readers._common import read_file, unlistable
 
 if TYPE_CHECKING:
     from cacheaudit.graph import NinjaDeps
@@ -354,8 +355,7 @@ def read_build_file(path: str) -> BuildFile:
     """Parse a build.ninja from disk. Raises OSError or NinjaSyntaxError."""
     import xxhash
 
-    with open(path, "rb") as handle:
-        data = handle.read()
+    data = read_file(path)
     return parse_build_file(data.decode("utf-8", "surrogateescape"), path,
                             xxhash.xxh3_128_hexdigest(data))
 
@@ -369,8 +369,7 @@ def read_deps_log(directory: str) -> dict[str, NinjaDeps]:
     from cacheaudit.graph import parse_ninja_deps_log
 
     try:
-        with open(os.path.join(directory, DEPS_LOG), "rb") as handle:
-            data = handle.read()
+        data = read_file(os.path.join(directory, DEPS_LOG))
     except FileNotFoundError:
         return {}
     return parse_ninja_deps_log(data)
@@ -449,11 +448,14 @@ def ninja_dry_run(directory: str, env: Mapping[str, str] | None = None,
 
 def lock_holders(path: str) -> list[int] | None:
     """Pids of processes that hold `path` open (FileBaton keeps its descriptor for the whole
-    build); None when /proc cannot say (not Linux)."""
+    build); None when /proc cannot say: not Linux, or no holder among the processes whose
+    descriptors can be read while some cannot (another user's build sharing the directory
+    would be one of those)."""
     if not os.path.isdir("/proc/self/fd"):
         return None
     target = os.path.realpath(path)
     holders = []
+    hidden = False
     try:
         pids = [p for p in os.listdir("/proc") if p.isdigit()]
     except OSError:
@@ -462,7 +464,10 @@ def lock_holders(path: str) -> list[int] | None:
         fd_dir = f"/proc/{pid}/fd"
         try:
             fds = os.listdir(fd_dir)
+        except FileNotFoundError:
+            continue  # the process exited after /proc was listed
         except OSError:
+            hidden = True
             continue
         for fd in fds:
             try:
@@ -471,6 +476,8 @@ def lock_holders(path: str) -> list[int] | None:
                     break
             except OSError:
                 continue
+    if not holders and hidden:
+        return None
     return holders
 
 
@@ -519,10 +526,15 @@ def _is_build_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, BUILD_FILE))
 
 
+def _subdirs(path: str) -> list[os.DirEntry[str]]:
+    """The directories in `path`, sorted by name. Raises OSError as os.scandir does."""
+    with os.scandir(path) as it:
+        return sorted((e for e in it if e.is_dir()), key=lambda e: e.name)
+
+
 def _children(path: str) -> list[os.DirEntry[str]]:
     try:
-        with os.scandir(path) as it:
-            return sorted((e for e in it if e.is_dir()), key=lambda e: e.name)
+        return _subdirs(path)
     except OSError:
         return []
 
@@ -554,10 +566,23 @@ class TorchExtReader:
         if _is_build_dir(root):
             yield from read_build_dir(root, root, cache)
             return
-        for child in _children(root):
-            if BUILD_FOLDER_RE.fullmatch(child.name) and not _is_build_dir(child.path):
-                for grandchild in _children(child.path):
-                    yield from self._one(root, grandchild.path, cache)
+        yield from self._level(root, root, cache, descend=True)
+
+    def _level(self, root: str, path: str, cache: StateCache, *, descend: bool
+               ) -> Iterator[CacheEntry | CacheLeftover]:
+        """The extension directories in `path`; with `descend`, also those one py<XY>_<acc>
+        level down. A directory that cannot be listed is said so, not passed over as empty."""
+        try:
+            children = _subdirs(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            yield unlistable(RUNTIME, LAYOUT, root, path, exc)
+            return
+        for child in children:
+            if descend and BUILD_FOLDER_RE.fullmatch(child.name) and not _is_build_dir(
+                    child.path):
+                yield from self._level(root, child.path, cache, descend=False)
             else:
                 yield from self._one(root, child.path, cache)
 
@@ -565,7 +590,13 @@ class TorchExtReader:
         if _is_build_dir(path):
             yield from read_build_dir(root, path, cache)
             return
-        names = _names(path)
+        try:
+            names = set(os.listdir(path))
+        except FileNotFoundError:
+            return  # removed since its parent was listed
+        except OSError as exc:
+            yield unlistable(RUNTIME, LAYOUT, root, path, exc)
+            return
         lock = os.path.join(path, LOCK)
         if LOCK in names and (why := lock_problem(lock)) is not None:
             yield CacheLeftover(runtime=RUNTIME, layout=LAYOUT, root=root, path=lock, reason=why,
@@ -575,13 +606,6 @@ class TorchExtReader:
                 runtime=RUNTIME, layout=LAYOUT, root=root, path=path, mtime_ns=_mtime(path),
                 reason="empty extension directory: torch created it for a load() that never "
                        "wrote build.ninja (interrupted, or it failed before the build)")
-
-
-def _names(path: str) -> set[str]:
-    try:
-        return set(os.listdir(path))
-    except OSError:
-        return set()
 
 
 def _mtime(path: str) -> int:
@@ -595,8 +619,14 @@ def read_build_dir(root: str, path: str, cache: StateCache
                    ) -> Iterator[CacheEntry | CacheLeftover]:
     """One build directory: the entry, then its leftovers (older `_vN` libraries)."""
     real = os.path.realpath(path)
-    names = _names(real)
     problems: list[str] = []
+    try:
+        names = set(os.listdir(real))
+    except OSError as exc:
+        names = set()
+        problems.append(f"the build directory cannot be listed ({type(exc).__name__}: "
+                        f"{exc.strerror or exc}): its lock, inline sources and older libraries "
+                        "cannot be checked")
     meta: dict[str, Any] = {}
     build: BuildFile | None = None
     try:

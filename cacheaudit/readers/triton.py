@@ -50,9 +50,17 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from cacheaudit.digest import StateCache
-from cacheaudit.model import CacheEntry, CacheLeftover, FileState
+from cacheaudit.model import CacheEntry, CacheLeftover
 from cacheaudit.policies.triton import base32_name, key_from_name
-from cacheaudit.readers._common import lstat_mtime_ns, outside, scandir_sorted, unique_paths
+from cacheaudit.readers._common import (
+    capture,
+    lstat_mtime_ns,
+    outside,
+    read_file,
+    scandir_sorted,
+    unique_paths,
+    unlistable,
+)
 
 RUNTIME = "triton"
 LAYOUT = "triton"
@@ -107,9 +115,7 @@ class TritonReader:
         try:
             listing = scandir_sorted(root)
         except OSError as exc:
-            yield CacheLeftover(runtime=RUNTIME, layout=LAYOUT, root=root, path=root,
-                                reason=f"cannot list the cache root: {type(exc).__name__}: "
-                                       f"{exc.strerror or exc}")
+            yield unlistable(RUNTIME, LAYOUT, root, root, exc)
             return
         boundary = os.path.realpath(root)
         for item in listing:
@@ -150,8 +156,7 @@ def _kernel_names(names: Mapping[str, os.DirEntry[str]]) -> list[str]:
 def read_json(path: str, what: str) -> tuple[Any, str | None]:
     """A json file parsed once: (value, None), or (None, why it is unusable)."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        data = read_file(path)
     except OSError as exc:
         return None, f"{what} cannot be read: {type(exc).__name__}: {exc.strerror or exc}"
     try:
@@ -168,9 +173,7 @@ def read_key_directory(root: str, item: os.DirEntry[str], boundary: str,
     try:
         names = {e.name: e for e in scandir_sorted(path)}
     except OSError as exc:
-        yield CacheLeftover(runtime=RUNTIME, layout=LAYOUT, root=root, path=path,
-                            reason=f"cannot list the key directory: {type(exc).__name__}: "
-                                   f"{exc.strerror or exc}")
+        yield unlistable(RUNTIME, LAYOUT, root, path, exc)
         return
     for name, entry in names.items():
         if TMP_RE.fullmatch(name):
@@ -178,12 +181,6 @@ def read_key_directory(root: str, item: os.DirEntry[str], boundary: str,
                                 reason=TMP_REASON, mtime_ns=lstat_mtime_ns(entry))
     for kernel in _kernel_names(names):
         yield read_entry(root, path, kernel, names, boundary, cache)
-
-
-def _capture(path: str, name: str, names: Mapping[str, os.DirEntry[str]],
-             cache: StateCache) -> FileState:
-    full = os.path.join(path, name)
-    return cache.capture(full) if name in names else FileState.missing(full)
 
 
 def read_entry(root: str, path: str, kernel: str, names: Mapping[str, os.DirEntry[str]],
@@ -223,7 +220,7 @@ def read_entry(root: str, path: str, kernel: str, names: Mapping[str, os.DirEntr
     binary_ext = "hsaco" if backend == "hip" else next(
         (ext for ext in BINARIES if f"{kernel}.{ext}" in names), "cubin")
     binary_name = f"{kernel}.{binary_ext}"
-    binary = _capture(path, binary_name, names, cache)
+    binary = capture(path, binary_name, names, cache)
     if not binary.exists:
         problems.append(f"{binary_name} is missing: a group that lists it makes Triton miss and "
                         "compile again; without one the entry was never completed")
@@ -232,7 +229,7 @@ def read_entry(root: str, path: str, kernel: str, names: Mapping[str, os.DirEntr
     elif binary.size == 0:
         problems.append(f"{binary_name} is empty: Triton never writes an empty binary, so it was "
                         "truncated afterwards; loading it fails")
-    source = _capture(path, f"{kernel}.source", names, cache)
+    source = capture(path, f"{kernel}.source", names, cache)
 
     group_name = f"{GROUP_PREFIX}{kernel}.json"
     if group_name not in names:
