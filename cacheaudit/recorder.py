@@ -24,6 +24,7 @@ from cacheaudit.digest import StateCache, normalise_path
 from cacheaudit.ledger import Ledger, RunInfo, default_ledger_path, new_record_id, spool_record
 from cacheaudit.model import ArgToken, CompileRecord, CompilerIdentity, FileState, IncludeGraph
 from cacheaudit.processes import runtime_process
+from cacheaudit.shim import DISABLE_VARIABLE, flag_set
 
 if TYPE_CHECKING:
     # Only the shim's recorder needs these; adapters import this module in every process.
@@ -79,8 +80,9 @@ def write_record(record: CompileRecord, run: RunInfo, ledger_path: str | None = 
         problem = f"{type(exc).__name__}: {exc}"
     try:
         spooled = spool_record(path, record, run)
-    except OSError as exc:
-        return f"{problem}; spooling failed too ({exc.strerror}): record lost"
+    except Exception as exc:  # noqa: BLE001 - fail open: the compile must not see this
+        reason = exc.strerror if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+        return f"{problem}; spooling failed too ({reason}): record lost"
     return f"{problem}; record kept in {spooled}"
 
 
@@ -141,6 +143,11 @@ class _HeldLedger:
         with self._lock:
             self._close_locked()
 
+    def _after_fork(self) -> None:
+        # A lock another thread held at fork() would stay held in the child forever. The
+        # inherited connection is left alone: `_open` sees the new pid and orphans it.
+        self._lock = threading.Lock()
+
     def _close_locked(self) -> None:
         ledger, self._ledger, self._key = self._ledger, None, None
         if ledger is None:
@@ -155,11 +162,13 @@ class _HeldLedger:
 
 
 _HELD = _HeldLedger()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_HELD._after_fork)
 
 
 def disabled(env: Mapping[str, str]) -> bool:
     """`CACHEAUDIT_DISABLE=1` (the pytest marker sets it for one test): record nothing."""
-    return env.get("CACHEAUDIT_DISABLE", "") not in ("", "0")
+    return flag_set(env, DISABLE_VARIABLE)
 
 
 def store_in_process(record: CompileRecord, *, observer: str,
@@ -220,7 +229,10 @@ def report_problem(problem: str, stream: object = None) -> None:
 
 def modified_since(states: Sequence[FileState], started_ns: int) -> list[FileState]:
     """Inputs whose mtime or ctime is not older than the compile's start: the compiler may have
-    read a different version than the one hashed afterwards (ccache's "too new" race)."""
+    read a different version than the one hashed afterwards (ccache's "too new" race). An unknown
+    start (0) proves nothing, and flagging every input would be a false CA401 for each."""
+    if started_ns <= 0:
+        return []
     return [s for s in states
             if s.exists and (s.mtime_ns >= started_ns or s.ctime_ns >= started_ns)]
 
@@ -286,10 +298,11 @@ class ShimRecorder:
         """After the compile: hash inputs and outputs, write the record. Never raises."""
         try:
             record = self._build(returncode, duration_ns)
+            run = current_run(self.env)
         except Exception as exc:  # noqa: BLE001 - fail open
             report_problem(f"{type(exc).__name__}: {exc}")
             return
-        problem = write_record(record, current_run(self.env))
+        problem = write_record(record, run)
         if problem:
             report_problem(problem)
 

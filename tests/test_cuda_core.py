@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -345,6 +346,90 @@ def test_audited_wrapper_records_a_users_own_backend(ledger_path: Path, tmp_path
     assert records[3].entry is not None and os.path.isfile(records[3].entry)
 
 
+@needs_cuda_core
+def test_hits_from_many_threads_are_all_counted(adapter: Any, ledger_path: Path) -> None:
+    from cuda.core.utils import InMemoryProgramCache
+
+    cache = InMemoryProgramCache()
+    # More distinct groups than the buffer holds: it is written (and swapped) every 256 hits.
+    keys = [f"key-{n}".encode() for n in range(300)]
+    for key in keys:
+        cache[key] = b"binary " + key
+    rounds, workers = 8, 4
+
+    def lookups() -> None:
+        for _ in range(rounds):
+            for key in keys:
+                cache[key]
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: inside the hit path too
+    try:
+        threads = [threading.Thread(target=lookups) for _ in range(workers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    adapter.flush()
+    hits = [r for r in _records(ledger_path) if r.event == "memory-hit"]
+    assert sum(r.extra["hits"] for r in hits) == rounds * workers * len(keys)
+
+
+@needs_cuda_core
+def test_nothing_is_recorded_under_cacheaudit_disable(adapter: Any, ledger_path: Path,
+                                                      tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from cuda.core.utils import FileStreamProgramCache
+
+    cache = FileStreamProgramCache(tmp_path / "pc")
+    with monkeypatch.context() as patch:
+        patch.setenv("CACHEAUDIT_DISABLE", "1")
+        _compile('extern "C" __global__ void k(int* o) { o[0] = 21; }\n', _options(), cache)
+        _compile('extern "C" __global__ void k(int* o) { o[0] = 21; }\n', _options(), cache)
+    # Written after the variable is gone: what was observed under it stays unrecorded.
+    adapter.flush()
+    source = 'extern "C" __global__ void k(int* o) { o[0] = 22; }\n'
+    _compile(source, _options(), cache)
+    _compile(source, _options(), cache)
+    adapter.flush()
+    assert [r.event for r in _records(ledger_path)] == ["compile", "disk-hit"]
+
+
+@needs_cuda_core
+def test_a_hit_is_recorded_with_the_environment_of_the_hit(adapter: Any, ledger_path: Path,
+                                                           tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    from cuda.core.utils import FileStreamProgramCache
+
+    source = 'extern "C" __global__ void k(int* o) { o[0] = 23; }\n'
+    cache = FileStreamProgramCache(tmp_path / "pc")
+    other = tmp_path / "other.db"
+    with monkeypatch.context() as patch:
+        patch.setenv("CACHEAUDIT_TEST_ID", "tests/a.py::first")
+        patch.setenv("NVCC_APPEND_FLAGS", "-DFIRST")
+        _compile(source, _options(), cache)
+        _compile(source, _options(), cache)
+    with monkeypatch.context() as patch:
+        patch.setenv("CACHEAUDIT_TEST_ID", "tests/a.py::second")
+        patch.setenv("CACHEAUDIT_LEDGER", str(other))
+        patch.setenv("CACHEAUDIT_RUN", "second-run")
+        _compile(source, _options(), cache)
+    # Written now, under neither: each record keeps the test, ledger, run and environment of
+    # its own moment.
+    adapter.flush()
+    first = _records(ledger_path)
+    assert [(r.event, r.test_id) for r in first] == [("compile", "tests/a.py::first"),
+                                                     ("disk-hit", "tests/a.py::first")]
+    assert all(r.env.get("NVCC_APPEND_FLAGS") == "-DFIRST" for r in first)
+    (second,) = _records(other)
+    assert (second.event, second.test_id) == ("disk-hit", "tests/a.py::second")
+    assert "NVCC_APPEND_FLAGS" not in second.env
+    assert second.extra["run_uuid"] == "second-run"
+
+
 # ------------------------------------------------------------------------------ the guard's gap
 
 _DRIVER = textwrap.dedent("""
@@ -589,7 +674,7 @@ def test_fail_open_the_runtime_behaves_exactly_as_without(
     monkeypatch.setenv("CACHEAUDIT_LEDGER", str(blocker / "ledger.db"))
     baseline_cache = FileStreamProgramCache(tmp_path / "plain")
     baseline = _compile(BARE_SOURCE, _options(name="kernel.cu"), baseline_cache)
-    cuda_core._RECORDER.reported.clear()
+    cuda_core._RECORDER.problems.clear()
     cuda_core.ADAPTER.install()
     try:
         def broken() -> int:
@@ -624,7 +709,7 @@ def test_uninstall_leaves_what_someone_patched_over(ledger_path: Path,
 
     from cacheaudit.adapters import cuda_core
 
-    cuda_core._RECORDER.reported.clear()
+    cuda_core._RECORDER.problems.clear()
     cuda_core.ADAPTER.install()
     ours = package.make_program_cache_key
 
@@ -636,6 +721,20 @@ def test_uninstall_leaves_what_someone_patched_over(ledger_path: Path,
         cuda_core.ADAPTER.uninstall()
         assert package.make_program_cache_key is theirs
         assert "replaced by someone else" in capfd.readouterr().err
+        # Ours, left under theirs, observes nothing any more.
+        cuda_core._RECORDER.contexts.clear()
+        theirs(code="int x;", code_type="c++", options=_options(), target_type="cubin")
+        assert cuda_core._RECORDER.contexts == {}
+        # Installing again observes once, through a fresh observer on top.
+        cuda_core.ADAPTER.install()
+        try:
+            assert package.make_program_cache_key is not theirs
+            key = package.make_program_cache_key(code="int y;", code_type="c++",
+                                                 options=_options(), target_type="cubin")
+            assert list(cuda_core._RECORDER.contexts) == [key]
+        finally:
+            cuda_core.ADAPTER.uninstall()
+        assert package.make_program_cache_key is theirs
     finally:
         package.make_program_cache_key = getattr(ours, "__cacheaudit_original__", ours)
 
@@ -703,3 +802,49 @@ def test_reader_matches_the_directory_cuda_core_writes(tmp_path: Path,
     (entry,) = READER.read(root, StateCache())
     assert entry.key == hashlib.sha256(b"k").hexdigest()
     assert cache[b"k"] == Path(entry.path).read_bytes()
+
+
+# ------------------------------------------------------------------------------ review fixes
+# (headers, reader, policy): where a header was found, odd names
+
+
+def test_headers_found_through_include_path_are_not_from_the_working_directory(
+        tmp_path: Path, workdir: Path) -> None:
+    from cacheaudit.headers import SCAN, fingerprint_headers
+
+    inc = tmp_path / "inc"
+    _write(inc / "shared.h", "#define SHARED 1\n")
+    _write(inc / "pre.h", "#define PRE 1\n")
+    source = '#include "shared.h"\n#include "local.h"\n'
+    fingerprint = fingerprint_headers(source, include_path=[str(inc)], pre_include=["pre.h"],
+                                      method="scan")
+    assert fingerprint.method == SCAN
+    assert set(fingerprint.paths) == {str(inc / "shared.h"), str(inc / "pre.h"),
+                                      str(workdir / "local.h")}
+    # The quoted include and the pre-include resolved through include_path, not the working
+    # directory (which is searched first and does not hold them).
+    assert fingerprint.from_working_directory == (str(workdir / "local.h"),)
+
+
+def test_reader_names_a_directory_where_an_entry_file_belongs(tmp_path: Path) -> None:
+    from cacheaudit.digest import StateCache
+    from cacheaudit.model import CacheLeftover
+    from cacheaudit.readers.cuda_core import READER
+
+    name = hashlib.sha256(b"a key").hexdigest()
+    (tmp_path / "entries" / name[:2] / name[2:]).mkdir(parents=True)
+    (tmp_path / "tmp").mkdir()
+    [leftover] = list(READER.read(str(tmp_path), StateCache()))
+    assert isinstance(leftover, CacheLeftover)
+    assert leftover.reason.startswith("a directory with an entry's name")
+    assert "IsADirectoryError" in leftover.reason
+
+
+def test_key_recomputation_takes_a_program_name_that_is_not_utf8() -> None:
+    from cacheaudit.policies.cuda_core import recompute_key
+
+    inputs = {"code_type": "c++", "schema": 2, "code": "extern \"C\" __global__ void k() {}",
+              "option_bytes": ["-arch=sm_90"], "nvrtc_version": "13.0", "target_type": "cubin",
+              "name_expressions": [], "name": os.fsdecode(b"kernel-\xff.cu")}
+    plain = dict(inputs, name="kernel.cu")
+    assert recompute_key(inputs, None) != recompute_key(plain, None)

@@ -220,6 +220,37 @@ def test_a_failed_compile_fails_the_same_way_and_is_recorded(
 
 
 @needs_nvrtc
+def test_an_ordinary_failing_compile_is_compiled_once(tree: Path, ledger: Path) -> None:
+    from cuda.bindings import nvrtc
+
+    from cacheaudit.adapters.nvrtc import ADAPTER
+
+    broken = b'extern "C" __global__ void k(float* o) { o[0] = NOPE; }\n'
+    real = nvrtc.nvrtcCompileProgram
+    calls: list[tuple[Any, ...]] = []
+
+    def counting(*args: Any) -> Any:
+        calls.append(args)
+        return real(*args)
+
+    nvrtc.nvrtcCompileProgram = counting  # under the adapter: sees every compile it makes
+    try:
+        ADAPTER.install()
+        try:
+            seen = compile_program(broken, str(tree / "k.cu").encode(),
+                                   [b"--gpu-architecture=sm_90"])
+        finally:
+            ADAPTER.uninstall()
+    finally:
+        nvrtc.nvrtcCompileProgram = real
+    assert seen.code == 6 and b"NOPE" in seen.log  # NVRTC_ERROR_COMPILATION, as asked
+    assert len(calls) == 1  # the error is the source's: no second compile without the trace
+    record = _only(ledger_records(ledger))
+    assert record.exit_code == 6 and record.extra["trace"]["added"] is True
+    assert not any("compiled again" in note for note in record.notes)
+
+
+@needs_nvrtc
 def test_a_compile_that_fails_with_the_trace_is_compiled_again_as_asked(
         tree: Path, ledger: Path, adapter: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # ptxas reads back an existing trace file and fails on one it did not write: a real failure

@@ -9,14 +9,19 @@ through the real ninja. The extensions include no torch header (a plain `extern 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import sysconfig
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -354,6 +359,126 @@ def test_an_unwritable_ledger_is_reported_once_and_changes_nothing(project: Proj
     assert done.stderr.count("cacheaudit: recording failed") == 1
 
 
+@needs_torch
+def test_dependency_passes_run_a_bounded_number_at_once(project: Project):
+    """Six sources with MAX_JOBS=2: never more than two `-M` passes at once, and every source's
+    headers in the graph. The compiler is a real wrapper around g++ that counts the `-M` passes
+    running beside it."""
+    count = 6
+    sources = []
+    for index in range(count):
+        (project.root / "inc" / f"h{index}.h").write_text(f"#define H{index} {index}\n")
+        source = project.root / "src" / f"part{index}.cpp"
+        source.write_text(f'#include "h{index}.h"\n'
+                          f'extern "C" int part{index}() {{ return H{index}; }}\n')
+        sources.append(str(source))
+    sources[0] = str(project.source)  # the one that defines value()
+    running, log = project.root / "running", project.root / "passes.log"
+    running.mkdir()
+    wrapper = project.root / "bin" / "c++"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"""#!/bin/sh
+case " $* " in
+  *" -M -MF "*)
+    mkdir "{running}/$$"
+    ls "{running}" | wc -l >> "{log}"
+    sleep 0.3
+    {GXX} "$@"; status=$?
+    rmdir "{running}/$$"
+    exit $status;;
+esac
+exec {GXX} "$@"
+""")
+    wrapper.chmod(0o755)
+    load = project.load("many")
+    load["args"]["sources"] = sources
+    [loaded] = project.run(load, CXX=str(wrapper), MAX_JOBS="2")
+    assert loaded["value"] == 1100
+    seen = [int(line) for line in log.read_text().split()]
+    assert len(seen) == count and max(seen) <= 2
+    [record] = [r for r in project.records() if r.event == "compile"]
+    assert record.graph is not None
+    names = {os.path.basename(p) for p in record.graph.paths}
+    assert {f"h{index}.h" for index in range(1, count)} <= names
+    assert not [n for n in record.notes if "dependency pass" in n]
+
+
+def test_dependency_passes_share_one_deadline(tmp_path: Path):
+    from cacheaudit.adapters.torch_ext import _Pass, _Passes
+    from cacheaudit.graph import start_dependency_pass
+
+    slow = tmp_path / "slow-c++"
+    slow.write_text("#!/bin/sh\nexec sleep 20\n")
+    slow.chmod(0o755)
+    items = []
+    for index in range(3):
+        item = _Pass(output=f"{index}.o", sources=(f"{index}.cpp",), compiler=str(slow),
+                     tokens=(str(slow),))
+        item.depfile = str(tmp_path / f"{index}.d")
+        item.argv = (str(slow), f"{index}.cpp", "-M", "-MF", item.depfile)
+        items.append(item)
+    started = time.monotonic()
+    passes = _Passes(items, str(tmp_path), os.environ, 1, 1.0, start_dependency_pass)
+    passes.finish()
+    assert time.monotonic() - started < 10  # one deadline for all, not one per pass
+    assert items[0].running is not None and items[0].running.wait().timed_out
+    assert [item.running for item in items[1:]] == [None, None]
+    assert all("not started" in (item.error or "") for item in items[1:])
+
+
+@needs_torch
+def test_a_torch_without_the_hooked_functions_is_left_alone(project: Project):
+    probe = r"""
+import json
+from torch.utils import cpp_extension as m
+del m._run_ninja_build
+from cacheaudit import adapters
+adapters.activate(["torch_ext"])
+from cacheaudit.adapters.torch_ext import ADAPTER
+ADAPTER.install()
+print(json.dumps({"installed": ADAPTER.installed(),
+                  "untouched": not hasattr(m._jit_compile, "__wrapped__")}))
+"""
+    done = subprocess.run([sys.executable, "-W", "error", "-c", probe], env=project.env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"installed": False, "untouched": True}
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("cacheaudit:")]
+    assert len(lines) == 1 and "_run_ninja_build" in lines[0], done.stderr
+
+
+@needs_torch
+def test_a_wrapper_on_top_keeps_working_and_ours_under_it_goes_quiet(project: Project):
+    probe = r"""
+import json
+from torch.utils import cpp_extension as m
+from cacheaudit import adapters
+from cacheaudit.adapters.torch_ext import ADAPTER
+adapters.activate(["torch_ext"])
+ours = m._jit_compile
+calls = []
+def theirs(*args, **kwargs):
+    calls.append(1)
+    return ours(*args, **kwargs)
+m._jit_compile = theirs
+ADAPTER.install()  # ours still runs under theirs: wrapping again would record twice
+again = m._jit_compile is theirs
+first = m.load(**json.loads(__import__("sys").argv[1]))
+adapters.deactivate()
+second = m.load(**json.loads(__import__("sys").argv[1]))
+print(json.dumps({"again": again, "calls": len(calls), "kept": m._jit_compile is theirs,
+                  "same": first == second}))
+"""
+    args = project.load()["args"]
+    done = subprocess.run([sys.executable, "-c", probe, json.dumps(args)], env=project.env,
+                          cwd=project.root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"again": True, "calls": 2,
+                                                        "kept": True, "same": True}
+    # One record, for the first load: the second ran through ours, switched off.
+    assert [r.event for r in project.records()] == ["compile"]
+
+
 def test_importing_the_torch_ext_modules_does_not_import_torch():
     probe = ("import sys, cacheaudit.adapters.torch_ext, cacheaudit.policies.torch_ext, "
              "cacheaudit.readers.torch_ext; from cacheaudit import adapters; "
@@ -457,7 +582,13 @@ def test_stale_lock_missing_library_and_old_versions_are_reported(built: Project
     items = list(READER.read(str(root), StateCache()))
     [entry] = [e for e in items if isinstance(e, CacheEntry)]
     problems = " | ".join(entry.problems)
-    assert "stale FileBaton lock" in problems and "pytorch/pytorch#189245" in problems
+    from cacheaudit.readers.torch_ext import lock_holders
+
+    if lock_holders(str(root / "kx" / "lock")) is None:
+        # Some process's descriptors are hidden from this user: "stale" cannot be claimed.
+        assert "if no build is running" in problems and "pytorch/pytorch#189245" in problems
+    else:
+        assert "stale FileBaton lock" in problems and "pytorch/pytorch#189245" in problems
     assert "kx.so, which is missing" in problems
     leftovers = {Path(x.path).name: x.reason for x in items if isinstance(x, CacheLeftover)}
     assert set(leftovers) == {"kx_v1.so", "orphan"}
@@ -529,3 +660,170 @@ def test_dependency_command_reconstructs_a_cache_built_before_recording(project:
     findings = project.scan()
     [stale] = [f for f in findings if f.code == "CA101"]
     assert stale.subject == str(project.sysconst) and stale.inferred
+
+
+# ------------------------------------------------------------------------------ review fixes
+# (reader and policy): FIFOs, unlistable directories, locks of other users, the audit's env
+
+
+class Blocked(Exception):
+    """Raised by `deadline`; not an OSError, which the code under test may rightly catch."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: int = 30) -> Iterator[None]:
+    """Fail, instead of hanging the suite, when a read blocks (a FIFO opened without a writer)."""
+    def expired(signum: int, frame: Any) -> None:
+        signal.alarm(1)  # re-armed: code that swallows one interruption must not block after it
+        raise Blocked(f"still blocked after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@needs_torch
+def test_a_fifo_deps_log_is_evidence_not_a_hang(built: Project, tmp_path: Path):
+    from cacheaudit.readers.torch_ext import READER
+
+    build = tmp_path / "ext" / "kx"
+    shutil.copytree(built.build_dir, build)
+    (build / ".ninja_deps").unlink()
+    os.mkfifo(build / ".ninja_deps")
+    with deadline():
+        [entry] = [e for e in READER.read(str(build.parent), StateCache())
+                   if isinstance(e, CacheEntry)]
+        tracked = policy_for("torch-ext").tracked(entry, None)
+    assert "not a regular file" in entry.meta["deps_error"]
+    assert tracked.error is not None and "not a regular file" in tracked.error
+
+
+@needs_torch
+def test_check_key_asks_the_ninja_of_the_environment_it_is_given(built: Project,
+                                                                 tmp_path: Path):
+    from cacheaudit.readers.torch_ext import READER
+
+    [entry] = [e for e in READER.read(str(built.ext), StateCache()) if isinstance(e, CacheEntry)]
+    policy = policy_for("torch-ext")
+    assert shutil.which("ninja", path=built.env["PATH"]) is not None
+    without = policy.check_key(entry, None, env={"PATH": str(tmp_path)})
+    assert without.recomputed is None and "ninja is not on PATH" in without.note
+    assert policy.check_key(entry, None, env=built.env).recomputed == entry.key
+
+
+_OTHER_UID = 65534  # nobody
+
+
+@functools.cache
+def _python_for_another_user() -> str | None:
+    """An interpreter that user nobody may run, with this checkout and its packages importable;
+    None when there is none (or this process cannot start one as another user)."""
+    if os.geteuid() != 0:
+        return None
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for python in (sys.executable, f"/usr/bin/python{version}"):
+        try:
+            done = subprocess.run([python, "-c", "import cacheaudit.readers.torch_ext"],
+                                  env=_other_env(), user=_OTHER_UID, group=_OTHER_UID,
+                                  extra_groups=[], cwd="/", capture_output=True, timeout=60)
+        except OSError:
+            continue
+        if done.returncode == 0:
+            return python
+    return None
+
+
+def _other_env() -> dict[str, str]:
+    root = Path(__file__).resolve().parent.parent
+    return {"PYTHONPATH": os.pathsep.join([str(root), sysconfig.get_paths()["purelib"]]),
+            "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def _as_another_user(code: str, *args: str) -> Any:
+    """What `code` prints (JSON), run by user nobody: as root, that is the only way to meet a
+    directory mode 000 or another user's hidden /proc/<pid>/fd."""
+    python = _python_for_another_user()
+    if python is None:
+        pytest.skip("needs root and an interpreter user nobody can run")
+    done = subprocess.run([python, "-c", code, *args], env=_other_env(), user=_OTHER_UID,
+                          group=_OTHER_UID, extra_groups=[], cwd="/", capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A directory user nobody can reach (pytest's own tmp_path is private to this user)."""
+    base = Path(tempfile.mkdtemp(prefix="cacheaudit-other-user-"))
+    base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        for directory, _dirs, _files in os.walk(base):
+            os.chmod(directory, 0o755)
+        shutil.rmtree(base)
+
+
+_READ_AS_OTHER = """
+import json, sys
+from cacheaudit.digest import StateCache
+from cacheaudit.readers.torch_ext import READER
+print(json.dumps([[type(i).__name__, i.path, getattr(i, "reason", "")]
+                  for i in READER.read(sys.argv[1], StateCache())]))
+"""
+
+
+def _open_to_all(top: Path) -> None:
+    for directory, _dirs, files in os.walk(top):
+        os.chmod(directory, 0o755)
+        for name in files:
+            os.chmod(os.path.join(directory, name), 0o644)
+
+
+def test_unlistable_directories_are_said_so_not_passed_over(shared_tmp: Path):
+    root = shared_tmp / "ext"
+    (root / "py311_cpu" / "closed").mkdir(parents=True)
+    (root / "py311_cpu" / "open").mkdir()
+    (root / "locked").mkdir()
+    _open_to_all(shared_tmp)
+    (root / "py311_cpu" / "closed").chmod(0)
+    (root / "locked").chmod(0)
+
+    items = _as_another_user(_READ_AS_OTHER, str(root))
+    by_path = {path: (kind, reason) for kind, path, reason in items}
+    closed = by_path[str(root / "py311_cpu" / "closed")]
+    assert closed[0] == "CacheLeftover"
+    assert closed[1] == "cannot list closed/: PermissionError: Permission denied"
+    assert "empty extension directory" in by_path[str(root / "py311_cpu" / "open")][1]
+    assert by_path[str(root / "locked")][1].startswith("cannot list locked/: PermissionError")
+
+    (root / "py311_cpu").chmod(0)
+    items = _as_another_user(_READ_AS_OTHER, str(root))
+    assert [kind for kind, path, _ in items if path == str(root / "py311_cpu")] == [
+        "CacheLeftover"]
+    root.chmod(0)
+    assert _as_another_user(_READ_AS_OTHER, str(root)) == [
+        ["CacheLeftover", str(root), "cannot list ext/: PermissionError: Permission denied"]]
+
+
+def test_a_lock_held_where_descriptors_are_hidden_is_not_called_stale(shared_tmp: Path):
+    lock = shared_tmp / "kx" / "lock"
+    lock.parent.mkdir()
+    lock.write_text("")
+    _open_to_all(shared_tmp)
+    probe = ("import json, sys\n"
+             "from cacheaudit.readers.torch_ext import lock_holders, lock_problem\n"
+             "print(json.dumps([lock_holders(sys.argv[1]), lock_problem(sys.argv[1])]))\n")
+    # This process holds the lock open, as another user's build would: user nobody cannot
+    # read its descriptors, so it cannot tell that the lock is held.
+    with open(lock):
+        holders, problem = _as_another_user(probe, str(lock))
+    assert holders is None
+    assert "stale" not in problem and "remove it" not in problem
+    assert "if no build is running" in problem
+

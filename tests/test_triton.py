@@ -208,6 +208,21 @@ def test_repeated_hits_share_a_record_until_the_environment_changes(
     assert second.compiler == compiled.compiler  # the bundled ptxas, as Triton fell back to it
 
 
+def test_nothing_observed_under_cacheaudit_disable_is_recorded(
+        adapter: TritonAdapter, env: Path, monkeypatch: pytest.MonkeyPatch):
+    with monkeypatch.context() as patch:
+        patch.setenv("CACHEAUDIT_DISABLE", "1")
+        triton.compile(source(512), target=TARGET)
+        triton.compile(source(512), target=TARGET)
+    # The write comes later, with the variable gone: what was seen under it stays unrecorded.
+    triton.compile(source(256), target=TARGET)
+    triton.compile(source(512), target=TARGET)
+    adapter.flush()
+    assert [(r.event, r.key) for r in records(env)] == [
+        ("compile", triton.compile(source(256), target=TARGET).hash),
+        ("disk-hit", triton.compile(source(512), target=TARGET).hash)]
+
+
 def test_a_new_process_hits_the_disk_entry(env: Path):
     """Activation before triton's import, the atexit flush, and a disk hit in a new process."""
     script = (
@@ -291,6 +306,21 @@ def test_a_variable_set_after_the_compile_is_drift_too(adapter: TritonAdapter, e
     assert [r.extra["env_drift"] for r in memory] == [{"DISABLE_LLVM_OPT": [None, "true"]}]
     [finding] = audit_records(memory)
     assert finding.recorded == "(unset)" and finding.current == "DISABLE_LLVM_OPT=true"
+
+
+def test_a_drift_served_under_cacheaudit_disable_is_not_recorded(
+        adapter: TritonAdapter, env: Path, jit_driver: None, monkeypatch: pytest.MonkeyPatch):
+    scale_kernel.device_caches.clear()
+    warmup(scale_kernel)
+    monkeypatch.setenv("DISABLE_LLVM_OPT", "1")
+    with monkeypatch.context() as patch:
+        patch.setenv("CACHEAUDIT_DISABLE", "1")
+        warmup(scale_kernel)
+    adapter.flush()
+    assert [r.event for r in records(env)] == ["compile"]
+    # Out of the opted-out stretch, the same drift is checked again, and recorded.
+    warmup(scale_kernel)
+    assert [r.event for r in records(env)] == ["compile", "memory-hit"]
 
 
 def test_without_memory_observation_run_is_left_alone(env: Path):
@@ -601,3 +631,38 @@ def test_scan_in_another_ptxas_environment_is_environment_drift(adapter: TritonA
     codes = {(f.code, f.subject) for f in result.findings}
     assert ("CA202", "TRITON_PTXAS_BLACKWELL_PATH") in codes
     assert ("CA201", "TRITON_PTXAS_BLACKWELL_PATH") in codes
+
+
+# --------------------------------------------------------------------------------------------
+# Review fixes (policy): the audit's environment, mistyped metadata
+# --------------------------------------------------------------------------------------------
+
+def test_check_key_judges_the_environment_it_is_given_not_the_process(
+        env: Path, monkeypatch: pytest.MonkeyPatch):
+    triton.compile(source(), target=TARGET)
+    [entry], _ = _read(env / "cache")
+    policy = policy_for("triton")
+    as_built = dict(os.environ)
+    monkeypatch.setenv("DISABLE_LLVM_OPT", "1")  # this process differs from the build
+
+    def now_part(given: dict[str, str]) -> list[str]:
+        return [c.value for c in policy.check_key(entry, None, env=given).components
+                if c.label.startswith("cache-invalidating environment (now")]
+
+    assert now_part(as_built) == []
+    [part] = now_part(dict(as_built, MLIR_ENABLE_TIMING="1"))
+    assert "MLIR_ENABLE_TIMING" in part and "DISABLE_LLVM_OPT" not in part
+
+
+def test_mistyped_extern_libs_in_the_metadata_name_no_file(env: Path):
+    import json
+
+    directory = _entry_dir(env)
+    meta_path = directory / "add_kernel.json"
+    meta = json.loads(meta_path.read_text())
+    meta["extern_libs"] = 5
+    meta_path.write_text(json.dumps(meta))
+    [entry], _ = _read(env / "cache")
+    policy = policy_for("triton")
+    assert policy.tracked(entry, None).paths == frozenset()
+    assert policy.check_key(entry).recomputed is None

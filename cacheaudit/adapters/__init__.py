@@ -1,33 +1,50 @@
-"""Adapters: in-process hooks, one module per runtime, and their activation.
+"""Adapters: in-process hooks, one module per runtime, their activation, and what they share.
 
 Each adapter module exposes `ADAPTER`, an object with `runtime` (the runtime id), `module` (the
 module whose import makes the runtime available: "triton", "torch.utils.cpp_extension", ...),
 `install()`, `uninstall()` and `installed()`. Installing twice is a no-op, uninstalling restores
-the runtime's originals, and both fail open: an adapter that cannot install says so once and
-leaves the runtime as it was.
+the runtime's originals (a wrapper another tool put on top of ours stays, and ours under it passes
+every call through), and both fail open: an adapter that cannot install says so once on stderr
+and leaves the runtime as it was.
 
-`activate()` installs every adapter whose runtime is already imported and arranges for the others
-to install themselves right after their runtime is first imported (a post-import hook on
-`sys.meta_path`), so that `import cacheaudit` never imports torch, triton or cuda.
+`activate()` arms every adapter: one whose runtime is already imported installs now, the others
+right after their runtime is first imported (a post-import hook on `sys.meta_path`). Neither the
+runtimes nor the adapter modules are imported before that: `import cacheaudit.adapters` and
+`activate()` cost the start-up hook almost nothing in a process that never uses a runtime.
 
-Adding a runtime: a module here with an `ADAPTER`, and one line in `_MODULES`.
+Adding a runtime: a module here with an `ADAPTER`, and one line in `_RUNTIME_MODULES`.
+
+Shared by the adapter modules: patching with exact restoration (`apply_patch`,
+`restore_patches`, `Switch`), one report per kind of problem (`ProblemLog`), the environment at
+the moment of an observation (`environ_snapshot`, decoded later by `environ_text`,
+`run_for`), in-memory file states (`memory_state`) and JSON-able evidence (`jsonable`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import sys
 import threading
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from cacheaudit.exceptions import CacheAuditWarning
+if TYPE_CHECKING:
+    from cacheaudit.ledger import RunInfo
+    from cacheaudit.model import FileState
 
+# Adapter module -> the runtime module whose import arms it. Static, so that arming imports
+# nothing; tests/test_adapters.py checks it against each module's `ADAPTER.module`.
 # minijit (the reference runtime) is observed per runtime object, `adapters.minijit.install(rt)`.
-_MODULES = ("torch_ext", "triton", "nvrtc", "cuda_core")
+_RUNTIME_MODULES: dict[str, str] = {
+    "torch_ext": "torch.utils.cpp_extension",
+    "triton": "triton",
+    "nvrtc": "cuda.bindings.nvrtc",
+    "cuda_core": "cuda.core",
+}
+_MODULES = tuple(_RUNTIME_MODULES)
 
 
 class Adapter(Protocol):
@@ -49,9 +66,17 @@ def available() -> list[str]:
 
 
 def adapter(name: str) -> Adapter:
-    if name not in _MODULES:
+    if name not in _RUNTIME_MODULES:
         raise KeyError(f"no adapter named {name!r} (known: {', '.join(_MODULES)})")
     return importlib.import_module(f"cacheaudit.adapters.{name}").ADAPTER  # type: ignore[no-any-return]
+
+
+def _report(problem: str) -> None:
+    # Never `warnings.warn`: under `-W error` (or pytest's filterwarnings = error) a warning
+    # raised from a post-import hook would fail the user's import.
+    from cacheaudit.recorder import report_problem
+
+    report_problem(problem)
 
 
 # ------------------------------------------------------------------------------ post-import hooks
@@ -113,8 +138,8 @@ def _run_hooks(name: str, module: ModuleType) -> None:
         try:
             callback(module)
         except Exception as exc:  # noqa: BLE001 - an adapter never breaks the import
-            warnings.warn(f"cacheaudit: could not hook {name}: {type(exc).__name__}: {exc}",
-                          CacheAuditWarning, stacklevel=2)
+            with contextlib.suppress(Exception):
+                _report(f"could not hook {name}: {type(exc).__name__}: {exc}")
 
 
 def when_imported(name: str, callback: Callable[[ModuleType], None]) -> None:
@@ -140,24 +165,32 @@ def _forget_hooks() -> None:
 # ------------------------------------------------------------------------------ activation
 
 
-def activate(names: Sequence[str] | None = None) -> list[str]:
-    """Install the named adapters (all by default) now or at their runtime's first import.
-    Returns the names that were armed. Safe to call twice."""
-    armed = []
-    for name in names or _MODULES:
+def _installer(name: str) -> Callable[[ModuleType], None]:
+    def install(_runtime: ModuleType) -> None:
+        # The adapter module is imported only now, once its runtime is: most processes the
+        # start-up hook arms never import one, and the four modules cost ~100 ms together.
         try:
             hooked = adapter(name)
         except ModuleNotFoundError as exc:
             if exc.name == f"cacheaudit.adapters.{name}":
-                continue  # registered ahead of its module
-            warnings.warn(f"cacheaudit: adapter {name} unavailable: {exc}", CacheAuditWarning,
-                          stacklevel=2)
+                return  # registered ahead of its module
+            raise
+        hooked.install()
+
+    return install
+
+
+def activate(names: Sequence[str] | None = None) -> list[str]:
+    """Install the named adapters (all by default) now or at their runtime's first import.
+    Returns the names that were armed. Safe to call twice. Imports no adapter module whose
+    runtime is not imported yet."""
+    armed = []
+    for name in names or _MODULES:
+        runtime = _RUNTIME_MODULES.get(name)
+        if runtime is None:
+            _report(f"no adapter named {name!r} (known: {', '.join(_MODULES)})")
             continue
-        except Exception as exc:  # noqa: BLE001 - one broken adapter must not stop the rest
-            warnings.warn(f"cacheaudit: adapter {name} unavailable: {exc}", CacheAuditWarning,
-                          stacklevel=2)
-            continue
-        when_imported(hooked.module, lambda _module, hooked=hooked: hooked.install())
+        when_imported(runtime, _installer(name))
         armed.append(name)
     return armed
 
@@ -173,13 +206,239 @@ def flush_all() -> None:
 
 
 def deactivate() -> None:
-    """Uninstall every installed adapter and drop pending hooks."""
+    """Uninstall every adapter and drop pending hooks."""
     flush_all()
     _forget_hooks()
     for name in _MODULES:
         module = sys.modules.get(f"cacheaudit.adapters.{name}")
         if module is None:
             continue
+        # Unconditionally: `installed()` is False once another tool wrapped ours, and exactly
+        # then ours must be switched to pass-through. Each uninstall is idempotent.
         with contextlib.suppress(Exception):
-            if module.ADAPTER.installed():
-                module.ADAPTER.uninstall()
+            module.ADAPTER.uninstall()
+
+
+# ------------------------------------------------------------------------------ patching
+
+
+class Switch:
+    """Whether the wrappers of one installation record. Uninstalling turns it off, so that a
+    wrapper of ours left in place under another tool's passes every call straight through; a
+    new installation gets a new switch, so that an old wrapper never comes back to life."""
+
+    __slots__ = ("on",)
+
+    def __init__(self, on: bool = True) -> None:
+        self.on = on
+
+
+class Patch:
+    """One attribute replaced on a module or class, with what was there before."""
+
+    __slots__ = ("had_own", "name", "original", "owner", "replacement")
+
+    def __init__(self, owner: object, name: str, had_own: bool, original: object,
+                 replacement: object) -> None:
+        self.owner = owner
+        self.name = name
+        self.had_own = had_own
+        self.original = original
+        self.replacement = replacement
+
+    @property
+    def label(self) -> str:
+        return f"{getattr(self.owner, '__name__', self.owner)}.{self.name}"
+
+    def on_top(self) -> bool:
+        """Whether the attribute is still our replacement (nobody wrapped or replaced it)."""
+        return vars(self.owner).get(self.name) is self.replacement
+
+
+def apply_patch(owner: object, name: str, replacement: object) -> Patch:
+    """Set `owner.name = replacement`, remembering whether `owner` had its own attribute (a
+    class may inherit it: restoring then deletes ours rather than copying the base's down)."""
+    namespace = vars(owner)
+    patch = Patch(owner=owner, name=name, had_own=name in namespace,
+                  original=namespace.get(name), replacement=replacement)
+    setattr(owner, name, replacement)
+    return patch
+
+
+def restore_patches(patches: Sequence[Patch]) -> list[str]:
+    """Undo patches, newest first; returns the names someone else wrapped or replaced since,
+    which are left as found (turn their installation's `Switch` off)."""
+    left = []
+    for patch in reversed(patches):
+        if not patch.on_top():
+            left.append(patch.label)
+            continue
+        if patch.had_own:
+            setattr(patch.owner, patch.name, patch.original)
+        else:
+            delattr(patch.owner, patch.name)
+    return left
+
+
+# ------------------------------------------------------------------------------ problems
+
+
+class ProblemLog:
+    """An adapter's problems on stderr, one line per kind: a hook that fails on every call of a
+    hot path must cost one line, not one per call."""
+
+    __slots__ = ("_label", "_seen")
+
+    _LIMIT = 64
+
+    def __init__(self, label: str = "") -> None:
+        self._label = label
+        self._seen: set[str] = set()
+
+    def __call__(self, problem: str, kind: str | None = None) -> None:
+        kind = problem.split(":", 1)[0][:80] if kind is None else kind
+        seen = self._seen
+        if kind in seen or len(seen) >= self._LIMIT:
+            return
+        seen.add(kind)
+        _report(f"{self._label}: {problem}" if self._label else problem)
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+
+# ------------------------------------------------------------------------------ environment
+
+
+class Environ(dict[Any, Any]):
+    """The process environment at an observation: `os.environ`'s own data (bytes on POSIX),
+    copied when it changed and shared by every observation while it does not. Comparing it with
+    the live data is one C-level dict comparison (~0.3 us for 35 variables); decoding (text,
+    redaction, the run) waits for the write, once per snapshot (`environ_text`)."""
+
+    __slots__ = ("disabled",)
+
+    disabled: bool
+    """`CACHEAUDIT_DISABLE` was set: record nothing observed under it."""
+
+
+_last_environ: Environ | None = None
+
+
+def environ_data() -> dict[Any, Any] | None:
+    """The dict behind `os.environ` (bytes keys on POSIX), compared and copied at C speed; None
+    where the interpreter has no such attribute."""
+    data = getattr(os.environ, "_data", None)
+    return data if isinstance(data, dict) else None
+
+
+def environ_snapshot() -> Environ:
+    """The environment now, as the snapshot of the previous call when nothing changed."""
+    global _last_environ
+    data = getattr(os.environ, "_data", None)
+    if not isinstance(data, dict):
+        data = dict(os.environ)
+    last = _last_environ
+    if last is not None and data == last:
+        return last
+    snapshot = Environ(data)
+    raw = snapshot.get(b"CACHEAUDIT_DISABLE", snapshot.get("CACHEAUDIT_DISABLE"))
+    # recorder.disabled's rule: set, and neither empty nor "0".
+    snapshot.disabled = raw is not None and raw not in (b"", b"0", "", "0")
+    _last_environ = snapshot
+    return snapshot
+
+
+def _text(value: object) -> str:
+    return os.fsdecode(value) if isinstance(value, bytes) else str(value)
+
+
+_decoded: dict[int, tuple[Environ, dict[str, str], dict[str, str]]] = {}
+
+
+def environ_text(snapshot: Environ) -> tuple[dict[str, str], dict[str, str]]:
+    """(every variable as text, the compile-affecting environment), once per snapshot: the
+    registry lookup and redaction cost ~50 us, which no hit path may pay per record."""
+    memo = _decoded.get(id(snapshot))
+    if memo is not None and memo[0] is snapshot:
+        return memo[1], memo[2]
+    from cacheaudit import envvars
+
+    text = {_text(name): _text(value) for name, value in snapshot.items()}
+    compile_env = envvars.compile_environment(text)
+    if len(_decoded) > 64:
+        _decoded.clear()
+    _decoded[id(snapshot)] = (snapshot, text, compile_env)
+    return text, compile_env
+
+
+_runs: dict[tuple[int, str, str | None, str | None], RunInfo] = {}
+
+
+def run_for(env: Mapping[str, str], observer: str) -> RunInfo:
+    """The run a record observed under `env` belongs to, worked out once per process and run
+    variables (without CACHEAUDIT_RUN it reads /proc)."""
+    from cacheaudit.recorder import RUN_LABEL_VARIABLE, RUN_VARIABLE, current_run
+
+    memo_key = (os.getpid(), observer, env.get(RUN_VARIABLE), env.get(RUN_LABEL_VARIABLE))
+    run = _runs.get(memo_key)
+    if run is None:
+        if len(_runs) > 64:
+            _runs.clear()
+        run = _runs[memo_key] = current_run(env, observer, in_process=True)
+    return run
+
+
+# ------------------------------------------------------------------------------ evidence
+
+
+def memory_path(name: str) -> str:
+    """The synthetic path of something a runtime holds in memory under `name`."""
+    from cacheaudit.model import MEMORY_PREFIX
+
+    return MEMORY_PREFIX + name.lstrip("/")
+
+
+def memory_state(name: str, content: bytes | None = None, *, size: int = -1,
+                 digest: str | None = None) -> FileState:
+    """A FileState for bytes held in memory: their real size and xxh3-128 (from `content`, or
+    given), no stat fields (there is no file), settled (bytes held by Python cannot change)."""
+    from cacheaudit.model import FileState, content_digest
+
+    if content is not None:
+        size, digest = len(content), content_digest(bytes(content))
+    return FileState(path=memory_path(name), exists=True, size=size, mtime_ns=0, ctime_ns=0,
+                     inode=0, digest=digest, settled=True)
+
+
+def jsonable(value: object) -> object:
+    """A runtime's value as JSON holds it: dataclasses (Triton's GPUTarget) and dicts as dicts,
+    sequences as lists, bytes and paths as text, anything else as its repr."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, os.PathLike):
+        return _text(os.fspath(value))
+    import dataclasses
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return repr(value)
+
+
+# ------------------------------------------------------------------------------ fork
+
+
+def _after_fork_in_child() -> None:
+    # A lock held by another thread at fork() stays held forever in the child.
+    global _lock
+    _lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

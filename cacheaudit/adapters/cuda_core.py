@@ -27,11 +27,15 @@ guard misses (a program name without a directory, a quoted `#include`, no `extra
 then reads the header from the process's working directory, and the key never sees it), the
 headers NVRTC read, from its own trace (`cacheaudit.headers`), as the record's include graph.
 
-Cost on a hit: the runtime's disk hit is ~70 µs; the adapter appends one tuple to a buffer (the
-time, the key, an xxh3 of the bytes). Records are built and written in batches: with every
-compile record, every 256 hits, 5 s after the oldest buffered hit, on `flush()`, on uninstall and
-at exit. A file a record covers is re-checked at flush time, and a hit served after it changed is
-marked (`extra["changed_before_hit"]`).
+Cost on a hit: the runtime's disk hit is ~55-70 µs; the adapter counts the hit in a buffer,
+grouped by key, cache, served bytes (an xxh3) and environment (a snapshot shared while it does
+not change, so that the test, the run, the ledger and the compile environment are those of the
+hit, not of the write). Hits under `CACHEAUDIT_DISABLE` are not counted. The buffer is written,
+one record per group, in one transaction through the ledger the process keeps open: with every
+compile record, when 256 distinct groups are pending, at the first hit more than 5 s after the
+oldest pending one (the age is checked only when a hit comes: an idle process's buffer waits for
+the next compile, `flush()`, uninstall or exit). A file a record covers is re-checked at write
+time, and a hit served after it changed is marked (`extra["changed_before_hit"]`).
 """
 
 from __future__ import annotations
@@ -46,12 +50,25 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from cacheaudit import envvars
+from cacheaudit.adapters import (
+    Environ,
+    Patch,
+    ProblemLog,
+    Switch,
+    apply_patch,
+    environ_data,
+    environ_snapshot,
+    environ_text,
+    jsonable,
+    memory_state,
+    restore_patches,
+    run_for,
+)
 from cacheaudit.digest import StateCache
 from cacheaudit.headers import (
     HeaderFingerprint,
@@ -59,14 +76,11 @@ from cacheaudit.headers import (
     header_digest,
     issued,
 )
-from cacheaudit.model import (
-    MEMORY_PREFIX,
-    CompileRecord,
-    FileState,
-    IncludeGraph,
-    content_digest,
-)
-from cacheaudit.recorder import current_run, report_problem, test_id_from, write_record
+from cacheaudit.model import CompileRecord, Event, FileState, IncludeGraph
+from cacheaudit.recorder import modified_since, test_id_from, write_held
+
+if TYPE_CHECKING:
+    from cacheaudit.ledger import RunInfo
 
 __all__ = [
     "ADAPTER",
@@ -82,6 +96,7 @@ __all__ = [
 RUNTIME = "cuda-core"
 OBSERVER = "adapter:cuda_core"
 _ORIGINAL = "__cacheaudit_original__"
+_SWITCH = "__cacheaudit_switch__"
 
 _CONTEXTS_MAX = 4096
 _PENDING_MAX = 256
@@ -92,14 +107,7 @@ _CODE_LIMIT = 256 * 1024
 
 _time_ns = time.time_ns
 _xxh3 = xxhash.xxh3_128_hexdigest
-# Which test is running, read as cheaply as possible on the hit path: `os.environ.get` encodes
-# and decodes on every call (~1.5 µs each, a fifth of a disk hit's budget). The raw bytes of the
-# two variables `recorder.test_id_from` reads tell hits of two tests apart; they are decoded at
-# flush time.
-_environ_data = getattr(os.environ, "_data", None)
-_ENVIRON_DATA: dict[bytes, bytes] | None = (
-    _environ_data if isinstance(_environ_data, dict) else None)
-_TEST_VARIABLES = (b"CACHEAUDIT_TEST_ID", b"PYTEST_CURRENT_TEST")
+_ENVIRON_DATA = environ_data()
 
 _QUOTED_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\r\n]+)"', re.MULTILINE)
 _MACRO_INCLUDE = re.compile(rb"^[ \t]*#[ \t]*include[ \t]+[A-Za-z_]", re.MULTILINE)
@@ -117,22 +125,10 @@ def _code_bytes(code: object) -> bytes:
     return str(code).encode("utf-8", "surrogateescape")
 
 
-def _jsonable(value: object) -> object:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogateescape")
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    return repr(value)
-
-
 def _options_summary(options: object) -> dict[str, object]:
     if not dataclasses.is_dataclass(options):
         return {"repr": repr(options)}
-    return {f.name: _jsonable(getattr(options, f.name)) for f in dataclasses.fields(options)
+    return {f.name: jsonable(getattr(options, f.name)) for f in dataclasses.fields(options)
             if getattr(options, f.name, None) is not None}
 
 
@@ -239,18 +235,19 @@ def describe_key(code: object, code_type: str, options: object, target_type: str
 
 @dataclasses.dataclass(slots=True)
 class _Hit:
-    """Hits of one key, served the same bytes from the same cache, in one test, since the last
-    write: one record however many there were (a hit costs ~70 µs, a ledger record far more)."""
+    """Hits of one key, served the same bytes from the same cache, under one environment (one
+    test), since the last write: one record however many there were (a hit costs ~60 µs, a
+    ledger record far more). The fields that group hits are dict keys: they must be hashable."""
 
     ns: int
-    event: str
-    key: object
-    files: object
-    """The FileStreamProgramCache that served the hit (its entry path is worked out at flush
+    event: Event
+    key: Hashable
+    files: Hashable
+    """The FileStreamProgramCache that served the hit (its entry path is worked out at write
     time), or None for a cache without files."""
     digest: str
     size: int
-    test_id: object
+    environ: Environ
     count: int = 1
     last_ns: int = 0
 
@@ -271,11 +268,14 @@ class _Recorder:
     def __init__(self) -> None:
         self.contexts: dict[bytes, tuple[int, dict[str, Any]]] = {}
         self.watch: dict[bytes, _Watch] = {}
-        self.pending: dict[tuple[object, ...], _Hit] = {}
+        self.pending: dict[tuple[Hashable, ...], _Hit] = {}
         self.oldest_ns = 0
-        self.lock = threading.RLock()
-        self.reported: set[str] = set()
+        self.lock = threading.Lock()
+        """Guards `pending` and `oldest_ns`: hits come from any thread, the write swaps them."""
+        self.problems = ProblemLog()
         self.states = StateCache()
+        self.environ: Environ | None = None
+        """The snapshot of the last hit, shared by the next ones while nothing changes."""
 
     # ---------------------------------------------------------------- hot paths
 
@@ -287,41 +287,46 @@ class _Recorder:
             except (StopIteration, KeyError, RuntimeError):
                 return
 
-    def hit(self, key: object, data: bytes, event: str, files: object) -> None:
-        """One served lookup: ~1.5 µs, kept lean on purpose (a disk hit costs ~70 µs)."""
+    def hit(self, key: Hashable, data: bytes, event: Event, files: Hashable) -> None:
+        """One served lookup: ~1.3 µs, kept lean on purpose (a disk hit costs ~55-70 µs)."""
+        environ = self.environ
+        # environ_snapshot's own test, inlined: this runs on every hit.
+        if environ is None or _ENVIRON_DATA is None or environ != _ENVIRON_DATA:
+            environ = self.environ = environ_snapshot()
+        if environ.disabled:
+            return
         now = _time_ns()
         digest = _xxh3(data)
-        test_id = ((_ENVIRON_DATA.get(_TEST_VARIABLES[0]), _ENVIRON_DATA.get(_TEST_VARIABLES[1]))
-                   if _ENVIRON_DATA is not None else test_id_from(os.environ))
-        pending = self.pending
-        slot = (key, event, files, digest, test_id)
-        group = pending.get(slot)
-        if group is not None:
-            group.count += 1
-            group.last_ns = now
-        else:
-            if not pending:
-                self.oldest_ns = now
-            pending[slot] = _Hit(now, event, key, files, digest, len(data), test_id,
-                                 last_ns=now)
-            if len(pending) >= _PENDING_MAX:
-                self.flush()
-                return
-        if now - self.oldest_ns > _PENDING_AGE_NS:
+        # The snapshot by id: it is one object while the environment does not change, and the
+        # group holds it, so that its id cannot be reused while the group is pending.
+        slot = (key, event, files, digest, id(environ))
+        with self.lock:
+            pending = self.pending
+            group = pending.get(slot)
+            if group is not None:
+                group.count += 1
+                group.last_ns = now
+            else:
+                if not pending:
+                    self.oldest_ns = now
+                pending[slot] = _Hit(now, event, key, files, digest, len(data), environ,
+                                     last_ns=now)
+            due = len(pending) >= _PENDING_MAX or now - self.oldest_ns > _PENDING_AGE_NS
+        if due:
             self.flush()
 
     # ---------------------------------------------------------------- problems
 
     def problem(self, exc: BaseException, where: str) -> None:
-        text = f"cuda.core adapter ({where}): {type(exc).__name__}: {exc}"
-        if where not in self.reported:
-            self.reported.add(where)
-            report_problem(text)
+        self.problems(f"cuda.core adapter ({where}): {type(exc).__name__}: {exc}", kind=where)
 
     # ---------------------------------------------------------------- compiles
 
-    def store(self, key: object, value: object, event: str, entry: str | None) -> None:
+    def store(self, key: Hashable, value: object, event: Event, entry: str | None) -> None:
         """A store after a compile: build the compile record now, write it with pending hits."""
+        environ = environ_snapshot()
+        if environ.disabled:
+            return
         now = time.time_ns()
         key_bytes = _key_bytes(key)
         context = self.contexts.get(key_bytes)
@@ -349,10 +354,9 @@ class _Recorder:
             if graph is not None and watch_kind is not None:
                 self.watch[key_bytes] = _Watch(watch_kind, tuple(f.state for f in graph.files))
             if graph is not None:
-                late = [f.path for f in graph.files if f.state.exists and (
-                    f.state.mtime_ns >= started_ns or f.state.ctime_ns >= started_ns)]
+                late = modified_since([f.state for f in graph.files], started_ns)
                 if late:
-                    extra["modified_during_compile"] = late
+                    extra["modified_during_compile"] = [s.path for s in late]
                 working = [f.path for f in graph.files if not os.path.isabs(f.written)]
                 if working:
                     extra["from_working_directory"] = working
@@ -364,7 +368,7 @@ class _Recorder:
             kernel=kernel, key=key_bytes.hex(), entry=entry, cwd=cwd, graph=graph,
             outputs=outputs, tracked=tracked, exit_code=0, duration_ns=max(0, now - started_ns),
             observer=OBSERVER, notes=tuple(notes), extra=extra)
-        self.write([*self.hit_records(self.take()), record])
+        self.write([*self.hit_records(self.take()), (record, environ)])
 
     def _reads(self, kwargs: Mapping[str, Any], inputs: Mapping[str, Any]
                ) -> tuple[IncludeGraph | None, tuple[str, ...] | None, str | None, list[str]]:
@@ -401,12 +405,11 @@ class _Recorder:
             state = self.states.capture(entry)
             if state.exists:
                 return state
-        data = _value_bytes(value)
-        return _memory_state(key, len(data), content_digest(data))
+        return memory_state(f"program-cache/{key.hex()}", _value_bytes(value))
 
     # ---------------------------------------------------------------- hits, at flush time
 
-    def hit_records(self, hits: list[_Hit]) -> list[CompileRecord]:
+    def hit_records(self, hits: list[_Hit]) -> list[tuple[CompileRecord, Environ]]:
         records = []
         for hit in hits:
             key_bytes = _key_bytes(hit.key)
@@ -437,14 +440,15 @@ class _Recorder:
                 changes = self._changed_before(key_bytes, fingerprint, hit.last_ns)
                 if changes:
                     extra["changed_before_hit"] = changes
-            records.append(CompileRecord(
-                record_id="", event=hit.event, started_ns=hit.ns,  # type: ignore[arg-type]
+            records.append((CompileRecord(
+                record_id="", event=hit.event, started_ns=hit.ns,
                 duration_ns=hit.last_ns - hit.ns, runtime=RUNTIME, kernel=kernel,
                 key=key_bytes.hex(), entry=entry,
                 outputs=(FileState(path=entry, exists=True, size=hit.size, digest=hit.digest,
                                    settled=False) if entry is not None else
-                         _memory_state(key_bytes, hit.size, hit.digest),),
-                test_id=_test_id(hit.test_id), observer=OBSERVER, extra=extra))
+                         memory_state(f"program-cache/{key_bytes.hex()}", size=hit.size,
+                                      digest=hit.digest),),
+                observer=OBSERVER, extra=extra), hit.environ))
         return records
 
     def _changed_before(self, key: bytes, fingerprint: HeaderFingerprint | None,
@@ -482,44 +486,34 @@ class _Recorder:
         if pending:
             self.write(self.hit_records(pending))
 
-    def write(self, records: list[CompileRecord]) -> None:
+    def write(self, records: Sequence[tuple[CompileRecord, Environ]]) -> None:
+        """Records with the environment each was observed under: its test, run, ledger and
+        compile environment. One transaction per ledger and run, through the ledger this
+        process keeps open (opening and closing one per batch would checkpoint the WAL every
+        time), which spools what it cannot take."""
         if not records:
             return
-        from cacheaudit.ledger import Ledger, default_ledger_path, new_record_id
+        from cacheaudit.ledger import default_ledger_path, new_record_id
 
-        env = os.environ
-        subset = envvars.compile_environment(env)
         host = socket.gethostname()
         pid = os.getpid()
-        records = [dataclasses.replace(r, record_id=new_record_id(), env=subset, host=host,
-                                       pid=pid, test_id=r.test_id or test_id_from(env))
-                   for r in records]
-        run = current_run(env, OBSERVER, in_process=True)
-        path = default_ledger_path()
-        try:
-            with Ledger.open(path) as ledger:
-                ledger.add_records(records, run)
-            return
-        except Exception:  # noqa: BLE001 - one by one, with the spool behind each
-            pass
-        for record in records:
-            problem = write_record(record, run, path)
+        batches: dict[tuple[str, str], tuple[RunInfo, list[CompileRecord]]] = {}
+        for record, environ in records:
+            env, compile_env = environ_text(environ)
+            run = run_for(env, OBSERVER)
+            batch = batches.setdefault((default_ledger_path(env), run.run_uuid), (run, []))
+            batch[1].append(dataclasses.replace(
+                record, record_id=new_record_id(), env=compile_env, host=host, pid=pid,
+                test_id=record.test_id or test_id_from(env)))
+        for (path, _), (run, batch_records) in batches.items():
+            problem = write_held(batch_records, run, path)
             if problem:
                 self.problem(RuntimeError(problem), "ledger")
 
     def after_fork(self) -> None:
         # The parent writes what it buffered; a forked child must not write it again.
         self.pending = {}
-        self.lock = threading.RLock()
-
-
-def _test_id(marker: object) -> str | None:
-    if isinstance(marker, tuple):
-        names = ("CACHEAUDIT_TEST_ID", "PYTEST_CURRENT_TEST")
-        return test_id_from({name: os.fsdecode(value)
-                             for name, value in zip(names, marker, strict=True)
-                             if value is not None})
-    return marker if isinstance(marker, str) else None
+        self.lock = threading.Lock()
 
 
 def _key_bytes(key: object) -> bytes:
@@ -529,15 +523,6 @@ def _key_bytes(key: object) -> bytes:
     if isinstance(key, str):
         return key.encode("utf-8")
     return repr(key).encode("utf-8", "surrogateescape")
-
-
-
-
-def _memory_state(key: bytes, size: int, digest: str) -> FileState:
-    """The bytes an in-memory cache holds under `key`: real size and xxh3-128, no stat fields
-    (there is no file), settled (bytes held by Python cannot change)."""
-    return FileState(path=f"{MEMORY_PREFIX}program-cache/{key.hex()}", exists=True, size=size,
-                     digest=digest, settled=True)
 
 
 def _digest_hex(digest: object) -> str | None:
@@ -560,12 +545,8 @@ def _value_bytes(value: object) -> bytes:
 _RECORDER = _Recorder()
 
 
-def _quiet() -> bool:
-    return getattr(_LOCAL, "quiet", False)
-
-
 @contextlib.contextmanager
-def _quietly() -> Any:
+def _quietly() -> Iterator[None]:
     """While an AuditedProgramCache calls its inner cache, the class hooks stay silent: one
     lookup, one record."""
     previous = getattr(_LOCAL, "quiet", False)
@@ -579,34 +560,37 @@ def _quietly() -> Any:
 # ------------------------------------------------------------------------------ the hooks
 
 
-def _key_observer(original: Callable[..., bytes]) -> Callable[..., bytes]:
+def _key_observer(original: Callable[..., bytes], switch: Switch) -> Callable[..., bytes]:
     contexts = _RECORDER.contexts  # never rebound: captured once, for the hit path's sake
 
     @functools.wraps(original)
     def make_program_cache_key(*args: Any, **kwargs: Any) -> bytes:
         key = original(*args, **kwargs)
-        try:
-            contexts[key if type(key) is bytes else _key_bytes(key)] = (_time_ns(), kwargs)
-            if len(contexts) > _CONTEXTS_MAX:
-                _RECORDER.trim()
-        except Exception as exc:  # noqa: BLE001 - fail open
-            _RECORDER.problem(exc, "key")
+        if switch.on:
+            try:
+                contexts[key if type(key) is bytes else _key_bytes(key)] = (_time_ns(), kwargs)
+                if len(contexts) > _CONTEXTS_MAX:
+                    _RECORDER.trim()
+            except Exception as exc:  # noqa: BLE001 - fail open
+                _RECORDER.problem(exc, "key")
         return key
 
     setattr(make_program_cache_key, _ORIGINAL, original)
+    setattr(make_program_cache_key, _SWITCH, switch)
     return make_program_cache_key
 
 
-def _getitem_hook(original: Callable[[Any, Any], bytes], event: str
+def _getitem_hook(original: Callable[[Any, Any], bytes], event: Event, switch: Switch
                   ) -> Callable[[Any, Any], bytes]:
     disk = event == "disk-hit"
+    hit = _RECORDER.hit
 
     @functools.wraps(original)
     def __getitem__(self: Any, key: Any) -> bytes:
         data = original(self, key)
-        if not getattr(_LOCAL, "quiet", False):
+        if switch.on and not getattr(_LOCAL, "quiet", False):
             try:
-                _RECORDER.hit(key, data, event, self if disk else None)
+                hit(key, data, event, self if disk else None)
             except Exception as exc:  # noqa: BLE001 - fail open
                 _RECORDER.problem(exc, "hit")
         return data
@@ -622,14 +606,14 @@ def _entry_path(cache: object, key: object) -> str | None:
     return os.fspath(path_for_key(key))
 
 
-def _setitem_hook(original: Callable[[Any, Any, Any], None], event: str
+def _setitem_hook(original: Callable[[Any, Any, Any], None], event: Event, switch: Switch
                   ) -> Callable[[Any, Any, Any], None]:
     disk = event == "disk-hit"
 
     @functools.wraps(original)
     def __setitem__(self: Any, key: Any, value: Any) -> None:
         original(self, key, value)
-        if not _quiet():
+        if switch.on and not getattr(_LOCAL, "quiet", False):
             try:
                 _RECORDER.store(key, value, event, _entry_path(self, key) if disk else None)
             except Exception as exc:  # noqa: BLE001 - fail open
@@ -639,15 +623,6 @@ def _setitem_hook(original: Callable[[Any, Any, Any], None], event: str
     return __setitem__
 
 
-@dataclasses.dataclass
-class _Patch:
-    owner: object
-    name: str
-    had_own: bool
-    original: object
-    replacement: object
-
-
 class CudaCoreAdapter:
     """Installs the key observer and the hooks on cuda.core's two program caches."""
 
@@ -655,8 +630,9 @@ class CudaCoreAdapter:
     module = "cuda.core"
 
     def __init__(self) -> None:
-        self._key_patches: list[_Patch] = []
-        self._class_patches: list[_Patch] = []
+        self._key_patches: list[Patch] = []
+        self._class_patches: list[Patch] = []
+        self._switch = Switch(on=False)
         self._lock = threading.RLock()
         self._exit_hooks = False
 
@@ -680,16 +656,17 @@ class CudaCoreAdapter:
                 )
 
                 self.observe_keys()
-                patches: list[_Patch] = []
+                switch = self._live_switch()
+                patches: list[Patch] = []
                 try:
                     for cls, event in ((FileStreamProgramCache, "disk-hit"),
                                        (InMemoryProgramCache, "memory-hit")):
-                        patches.append(_apply(cls, "__getitem__",
-                                              _getitem_hook(cls.__getitem__, event)))
-                        patches.append(_apply(cls, "__setitem__",
-                                              _setitem_hook(cls.__setitem__, event)))
+                        patches.append(apply_patch(cls, "__getitem__", _getitem_hook(
+                            cls.__getitem__, event, switch)))
+                        patches.append(apply_patch(cls, "__setitem__", _setitem_hook(
+                            cls.__setitem__, event, switch)))
                 except BaseException:
-                    _restore(patches)
+                    restore_patches(patches)
                     raise
                 self._class_patches = patches
             except Exception as exc:  # noqa: BLE001 - fail open
@@ -700,16 +677,18 @@ class CudaCoreAdapter:
             self._arm_exit_hooks()
 
     def uninstall(self) -> None:
-        """Write what is buffered, then restore every patched object exactly."""
+        """Write what is buffered, then restore every patched object exactly. A hook someone
+        wrapped or replaced since stays, and passes every call through."""
         with self._lock:
             with contextlib.suppress(Exception):
                 _RECORDER.flush()
+            self._switch.on = False
             for group in (self._class_patches, self._key_patches):
-                left = _restore(group)
+                left = restore_patches(group)
                 if left:
                     _RECORDER.problem(RuntimeError(
                         f"{', '.join(left)} replaced by someone else after cacheaudit: left "
-                        "as found"), "uninstall")
+                        "as found, passing every call through"), "uninstall")
                 group.clear()
 
     # ---------------------------------------------------------------- extras
@@ -724,12 +703,13 @@ class CudaCoreAdapter:
             import cuda.core.utils._program_cache as package
 
             original = package.make_program_cache_key
-            if hasattr(original, _ORIGINAL):
-                return  # observed already (this module loaded twice)
-            observer = _key_observer(original)
-            patches = [_apply(package, "make_program_cache_key", observer)]
+            live = getattr(original, _SWITCH, None)
+            if isinstance(live, Switch) and live.on:
+                return  # observed already, by another copy of this module (a reload)
+            observer = _key_observer(original, self._live_switch())
+            patches = [apply_patch(package, "make_program_cache_key", observer)]
             if getattr(utils, "make_program_cache_key", None) is original:
-                patches.append(_apply(utils, "make_program_cache_key", observer))
+                patches.append(apply_patch(utils, "make_program_cache_key", observer))
             self._key_patches = patches
             self._arm_exit_hooks()
 
@@ -741,39 +721,28 @@ class CudaCoreAdapter:
         except Exception as exc:  # noqa: BLE001 - fail open
             _RECORDER.problem(exc, "flush")
 
+    def _live_switch(self) -> Switch:
+        # One switch for the key observer and the class hooks of one installation; a new one
+        # after an uninstall, which turned the old one off for good.
+        if not self._switch.on:
+            self._switch = Switch()
+        return self._switch
+
     def _arm_exit_hooks(self) -> None:
         if not self._exit_hooks:
             self._exit_hooks = True
             atexit.register(self.flush)
-            if hasattr(os, "register_at_fork"):
-                os.register_at_fork(after_in_child=_RECORDER.after_fork)
 
-
-def _apply(owner: object, name: str, replacement: object) -> _Patch:
-    namespace = vars(owner)
-    patch = _Patch(owner=owner, name=name, had_own=name in namespace,
-                   original=namespace.get(name), replacement=replacement)
-    setattr(owner, name, replacement)
-    return patch
-
-
-def _restore(patches: list[_Patch]) -> list[str]:
-    """Undo patches, newest first; returns the names someone else replaced meanwhile."""
-    left = []
-    for patch in reversed(patches):
-        current = vars(patch.owner).get(patch.name)
-        label = f"{getattr(patch.owner, '__name__', patch.owner)}.{patch.name}"
-        if current is not patch.replacement:
-            left.append(label)
-            continue
-        if patch.had_own:
-            setattr(patch.owner, patch.name, patch.original)
-        else:
-            delattr(patch.owner, patch.name)
-    return left
+    def _after_fork(self) -> None:
+        # Locks another thread held at fork() would stay held in the child forever; the
+        # buffered hits are the parent's to write.
+        self._lock = threading.RLock()
+        _RECORDER.after_fork()
 
 
 ADAPTER = CudaCoreAdapter()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=ADAPTER._after_fork)
 
 
 # ------------------------------------------------------------------------------ the wrapper
@@ -806,7 +775,7 @@ def _audited_class() -> type:
             if event not in ("disk-hit", "memory-hit"):
                 raise ValueError("event must be 'disk-hit' or 'memory-hit'")
             self._inner = inner
-            self._event = event
+            self._event: Event = "memory-hit" if event == "memory-hit" else "disk-hit"
             self._files = isinstance(inner, FileStreamProgramCache)
             try:
                 ADAPTER.observe_keys()

@@ -27,8 +27,11 @@ measurements with NVRTC 13.0.88 (docs/runtimes/nvrtc.md lists them):
   (warning #629-D, then a fresh compile), so explicit `--create-pch`/`--use-pch` files (they
   outlive the process) and automatic PCHs made in this process without the trace (before
   installation, or by Cython callers) must keep seeing the command line they were made with.
-- A compile that fails with the trace option is run again exactly as the caller asked, and that
-  result is returned: the option can never turn a success into a failure.
+- A compile that fails where the trace option can be the cause (NVRTC refuses the option or
+  cannot write the trace, or the log names the trace: ptxas fails on a trace file that exists
+  already) is run again exactly as the caller asked, and that result is returned: the option
+  never turns a success into a failure. Any other failure (an error in the source) is returned
+  as it is, without a second compile.
 - After a successful compile the adapter reads the log, the PCH status and the outputs through
   the getters (`nvrtcGetProgramLog`, `nvrtcGetPCHCreateStatus`, `nvrtcGetCUBIN`, `nvrtcGetPTX`,
   `nvrtcGetLTOIR`, `nvrtcGetOptiXIR`), which return copies and change nothing for the caller.
@@ -63,6 +66,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cacheaudit.adapters import (
+    Patch,
+    ProblemLog,
+    Switch,
+    apply_patch,
+    memory_path,
+    memory_state,
+    restore_patches,
+)
 from cacheaudit.model import (
     MEMORY_PREFIX,
     ArgToken,
@@ -71,7 +83,6 @@ from cacheaudit.model import (
     FileState,
     GraphFile,
     IncludeGraph,
-    content_digest,
 )
 
 # MEMORY_PREFIX (cacheaudit.model) names what NVRTC reads or writes in memory: sources,
@@ -113,30 +124,21 @@ _OUTPUTS = (("cubin", "nvrtcGetCUBINSize", "nvrtcGetCUBIN"),
 
 # nvrtcResult values (cuda.bindings.nvrtc.nvrtcResult, an int enum).
 _SUCCESS = 0
-_INVALID_INPUT = 3
-_INVALID_PROGRAM = 4
+_INVALID_OPTION = 5
+_INTERNAL_ERROR = 11
 _NO_PCH_CREATE_ATTEMPTED = 13
-_CANCELLED = 16
-_NOT_RETRIED = frozenset({_SUCCESS, _INVALID_INPUT, _INVALID_PROGRAM, _CANCELLED})
-"""Failures the trace option cannot cause: a bad handle or input, or the caller's own cancel
-(`nvrtcSetFlowCallback`), which a second compile would only ask the caller about again."""
+_TIME_TRACE_FILE_WRITE_FAILED = 17
+_TRACE_CODES = frozenset({_INVALID_OPTION, _INTERNAL_ERROR, _TIME_TRACE_FILE_WRITE_FAILED})
+"""Failures the trace option itself can cause, whatever the log says: an NVRTC that does not
+know the option, a trace it cannot write, an internal error."""
+_TRACE_TROUBLE = re.compile(rb"trace file|time[- ]trace|time profiler", re.IGNORECASE)
+"""A log naming the trace (ptxas: "Parsed trace file not in expected format", when a trace file
+of that name exists already)."""
 
-_MARK = "__cacheaudit_nvrtc__"
 _PROGRAM_LIMIT = 4096
 
 
 # ------------------------------------------------------------------------------ pure helpers
-
-
-def memory_path(name: str) -> str:
-    """The synthetic path of something NVRTC holds in memory under `name`."""
-    return MEMORY_PREFIX + name.lstrip("/")
-
-
-def memory_state(name: str, content: bytes) -> FileState:
-    """A FileState for bytes held in memory: real size and digest, no file behind it."""
-    return FileState(path=memory_path(name), exists=True, size=len(content), mtime_ns=0,
-                     ctime_ns=0, inode=0, digest=content_digest(bytes(content)), settled=True)
 
 
 def option_value(options: Sequence[str], names: Sequence[str]) -> str | None:
@@ -332,75 +334,86 @@ class NvrtcAdapter:
         self._inflight: dict[int, int] = {}
         self._inflight_ids = itertools.count()
         self._start_ns: int | None = None
-        self._reported: set[str] = set()
+        self._patches: list[Patch] = []
+        self._switch = Switch(on=False)
+        self._report = ProblemLog()
 
     # -------------------------------------------------------------------------- install
 
     def install(self) -> None:
-        """Replace the three program functions; a no-op when already installed, and the module
-        is left as it was when anything goes wrong."""
+        """Replace the three program functions. A no-op while installed, also when another
+        tool has wrapped ours since (it calls through ours: wrapping again would record every
+        compile twice). The module is left as it was when anything goes wrong."""
         with self._lock:
+            if self._switch.on:
+                return
             try:
                 module = importlib.import_module(self.module)
-                current = getattr(module, "nvrtcCompileProgram")  # noqa: B009 - fail if absent
-                if getattr(current, _MARK, None) is self:
-                    return
                 originals = {name: getattr(module, name) for name in _PATCHED}
                 getters = {name: getattr(module, name, None) for name in _GETTERS}
+                switch = Switch()
+                wrappers = {
+                    "nvrtcCreateProgram": self._wrap_create(originals["nvrtcCreateProgram"],
+                                                            switch),
+                    "nvrtcCompileProgram": self._wrap_compile(originals["nvrtcCompileProgram"],
+                                                              switch),
+                    "nvrtcDestroyProgram": self._wrap_destroy(originals["nvrtcDestroyProgram"],
+                                                              switch)}
+                patches: list[Patch] = []
+                try:
+                    for name, wrapper in wrappers.items():
+                        patches.append(apply_patch(module, name, wrapper))
+                except BaseException:
+                    restore_patches(patches)
+                    raise
             except Exception as exc:  # noqa: BLE001 - fail open: the runtime stays as it was
                 self._report(f"cannot install the NVRTC adapter: {type(exc).__name__}: {exc}")
                 return
-            wrappers = {"nvrtcCreateProgram": self._wrap_create(originals["nvrtcCreateProgram"]),
-                        "nvrtcCompileProgram": self._wrap_compile(
-                            originals["nvrtcCompileProgram"]),
-                        "nvrtcDestroyProgram": self._wrap_destroy(
-                            originals["nvrtcDestroyProgram"])}
-            try:
-                for name, wrapper in wrappers.items():
-                    setattr(module, name, wrapper)
-            except Exception as exc:  # noqa: BLE001 - fail open
-                for name, original in originals.items():
-                    with contextlib.suppress(Exception):
-                        setattr(module, name, original)
-                self._report(f"cannot install the NVRTC adapter: {type(exc).__name__}: {exc}")
-                return
             self._module, self._originals, self._getters = module, originals, getters
+            self._patches, self._switch = patches, switch
 
     def uninstall(self) -> None:
-        """Put the original functions back (the very objects found at installation)."""
+        """Put the original functions back (the very objects found at installation). A wrapper
+        someone put over ours stays, and ours under it passes every call straight through."""
         with self._lock:
-            if self._module is None:
-                return
-            for name, original in self._originals.items():
-                with contextlib.suppress(Exception):
-                    setattr(self._module, name, original)
+            self._switch.on = False
+            left = restore_patches(self._patches)
+            if left:
+                self._report(f"{', '.join(left)} wrapped by someone else after cacheaudit: "
+                             "left in place, passing every call through", kind="uninstall")
+            self._patches = []
             self._module = None
             self._originals = {}
             self._programs.clear()
 
     def installed(self) -> bool:
-        module = self._module
-        return module is not None and getattr(
-            getattr(module, "nvrtcCompileProgram", None), _MARK, None) is self
+        """Whether the wrappers record; they may sit under another tool's wrapper."""
+        return self._switch.on
+
+    def _after_fork(self) -> None:
+        # A lock another thread held at fork() would stay held in the child forever.
+        self._lock = threading.RLock()
 
     # -------------------------------------------------------------------------- wrappers
 
-    def _wrap_create(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap_create(self, original: Callable[..., Any], switch: Switch) -> Callable[..., Any]:
         @functools.wraps(original)
         def nvrtcCreateProgram(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
-            try:
-                self._on_create(args, kwargs, result)
-            except Exception as exc:  # noqa: BLE001 - fail open
-                self._report(f"{type(exc).__name__}: {exc}")
+            if switch.on:
+                try:
+                    self._on_create(args, kwargs, result)
+                except Exception as exc:  # noqa: BLE001 - fail open
+                    self._report(f"{type(exc).__name__}: {exc}")
             return result
 
-        setattr(nvrtcCreateProgram, _MARK, self)
         return nvrtcCreateProgram
 
-    def _wrap_compile(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap_compile(self, original: Callable[..., Any], switch: Switch) -> Callable[..., Any]:
         @functools.wraps(original)
         def nvrtcCompileProgram(*args: Any, **kwargs: Any) -> Any:
+            if not switch.on:
+                return original(*args, **kwargs)
             try:
                 plan = self._plan(args, kwargs)
             except Exception as exc:  # noqa: BLE001 - fail open: compile as asked
@@ -418,7 +431,6 @@ class NvrtcAdapter:
                     with self._lock:
                         self._inflight.pop(plan.inflight, None)
 
-        setattr(nvrtcCompileProgram, _MARK, self)
         return nvrtcCompileProgram
 
     def _compile(self, original: Callable[..., Any], plan: _Plan, args: tuple[Any, ...],
@@ -437,7 +449,7 @@ class NvrtcAdapter:
                                   f"{type(exc).__name__}: {exc}; compiled as asked instead")
                 result = None
             code = _code(result) if result is not None else None
-            if result is not None and code not in _NOT_RETRIED:
+            if result is not None and code != _SUCCESS and self._trace_failed(plan, code):
                 plan.notes.append(f"the compile failed with the trace option "
                                   f"({_error_name(code)}); compiled again as asked, and that "
                                   "result is the one returned")
@@ -455,9 +467,21 @@ class NvrtcAdapter:
             self._report(f"{type(exc).__name__}: {exc}")
         return result
 
-    def _wrap_destroy(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _trace_failed(self, plan: _Plan, code: int | None) -> bool:
+        """Whether a failure of the compile with the trace option may come from the option. An
+        ordinary failure (an error in the source) is returned as it is: compiling it again
+        without the option would only double its latency."""
+        if code is None or code in _TRACE_CODES:
+            return True
+        log = self._log(plan.prog)
+        path = plan.trace_option.partition(b"=")[2] if plan.trace_option else b""
+        return bool(_TRACE_TROUBLE.search(log)) or bool(path and path in log)
+
+    def _wrap_destroy(self, original: Callable[..., Any], switch: Switch) -> Callable[..., Any]:
         @functools.wraps(original)
         def nvrtcDestroyProgram(*args: Any, **kwargs: Any) -> Any:
+            if not switch.on:
+                return original(*args, **kwargs)
             key = None
             with contextlib.suppress(Exception):
                 bound = _bind(args, kwargs, ("prog",))
@@ -470,7 +494,6 @@ class NvrtcAdapter:
                 self._programs.pop(key, None)
             return result
 
-        setattr(nvrtcDestroyProgram, _MARK, self)
         return nvrtcDestroyProgram
 
     # -------------------------------------------------------------------------- create
@@ -952,18 +975,6 @@ class NvrtcAdapter:
             self._builtins = os.path.realpath(found) if found else None
         return self._builtins
 
-    # -------------------------------------------------------------------------- problems
-
-    def _report(self, problem: str) -> None:
-        """One line on stderr per kind of problem, not one per compile."""
-        from cacheaudit.recorder import report_problem
-
-        kind = problem.split(":", 1)[0][:80]
-        with self._lock:
-            if kind in self._reported or len(self._reported) > 64:
-                return
-            self._reported.add(kind)
-        report_problem(problem)
-
-
 ADAPTER = NvrtcAdapter()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=ADAPTER._after_fork)

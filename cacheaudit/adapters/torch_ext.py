@@ -10,10 +10,12 @@ looks up `_run_ninja_build` the same way, so replacing the attributes is enough:
   never seen: the versioner hashes only sources, flags and the build directory).
 - `_run_ninja_build`: called only when the versioner wants a build, after torch has rewritten
   build.ninja. Just before the real ninja, `ninja -n -d explain` (one process, ~2 ms) says
-  whether ninja will do any work and why. When it will, the compiler's own `-M` pass is started
-  for every compile edge with build.ninja's exact flags, beside ninja (a spare core makes it free
+  whether ninja will do any work and why. When it will, the compiler's own `-M` pass runs for
+  every compile edge with build.ninja's exact flags, beside ninja (a spare core makes it free
   in wall clock; `-MMD`, which ninja reads, leaves out every `-isystem` header), so that the
-  graph holds torch's, Python's, the user's `-isystem` and the CPATH headers. After ninja, the
+  graph holds torch's, Python's, the user's `-isystem` and the CPATH headers. At most as many
+  passes run at once as the process may use CPUs (fewer under torch's MAX_JOBS), the next one
+  starting as one ends, all within one deadline. After ninja, the
   outputs' stat says what ninja really did: written outputs make a *compile*, none a *disk hit*.
 
 Records: runtime "torch-ext", kernel = the extension's name, entry = the build directory
@@ -37,6 +39,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from cacheaudit.adapters import Patch, ProblemLog, Switch, apply_patch, restore_patches
+
 if TYPE_CHECKING:
     import inspect
 
@@ -48,8 +52,8 @@ if TYPE_CHECKING:
 RUNTIME = "torch-ext"
 MODULE = "torch.utils.cpp_extension"
 OBSERVER = "adapter:torch_ext"
-_MARK = "__cacheaudit_torch_ext__"
 _PASS_TIMEOUT_S = 600.0
+"""How long the `-M` passes of one build may take, all of them together."""
 
 
 # ------------------------------------------------------------------------------ per-call state
@@ -61,7 +65,8 @@ class _Pass:
     Plain slotted classes for the per-call state: this module is imported in every process
     that arms the adapter, and each dataclass costs milliseconds to define."""
 
-    __slots__ = ("compiler", "error", "output", "running", "sources", "tokens")
+    __slots__ = ("argv", "compiler", "depfile", "error", "output", "running", "sources",
+                 "tokens")
 
     def __init__(self, output: str, sources: tuple[str, ...], compiler: str,
                  tokens: tuple[str, ...]) -> None:
@@ -69,16 +74,108 @@ class _Pass:
         self.sources = sources
         self.compiler = compiler
         self.tokens = tokens
+        self.argv: tuple[str, ...] = ()
+        """The real compiler and the dependency argv; empty when there is nothing to run."""
+        self.depfile: str | None = None
         self.running: DependencyPass | None = None
         self.error: str | None = None
+
+
+class _Passes:
+    """The `-M` passes of one build, beside ninja: at most `limit` at once (a build of 40
+    sources must not start 40 compilers next to ninja's own), the next one started as one ends,
+    all of them within one deadline.
+
+    Worker threads only start passes and wait for their processes to end; reading a result
+    (`DependencyPass.wait`) and killing happen on the thread that called `_jit_compile`."""
+
+    __slots__ = ("_cwd", "_env", "_lock", "_queue", "_start", "_stopped", "_threads",
+                 "deadline", "items", "timeout_s")
+
+    def __init__(self, items: list[_Pass], cwd: str, env: Mapping[str, str], limit: int,
+                 timeout_s: float, start: Callable[..., DependencyPass]) -> None:
+        self.items = items
+        self._start = start  # graph.start_dependency_pass, imported before any thread runs
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self._cwd = cwd
+        self._env = dict(env)  # the environment of the build, not of whenever a pass starts
+        self._lock = threading.Lock()
+        self._queue = [item for item in items if item.argv]
+        self._queue.reverse()  # popped from the end: in build.ninja's order
+        self._stopped = False
+        self._threads = [threading.Thread(target=self._work, name="cacheaudit-torch-ext-M",
+                                          daemon=True)
+                         for _ in range(min(limit, len(self._queue)))]
+        for thread in self._threads:
+            thread.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                # Started under the lock: `stop` then sees every pass that will ever run.
+                if self._stopped or not self._queue:
+                    return
+                item = self._queue.pop()
+                if time.monotonic() >= self.deadline:
+                    continue  # `finish` says it never started
+                try:
+                    item.running = self._start(item.argv[0], item.argv[1:], self._cwd, self._env,
+                                               depfile=item.depfile)
+                except Exception as exc:  # noqa: BLE001 - a pass is evidence, never a failure
+                    item.error = f"could not start: {type(exc).__name__}: {exc}"
+                    continue
+            process = item.running.process
+            if process is None:
+                continue  # it could not start: its result says why
+            try:
+                process.wait(max(0.0, self.deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - TimeoutExpired: `finish` kills it, and reports
+                return
+
+    def stop(self) -> None:
+        """Start nothing more, and kill what runs: its graph is not wanted."""
+        with self._lock:
+            self._stopped = True
+            running = [item.running for item in self.items if item.running is not None]
+        for dependency_pass in running:
+            dependency_pass.kill()  # a no-op for a pass that has ended
+
+    def finish(self) -> None:
+        """Wait for the passes until the deadline; one still running then is killed (by its
+        `wait`), one never started says so."""
+        for thread in self._threads:
+            thread.join(max(0.0, self.deadline - time.monotonic()))
+        with self._lock:
+            self._stopped = True
+        for item in self.items:
+            if item.running is not None:
+                item.running.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+            elif item.argv and item.error is None:
+                item.error = (f"not started: the passes of this build ran out of their "
+                              f"{self.timeout_s:g} s")
+
+
+def _pass_limit(env: Mapping[str, str]) -> int:
+    """How many `-M` passes may run at once: the CPUs this process may use, and no more than
+    torch's MAX_JOBS (the parallelism the user gave the build), where set."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        jobs = int(env.get("MAX_JOBS", ""))
+    except ValueError:
+        jobs = 0
+    return max(1, min(cpus, jobs) if jobs > 0 else cpus)
 
 
 class _Call:
     """One `_jit_compile` call, from entry to return."""
 
     __slots__ = ("before", "build", "build_dir", "dry", "given_dir", "name", "ninja",
-                 "ninja_ended_ns", "ninja_started_ns", "notes", "passes", "started_ns",
-                 "versioner_before", "workdir")
+                 "ninja_ended_ns", "ninja_started_ns", "notes", "passes", "scheduler",
+                 "started_ns", "versioner_before", "workdir")
 
     def __init__(self, name: str, build_dir: str, given_dir: str, versioner_before: Any,
                  started_ns: int) -> None:
@@ -92,6 +189,7 @@ class _Call:
         self.before: dict[str, tuple[int, int, int] | None] = {}
         self.dry: DryRun | None = None
         self.passes: list[_Pass] = []
+        self.scheduler: _Passes | None = None
         self.workdir: str | None = None
         self.ninja_started_ns = 0
         self.ninja_ended_ns = 0
@@ -102,13 +200,12 @@ class _Seen:
     """What this process last learnt about a build directory at a ninja run: the baseline that
     a later memory hit (the versioner skipping ninja) is compared with."""
 
-    __slots__ = ("failed", "hit_signature", "hits_not_recorded", "key", "module", "name",
-                 "outputs", "tracked")
+    __slots__ = ("failed", "hit_signature", "hits_not_recorded", "key", "name", "outputs",
+                 "tracked")
 
-    def __init__(self, name: str, module: str, key: str | None, tracked: tuple[str, ...],
+    def __init__(self, name: str, key: str | None, tracked: tuple[str, ...],
                  outputs: tuple[FileState, ...], failed: bool = False) -> None:
         self.name = name
-        self.module = module
         self.key = key
         self.tracked = tracked
         self.outputs = outputs
@@ -138,11 +235,9 @@ class TorchExtAdapter:
         self._lock = threading.RLock()
         self._local = threading.local()
         self._module: Any = None
-        self._originals: dict[str, Callable[..., Any]] = {}
-        self._wrappers: dict[str, Callable[..., Any]] = {}
-        self._active = False
-        self._reported = False
-        self._problems = 0
+        self._patches: list[Patch] = []
+        self._switch = Switch(on=False)
+        self._problem = ProblemLog("torch-ext adapter")
         self._seen: dict[str, _Seen] = {}
         self._cache: StateCache | None = None
         self._signature: inspect.Signature | None = None
@@ -150,53 +245,64 @@ class TorchExtAdapter:
     # ---------------------------------------------------------------- install / uninstall
 
     def installed(self) -> bool:
-        module = self._module
-        return bool(self._active and module is not None
-                    and getattr(getattr(module, "_jit_compile", None), _MARK, False))
+        """Whether the wrappers record; they may sit under another tool's wrapper."""
+        return self._switch.on
 
     def install(self) -> None:
-        """Wrap `_jit_compile` and `_run_ninja_build`; a second call changes nothing."""
+        """Wrap `_jit_compile` and `_run_ninja_build`. A no-op while installed, also when
+        another tool has wrapped ours since (it calls through ours: wrapping again would record
+        every load twice). Fails open: a torch without these functions, or any other failure,
+        is reported once and leaves torch as it was."""
         with self._lock:
-            module = importlib.import_module(MODULE)
-            if self._active and getattr(getattr(module, "_jit_compile", None), _MARK, False):
+            if self._switch.on:
                 return
-            import inspect
-
-            originals = {name: getattr(module, name) for name in ("_jit_compile",
-                                                                   "_run_ninja_build")}
-            signature = inspect.signature(originals["_jit_compile"])
-            wrappers = {"_jit_compile": self._wrap_jit(originals["_jit_compile"]),
-                        "_run_ninja_build": self._wrap_ninja(originals["_run_ninja_build"])}
             try:
-                for name, wrapper in wrappers.items():
-                    setattr(module, name, wrapper)
-            except Exception:
-                for name, original in originals.items():
-                    setattr(module, name, original)
-                raise
-            self._module, self._originals, self._wrappers = module, originals, wrappers
-            self._signature = signature
-            self._active = True
+                self._install()
+            except Exception as exc:  # noqa: BLE001 - never break the import of torch
+                self._problem(f"cannot hook {MODULE}: {type(exc).__name__}: {exc}",
+                              kind="install")
+
+    def _install(self) -> None:
+        import inspect
+
+        module = importlib.import_module(MODULE)
+        originals = {name: getattr(module, name) for name in ("_jit_compile",
+                                                               "_run_ninja_build")}
+        signature = inspect.signature(originals["_jit_compile"])
+        switch = Switch()
+        wrappers = {"_jit_compile": self._wrap_jit(originals["_jit_compile"], switch),
+                    "_run_ninja_build": self._wrap_ninja(originals["_run_ninja_build"], switch)}
+        patches: list[Patch] = []
+        try:
+            for name, wrapper in wrappers.items():
+                patches.append(apply_patch(module, name, wrapper))
+        except BaseException:
+            restore_patches(patches)
+            raise
+        self._module, self._patches, self._switch = module, patches, switch
+        self._signature = signature
 
     def uninstall(self) -> None:
         """Put the exact original functions back. A wrapper someone else installed over ours
         stays, and ours underneath it passes every call straight through."""
         with self._lock:
-            self._active = False
-            module = self._module
-            if module is None:
-                return
-            for name, original in self._originals.items():
-                if getattr(module, name, None) is self._wrappers.get(name):
-                    setattr(module, name, original)
-            self._wrappers = {}
+            self._switch.on = False
+            left = restore_patches(self._patches)
+            if left:
+                self._problem(f"{', '.join(left)} wrapped by someone else after cacheaudit: "
+                              "left in place, passing every call through", kind="uninstall")
+            self._patches = []
+
+    def _after_fork(self) -> None:
+        # A lock another thread held at fork() would stay held in the child forever.
+        self._lock = threading.RLock()
 
     # ---------------------------------------------------------------- wrappers
 
-    def _wrap_jit(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap_jit(self, original: Callable[..., Any], switch: Switch) -> Callable[..., Any]:
         @functools.wraps(original)
         def _jit_compile(*args: Any, **kwargs: Any) -> Any:
-            if not self._active:
+            if not switch.on:
                 return original(*args, **kwargs)
             call = self._guard(self._begin, args, kwargs)
             try:
@@ -211,13 +317,12 @@ class TorchExtAdapter:
                 self._guard(self._end, call, None)
             return result
 
-        setattr(_jit_compile, _MARK, True)
         return _jit_compile
 
-    def _wrap_ninja(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap_ninja(self, original: Callable[..., Any], switch: Switch) -> Callable[..., Any]:
         @functools.wraps(original)
         def _run_ninja_build(*args: Any, **kwargs: Any) -> Any:
-            call = self._current(args, kwargs) if self._active else None
+            call = self._current(args, kwargs) if switch.on else None
             if call is not None:
                 self._guard(self._before_ninja, call)
             try:
@@ -226,7 +331,6 @@ class TorchExtAdapter:
                 if call is not None:
                     call.ninja_ended_ns = time.time_ns()
 
-        setattr(_run_ninja_build, _MARK, True)
         return _run_ninja_build
 
     def _guard(self, action: Callable[..., Any], *args: Any) -> Any:
@@ -236,15 +340,6 @@ class TorchExtAdapter:
         except Exception as exc:  # noqa: BLE001 - fail open inside the runtime
             self._problem(f"{type(exc).__name__}: {exc}")
             return None
-
-    def _problem(self, problem: str) -> None:
-        self._problems += 1
-        if self._reported:
-            return
-        self._reported = True
-        from cacheaudit.recorder import report_problem
-
-        report_problem(f"torch-ext adapter: {problem}")
 
     def _stack(self) -> list[_Call]:
         stack = getattr(self._local, "calls", None)
@@ -296,7 +391,8 @@ class TorchExtAdapter:
         call.ninja_started_ns = time.time_ns()
 
     def _start_passes(self, call: _Call, build: BuildFile) -> None:
-        """The compiler's `-M` pass for every compile edge, beside ninja, with the edge's flags."""
+        """The compiler's `-M` pass for every compile edge, beside ninja, with the edge's flags,
+        a bounded number at a time (`_Passes`)."""
         import shlex
         import tempfile
 
@@ -305,6 +401,7 @@ class TorchExtAdapter:
 
         if call.workdir is None:
             call.workdir = tempfile.mkdtemp(prefix="cacheaudit-torch-ext-")
+        env = os.environ
         for index, edge in enumerate(build.compile_edges):
             tokens, _wrapper = strip_wrapper(shlex.split(edge.command))
             item = _Pass(output=edge.outputs[0] if edge.outputs else "?",
@@ -315,15 +412,15 @@ class TorchExtAdapter:
             if kind == "unknown":
                 item.error = f"compiler of unknown kind: {item.compiler!r}"
                 continue
-            real = _real_compiler(tokens[0], os.environ)
+            real = _real_compiler(tokens[0], env)
             if real is None:
                 item.error = f"cannot find the compiler {tokens[0]!r}"
                 continue
-            depfile = os.path.join(call.workdir, f"{index}.d")
+            item.depfile = os.path.join(call.workdir, f"{index}.d")
             parsed = compilers.parse_command(kind, list(tokens[1:]))
-            item.running = graph.start_dependency_pass(
-                real, parsed.dependency_argv(depfile), call.build_dir, os.environ,
-                depfile=depfile)
+            item.argv = (real, *parsed.dependency_argv(item.depfile))
+        call.scheduler = _Passes(call.passes, call.build_dir, env, _pass_limit(env),
+                                 _PASS_TIMEOUT_S, graph.start_dependency_pass)
 
     def _pop(self, call: _Call) -> None:
         stack = self._stack()
@@ -356,9 +453,8 @@ class TorchExtAdapter:
                                   "the extension; this process waited and loaded its result")
                 self._lookup(call, module, version, "disk-hit")
         finally:
-            for item in call.passes:
-                if item.running is not None:
-                    item.running.kill()  # a no-op for a pass that has ended
+            if call.scheduler is not None:
+                call.scheduler.stop()
             if call.workdir:
                 import shutil
 
@@ -403,9 +499,8 @@ class TorchExtAdapter:
             call.notes.append(f"ninja wrote {', '.join(changed)} although its dry run found "
                               "no work (another writer in the build directory?)")
         if error is None and not changed:
-            for item in call.passes:
-                if item.running is not None:
-                    item.running.kill()
+            if call.scheduler is not None:
+                call.scheduler.stop()
             self._lookup(call, module, version, "disk-hit", build=build)
             return
         self._compile(call, module, version, build, changed, error)
@@ -427,8 +522,8 @@ class TorchExtAdapter:
                      cwd=call.build_dir, sources=states, outputs=outputs, tracked=tracked,
                      started_ns=call.started_ns, duration_ns=time.time_ns() - call.started_ns,
                      notes=tuple(call.notes), extra=extra)
-        self._seen[call.build_dir] = _Seen(name=call.name, module=module, key=build.key,
-                                           tracked=tracked, outputs=outputs)
+        self._seen[call.build_dir] = _Seen(name=call.name, key=build.key, tracked=tracked,
+                                           outputs=outputs)
 
     def _compile(self, call: _Call, module: str, version: int | None, build: BuildFile,
                  changed: list[str], error: BaseException | None) -> None:
@@ -485,8 +580,8 @@ class TorchExtAdapter:
                      duration_ns=max(0, ended - started),
                      notes=tuple(notes), extra=extra)
         self._seen[call.build_dir] = _Seen(
-            name=call.name, module=module, key=build.key, tracked=tracked,
-            outputs=outputs[:1], failed=error is not None)
+            name=call.name, key=build.key, tracked=tracked, outputs=outputs[:1],
+            failed=error is not None)
 
     def _graph(self, call: _Call, cache: StateCache, killed: bool
                ) -> tuple[tuple[FileState, ...], IncludeGraph | None]:
@@ -497,15 +592,20 @@ class TorchExtAdapter:
         sources: list[FileState] = []
         files: dict[str, GraphFile] = {}
         method = ""
+        scheduler = call.scheduler
+        if scheduler is not None:
+            if killed:
+                scheduler.stop()
+            else:
+                scheduler.finish()
         for item in call.passes:
             if item.running is None:
                 if item.error:
                     call.notes.append(f"no dependency pass for {item.output}: {item.error}")
                 continue
             if killed:
-                item.running.kill()
                 continue
-            result = item.running.wait(timeout=_PASS_TIMEOUT_S)
+            result = item.running.wait()
             if not result.ok or result.depfile_text is None:
                 call.notes.append(f"dependency pass for {item.output} failed "
                                   f"({result.error or result.exit_code}): "
@@ -540,9 +640,8 @@ class TorchExtAdapter:
             library = build.library
             outputs = (self._state_cache().capture(os.path.join(call.build_dir, library)),) \
                 if library else ()
-            seen = self._seen[call.build_dir] = _Seen(name=call.name, module=module,
-                                                      key=build.key, tracked=tracked,
-                                                      outputs=outputs)
+            seen = self._seen[call.build_dir] = _Seen(name=call.name, key=build.key,
+                                                      tracked=tracked, outputs=outputs)
             notes.append("the first lookup cacheaudit saw in this process: torch had built or "
                          "loaded the extension before the adapter was installed")
         if seen.failed:
@@ -607,3 +706,5 @@ def _ninja_t_deps(directory: str) -> dict[str, Any]:
 
 
 ADAPTER = TorchExtAdapter()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=ADAPTER._after_fork)

@@ -43,7 +43,8 @@ record is the one the audit needs, so it is never deferred), when `flush_every` 
 pending or the oldest is `flush_after_s` old (checked at the next hit), at uninstall, and at exit
 (atexit). A process killed with SIGKILL loses its pending hits, never a compile; a forked child
 drops its parent's. `flush()` is public for a harness that reads the ledger in the same process
-(the pytest plugin).
+(the pytest plugin). Nothing observed while `CACHEAUDIT_DISABLE` is set is recorded: the check
+is made with the observation, against its environment snapshot, not at the later write.
 """
 
 from __future__ import annotations
@@ -59,30 +60,29 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cacheaudit import compilers, envvars
+from cacheaudit import compilers
+from cacheaudit.adapters import (
+    Environ,
+    Patch,
+    ProblemLog,
+    apply_patch,
+    environ_data,
+    environ_snapshot,
+    environ_text,
+    jsonable,
+    restore_patches,
+    run_for,
+)
 from cacheaudit.digest import StateCache
 from cacheaudit.ledger import RunInfo, default_ledger_path, new_record_id
 from cacheaudit.model import ArgToken, CompileRecord, CompilerIdentity, GraphFile, IncludeGraph
 from cacheaudit.policies import triton as recipe
-from cacheaudit.recorder import (
-    RUN_LABEL_VARIABLE,
-    RUN_VARIABLE,
-    TEST_ID_VARIABLE,
-    current_run,
-    report_problem,
-    test_id_from,
-    write_held,
-)
+from cacheaudit.recorder import test_id_from, write_held
 
 RUNTIME = "triton"
 OBSERVER = "adapter:triton"
 _BINARIES = ("cubin", "hsaco")
 _MARK = "_cacheaudit_triton"
-
-# Variables kept beside the registry's: who runs (the run and test ids) and where records go.
-_KEPT = frozenset({RUN_VARIABLE, RUN_LABEL_VARIABLE, TEST_ID_VARIABLE, "PYTEST_CURRENT_TEST",
-                   "CACHEAUDIT_LEDGER", "XDG_CACHE_HOME", "HOME"})
-_WANTED = frozenset(envvars.VARIABLES) | _KEPT
 
 # Options that an environment variable chose (the origin of their ArgToken), by Triton's knobs.
 _OPTION_SOURCES: dict[str, tuple[str, ...]] = {
@@ -97,30 +97,6 @@ _NOT_OPTIONS = frozenset({"hash", "target", "triton_version", "name", "shared", 
                           "global_scratch_size", "global_scratch_align", "profile_scratch_size",
                           "profile_scratch_align", "tensordesc_meta", "cluster_dims",
                           "num_buffers_warp_spec"})
-
-
-def _environ_data() -> dict[Any, Any] | None:
-    """The dict behind `os.environ` (bytes keys on POSIX), compared and copied at C speed; None
-    where the interpreter has no such attribute (then `os.environ` is copied, ~30x slower)."""
-    data = getattr(os.environ, "_data", None)
-    return data if isinstance(data, dict) else None
-
-
-def _text(value: Any) -> str:
-    return os.fsdecode(value) if isinstance(value, bytes) else str(value)
-
-
-def _jsonable(value: Any) -> Any:
-    """Metadata values as JSON: GPUTarget and other dataclasses become dicts, tuples lists."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)
 
 
 @dataclasses.dataclass
@@ -139,7 +115,7 @@ class _Event:
     target: Any
     json_path: str | None
     binary: str | None
-    environ: Mapping[Any, Any]
+    environ: Environ
     metadata: Mapping[str, Any] | None = None
     detail: dict[str, Any] | None = None
     count: int = 1
@@ -181,7 +157,7 @@ def _wrap_run(original: Callable[..., Any], adapter: TritonAdapter) -> Callable[
     """`JITFunction.run` with a memory-hit check after it. The call itself is untouched: same
     arguments, same result, same exceptions."""
 
-    environ = _environ_data()  # the same dict for the interpreter's life
+    environ = environ_data()  # the same dict for the interpreter's life
 
     @functools.wraps(original)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -216,20 +192,16 @@ class TritonAdapter:
         when the process is killed)."""
         self._listener: _Listener | None = None
         self._had_listener_attr = False
-        self._run_original: Callable[..., Any] | None = None
-        self._run_wrapper: Callable[..., Any] | None = None
+        self._run_patch: Patch | None = None
         self._lock = threading.RLock()
         self._pending: list[_Event] = []
         self._hits: dict[tuple[Any, ...], _Event] = {}
         self._hits_since = 0
         self._events = 0
-        self._env_last: Mapping[Any, Any] | None = None
-        self._decoded: dict[int, tuple[Mapping[Any, Any], dict[str, str], dict[str, str]]] = {}
         self._states = StateCache()
         self._identities = compilers.DictMemo()
         self._ptxas_memo: dict[tuple[int, int], tuple[str | None, str | None, Any]] = {}
-        self._runs: dict[tuple[int, str | None, str | None], RunInfo] = {}
-        self._reported: set[str] = set()
+        self._problem = ProblemLog()
         self._atexit = False
         # Memory layer: the environment at the last check, the kernels (by id) verified under
         # it, and the drifts already recorded.
@@ -270,12 +242,11 @@ class TritonAdapter:
             current = JITFunction.__dict__.get("run")
             if current is None:
                 raise RuntimeError("triton.runtime.jit.JITFunction has no run method")
-            if current is self._run_wrapper:
+            patch = self._run_patch
+            if patch is not None and patch.on_top():
                 current.active = True  # our own wrapper, left in place under another's
             else:
-                self._run_original = current
-                self._run_wrapper = _wrap_run(current, self)
-                JITFunction.run = self._run_wrapper
+                self._run_patch = apply_patch(JITFunction, "run", _wrap_run(current, self))
         if not self._atexit:
             atexit.register(self._at_exit)
             self._atexit = True
@@ -312,29 +283,27 @@ class TritonAdapter:
                     with contextlib.suppress(AttributeError):
                         delattr(knobs.compilation, "listener")
                 self._listener = None
-        wrapper = self._run_wrapper
-        if wrapper is not None:
-            wrapper.active = False  # type: ignore[attr-defined]
-            jit = sys.modules.get("triton.runtime.jit")
-            cls = getattr(jit, "JITFunction", None) if jit is not None else None
-            if cls is not None and cls.__dict__.get("run") is wrapper:
-                cls.run = self._run_original
-                self._run_wrapper = None
-                self._run_original = None
+        patch = self._run_patch
+        if patch is not None:
+            patch.replacement.active = False  # type: ignore[attr-defined]
+            if not restore_patches([patch]):
+                self._run_patch = None
 
     # ---------------------------------------------------------------- observing
 
     def _observe(self, kwargs: Mapping[str, Any]) -> None:
         """The listener's work on the runtime's path: note the event, nothing heavier."""
-        self._events += 1
+        self._events += 1  # also under CACHEAUDIT_DISABLE: the call was no memory hit
         try:
+            environ = environ_snapshot()
+            if environ.disabled:
+                return
             now = time.time_ns()
             times = kwargs.get("times")
             metadata = kwargs["metadata"]
             key = metadata.get("hash")
             if not isinstance(key, str):
                 raise ValueError("the listener was called without a metadata hash")
-            environ = self._environ_snapshot()
             if kwargs.get("cache_hit"):
                 # The key and the environment name the entry (the cache root comes from the
                 # environment): a repeat only counts.
@@ -370,29 +339,13 @@ class TritonAdapter:
         except Exception as exc:  # noqa: BLE001 - fail open inside triton.compile
             self._problem(f"{type(exc).__name__}: {exc}")
 
-    def _environ_snapshot(self) -> Mapping[Any, Any]:
-        """The environment as one dict, shared between events while it does not change (an
-        equality test of two dicts whose values are the same objects: well under a microsecond)."""
-        data = _environ_data()
-        last = self._env_last
-        if data is None:
-            current: Mapping[Any, Any] = dict(os.environ)
-            if last is not None and current == last:
-                return last
-        elif last is not None and data == last:
-            return last
-        else:
-            current = dict(data)
-        self._env_last = current
-        return current
-
     def _compile_detail(self, src: Any, metadata: Mapping[str, Any], times: Any) -> dict[str, Any]:
         """What only the compiling moment knows: the key's parts, the ptxas picked, the @jit
         function's file. Each piece fails on its own, into a note."""
         detail: dict[str, Any] = {"notes": []}
         target = metadata.get("target")
         arch = getattr(target, "arch", None)
-        detail["target"] = _jsonable(target)
+        detail["target"] = jsonable(target)
         if times is not None:
             detail["times_us"] = {"ir_initialization": times.ir_initialization,
                                   "lowering": dict(times.lowering_stages),
@@ -418,7 +371,7 @@ class TritonAdapter:
         cache-invalidating environment in force now? Fast path: the environment is the dict
         seen at the last check and this kernel was verified under it."""
         try:
-            data = _environ_data()
+            data = environ_data()
             if data is None:
                 data = dict(os.environ)
             if data != self._mem_env:
@@ -434,6 +387,12 @@ class TritonAdapter:
     def _memory_slow(self, fn: Any, kernel: Any) -> None:
         # A FutureKernel (async compile) resolves on attribute access: look, never touch.
         served = id(kernel)  # what the next run returns, and the fast path checks
+        environ = environ_snapshot()
+        if environ.disabled:
+            # Passed for this environment: the check runs again once the variable is gone,
+            # since that changes the environment the fast path compares.
+            self._mem_ok.add(served)
+            return
         state = vars(kernel) if hasattr(kernel, "__dict__") else {}
         if "metadata" not in state and state.get("kernel") is not None:
             kernel = state["kernel"]
@@ -464,7 +423,6 @@ class TritonAdapter:
                                   "and call options, no environment)",
                   "function": getattr(fn, "_fn_name", None)}
         with self._lock:
-            environ = self._environ_snapshot()
             self._pending.append(_Event(
                 "memory-hit", time.time_ns(), 0, fields.get("hash"), fields.get("name"),
                 fields.get("target"), json_path, binary, environ, fields, detail,
@@ -499,27 +457,6 @@ class TritonAdapter:
         problem = write_held(records, run, os.path.abspath(ledger_path))
         if problem:
             self._problem(problem)
-
-    def _env_of(self, environ: Mapping[Any, Any]) -> tuple[dict[str, str], dict[str, str]]:
-        """(the kept variables as text, the compile environment), once per snapshot: redaction
-        and the registry lookup cost ~50 us, which the hit path must not pay per record."""
-        memo = self._decoded.get(id(environ))
-        if memo is not None and memo[0] is environ:
-            return memo[1], memo[2]
-        kept = {text: _text(value) for name, value in environ.items()
-                if (text := _text(name)) in _WANTED}
-        compile_env = envvars.compile_environment(kept)
-        if len(self._decoded) > 64:
-            self._decoded.clear()
-        self._decoded[id(environ)] = (environ, kept, compile_env)
-        return kept, compile_env
-
-    def _run(self, kept: Mapping[str, str]) -> RunInfo:
-        memo_key = (os.getpid(), kept.get(RUN_VARIABLE), kept.get(RUN_LABEL_VARIABLE))
-        run = self._runs.get(memo_key)
-        if run is None:
-            run = self._runs[memo_key] = current_run(kept, OBSERVER, in_process=True)
-        return run
 
     def _ptxas(self, environ: Mapping[Any, Any], target: Any) -> tuple[str | None, str | None]:
         """(path, problem) of the ptxas Triton picks for `target` now, by Triton's own
@@ -556,7 +493,7 @@ class TritonAdapter:
 
     def _record(self, event: _Event, identities: dict[tuple[str, int], CompilerIdentity | None]
                 ) -> tuple[CompileRecord, str, RunInfo]:
-        kept, compile_env = self._env_of(event.environ)
+        kept, compile_env = environ_text(event.environ)
         metadata = event.metadata or {}
         detail = event.detail or {}
         notes = list(detail.get("notes") or ())
@@ -594,7 +531,7 @@ class TritonAdapter:
             host=socket.gethostname(), test_id=test_id_from(kept), observer=OBSERVER,
             notes=tuple(notes), extra=extra, **fields)
         ledger_path = default_ledger_path(kept)
-        return record, ledger_path, self._run(kept)
+        return record, ledger_path, run_for(kept, OBSERVER)
 
     def _compile_fields(self, metadata: Mapping[str, Any], detail: Mapping[str, Any],
                         kept: Mapping[str, str]) -> dict[str, Any]:
@@ -625,7 +562,7 @@ class TritonAdapter:
         extra: dict[str, Any] = {
             "triton_version": metadata.get("triton_version"),
             "target": detail.get("target"),
-            "options": _jsonable(options),
+            "options": jsonable(options),
             "env_in_key": recipe.build_env(metadata),
         }
         for name in ("times_us", "key_parts"):
@@ -636,13 +573,6 @@ class TritonAdapter:
 
     # ---------------------------------------------------------------- housekeeping
 
-    def _problem(self, problem: str) -> None:
-        kind = problem.split(":", 1)[0]
-        if kind in self._reported:
-            return
-        self._reported.add(kind)
-        report_problem(problem)
-
     def _at_exit(self) -> None:
         self.flush()
 
@@ -652,8 +582,7 @@ class TritonAdapter:
         self._hits = {}
         self._lock = threading.RLock()
         # The ledger connection the parent holds is the recorder's: it notices the new pid
-        # and leaves the inherited connection alone.
-        self._runs.clear()
+        # and leaves the inherited connection alone; the run is worked out again per pid.
 
 
 def _target_text(target: Any) -> str:
