@@ -75,12 +75,6 @@ class ScanResult:
     reconstructed: int = 0
     ledger: str | None = None
 
-    def counts(self) -> Counter[str]:
-        return Counter(f.code for f in self.findings)
-
-    def worst(self) -> Severity | None:
-        return max((f.severity for f in self.findings), key=lambda s: s.rank, default=None)
-
 
 def fails(findings: Iterable[Finding], fail_on: str) -> bool:
     """Whether any finding reaches the `--fail-on` threshold (error, warning, info or never)."""

@@ -134,8 +134,6 @@ UNK = KeyStatus.UNKNOWN
 class EnvVarsError(UsageError, ValueError):
     """A runtime, flavour or prefix this module does not know: one line, no traceback."""
 
-    slug = "envvars"
-
 
 def _check_runtime(runtime: str) -> None:
     if runtime not in _RUNTIME_SET:
