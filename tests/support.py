@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +64,22 @@ def clean_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+class Blocked(Exception):
+    """Raised by `deadline`; not an OSError, which the code under test may rightly catch."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: int = 30) -> Iterator[None]:
+    """Fail, instead of hanging the suite, when a read blocks (a FIFO opened without a writer)."""
+    def expired(signum: int, frame: Any) -> None:
+        # Re-armed: code that swallows the first interruption must not block forever after it.
+        signal.alarm(1)
+        raise Blocked(f"still blocked after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

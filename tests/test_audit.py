@@ -3,15 +3,13 @@ key recomputation checked against the reference runtime, filtering and threshold
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ from cacheaudit.model import ArgToken, CacheEntry, CompileRecord, CompilerIdenti
 from cacheaudit.policies import TrackedSet, policy_for
 from cacheaudit.readers import reader_for
 
-from support import NVCC
+from support import NVCC, deadline
 from truth_table import SOURCE, Project, _write
 
 BACKENDS = ["gxx", pytest.param("nvcc", marks=pytest.mark.skipif(
@@ -217,25 +215,6 @@ def test_configuration_changed_after_construction_is_ca204(project: Project):
 # Review fixes: meta.json types, byte-exact reads, recipes the policy does not know, fail open
 # ============================================================================================
 
-class Blocked(Exception):
-    """Raised by `deadline`; not an OSError, which the code under test may rightly catch."""
-
-
-@contextlib.contextmanager
-def deadline(seconds: int = 30) -> Iterator[None]:
-    """Fail, instead of hanging the suite, when a read blocks (a FIFO opened without a writer)."""
-    def expired(signum: int, frame: Any) -> None:
-        # Re-armed: code that swallows the first interruption must not block forever after it.
-        signal.alarm(1)
-        raise Blocked(f"still blocked after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture

@@ -7,11 +7,8 @@ mtime set with os.utime, as a later disk hit would.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +26,8 @@ from cacheaudit.readers._common import (
 from cacheaudit.readers.deepgemm import READER as DEEPGEMM
 from cacheaudit.readers.deepgemm import parse_head
 from cacheaudit.readers.deepjit import READER as DEEPJIT
+
+from support import deadline
 
 D1 = "0123456789abcdef0123456789abcdef"
 D2 = "fedcba9876543210fedcba9876543210"
@@ -611,25 +610,6 @@ def test_readers_never_modify_the_tree(tmp_path):
 # Review fixes: mistyped meta.json fields, FIFOs and devices in a cache, shared helpers
 # ============================================================================================
 
-class Blocked(Exception):
-    """Raised by `deadline`; not an OSError, which the code under test may rightly catch."""
-
-
-@contextlib.contextmanager
-def deadline(seconds: int = 20) -> Iterator[None]:
-    """Fail, instead of hanging the suite, when a read blocks (a FIFO opened without a writer)."""
-    def expired(signum: int, frame: Any) -> None:
-        # Re-armed: code that swallows the first interruption must not block forever after it.
-        signal.alarm(1)
-        raise Blocked(f"still blocked after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _fifo_instead(path: Path) -> Path:

@@ -9,13 +9,11 @@ through the real ninja. The extensions include no torch header (a plain `extern 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -33,7 +31,7 @@ from cacheaudit.ledger import Ledger
 from cacheaudit.model import CacheEntry, CacheLeftover, CompileRecord, FileState, Finding
 from cacheaudit.policies import policy_for
 
-from support import GXX, clean_env
+from support import GXX, clean_env, deadline
 
 VENV_BIN = os.path.dirname(sys.executable)
 NINJA = shutil.which("ninja", path=os.pathsep.join([VENV_BIN, os.environ.get("PATH", "")]))
@@ -666,24 +664,6 @@ def test_dependency_command_reconstructs_a_cache_built_before_recording(project:
 # (reader and policy): FIFOs, unlistable directories, locks of other users, the audit's env
 
 
-class Blocked(Exception):
-    """Raised by `deadline`; not an OSError, which the code under test may rightly catch."""
-
-
-@contextlib.contextmanager
-def deadline(seconds: int = 30) -> Iterator[None]:
-    """Fail, instead of hanging the suite, when a read blocks (a FIFO opened without a writer)."""
-    def expired(signum: int, frame: Any) -> None:
-        signal.alarm(1)  # re-armed: code that swallows one interruption must not block after it
-        raise Blocked(f"still blocked after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @needs_torch
