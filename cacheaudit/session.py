@@ -34,11 +34,16 @@ CONFIG = "CACHEAUDIT_CONFIG"
 LEDGER = "CACHEAUDIT_LEDGER"
 SHIMS = "CACHEAUDIT_SHIMS"
 
-# Settings through which runtimes name their nvcc, each pointed at the shim; DeepJIT's prefixes
-# fall back to DJ_JIT_NVCC_COMPILER, so setting that one covers DeepGEMM 2.8+ and DeepEP too.
+# Settings through which runtimes name their nvcc, each pointed at the shim.
 _NVCC_SETTINGS = ("DG_JIT_NVCC_COMPILER", "EP_JIT_NVCC_COMPILER", "DJ_JIT_NVCC_COMPILER",
                   "FLASHINFER_NVCC", "PYTORCH_NVCC")
-_ALWAYS = ("DJ_JIT_NVCC_COMPILER", "FLASHINFER_NVCC")
+# Set even when the user left them unset, to the nvcc the runtime would take by default
+# (`<CUDA home>/bin/nvcc`). DeepGEMM <= 2.6 and DeepEP EPv2 read only their own prefix, while
+# DeepJIT-based runtimes (DeepGEMM 2.8+, DeepEP-Ascend) fall back to DJ_: a user's DJ_ setting
+# must then stay the one they follow, so DG_/EP_ are only filled in when DJ_ is unset too.
+_DEFAULTED = ("DG_JIT_NVCC_COMPILER", "EP_JIT_NVCC_COMPILER", "DJ_JIT_NVCC_COMPILER",
+              "FLASHINFER_NVCC")
+_FALLS_BACK_TO_DJ = ("DG_JIT_NVCC_COMPILER", "EP_JIT_NVCC_COMPILER")
 # CXX/CC name a host compiler for torch and friends; a masqueraded name takes its place.
 _CXX_SETTINGS = {"CXX": "c++", "CC": "cc"}
 
@@ -82,8 +87,9 @@ def prepare(env: Mapping[str, str], *, ledger: str, label: str,
             owns = True
     child.update({ACTIVE: "1", RUN_VARIABLE: run_uuid, RUN_LABEL_VARIABLE: label,
                   LEDGER: os.path.abspath(ledger), SHIMS: shims})
-    path = child.get("PATH", os.defpath).split(os.pathsep)
-    child["PATH"] = os.pathsep.join([shims] + [p for p in path if p != shims])
+    path = [p for p in child.get("PATH", os.defpath).split(os.pathsep) if p != shims]
+    child["PATH"] = os.pathsep.join([shims, *path])
+    _pin_cuda_home(child, env, os.pathsep.join(path))
     _point_at_shims(child, env, shims)
     return Session(run_uuid=run_uuid, ledger=os.path.abspath(ledger), shims=shims, env=child,
                    owns_shims=owns)
@@ -92,10 +98,10 @@ def prepare(env: Mapping[str, str], *, ledger: str, label: str,
 def shared_shims(env: Mapping[str, str]) -> str | None:
     """The masquerade directory every session of this installation shares.
 
-    Its path ends up in compile commands (torch writes `$CXX` into build.ninja, DeepJIT keys on
-    its nvcc's path): a fresh directory per session would make ninja rebuild every extension in
-    every session. Links are added in place and never removed, since another session may be
-    compiling through them. None where the cache directory is not writable.
+    Its path ends up in compile commands (torch writes `$CXX` into build.ninja, DeepGEMM's
+    Python JIT keys on its nvcc's path): a fresh directory per session would make ninja rebuild
+    every extension in every session. Links are added in place and never removed, since another
+    session may be compiling through them. None where the cache directory is not writable.
     """
     import xxhash
 
@@ -116,6 +122,21 @@ def shared_shims(env: Mapping[str, str]) -> str | None:
     except OSError:
         return None
     return directory
+
+
+def _pin_cuda_home(child: dict[str, str], original: Mapping[str, str], path: str) -> None:
+    """Set CUDA_HOME to the toolkit the runtimes would find on the user's PATH, where neither
+    CUDA_HOME nor CUDA_PATH names one.
+
+    torch, DeepJIT, DeepGEMM and DeepEP all fall back to `dirname(dirname(which nvcc))`: with the
+    masquerade directory first on PATH that would be the shims' parent, which holds no include/
+    or bin/nvcc, and their CUDA builds would break. Pinned, they find what they found before.
+    """
+    if original.get("CUDA_HOME") or original.get("CUDA_PATH"):
+        return
+    nvcc = shutil.which("nvcc", path=path)
+    if nvcc is not None:
+        child["CUDA_HOME"] = os.path.dirname(os.path.dirname(nvcc))
 
 
 def _stand_in(child: dict[str, str], shims: str, value: str, family: str) -> str | None:
@@ -153,19 +174,16 @@ def _point_at_shims(child: dict[str, str], original: Mapping[str, str], shims: s
             return False
 
     default_nvcc: str | None = None
-    home = original.get("CUDA_HOME") or original.get("CUDA_PATH")
+    home = child.get("CUDA_HOME") or child.get("CUDA_PATH")
     if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
-        # DeepJIT and DeepGEMM take CUDA_HOME/bin/nvcc before PATH's nvcc.
         default_nvcc = os.path.join(home, "bin", "nvcc")
-    elif shutil.which("nvcc", path=os.pathsep.join(
-            p for p in child.get("PATH", "").split(os.pathsep) if p != shims)):
-        default_nvcc = "nvcc"
     for name in _NVCC_SETTINGS:
         value = original.get(name)
         if single(value):
             assert value is not None
             _point(child, name, _stand_in(child, shims, value, "nvcc"))
-        elif not value and name in _ALWAYS and default_nvcc:
+        elif (not value and name in _DEFAULTED and default_nvcc
+              and not (name in _FALLS_BACK_TO_DJ and original.get("DJ_JIT_NVCC_COMPILER"))):
             # Without any nvcc there is nothing to stand in for; pointing a runtime at the shim
             # would only turn "nvcc not found" into "the shim found no nvcc".
             _point(child, name, _stand_in(child, shims, default_nvcc, "nvcc"))

@@ -246,6 +246,55 @@ def test_each_compiler_setting_keeps_the_compiler_it_named(tmp_path: Path):
     assert session.env["CC"] == "ccache gcc"
 
 
+def test_runtimes_find_the_toolkit_they_found_before_the_session(tmp_path: Path):
+    """Without CUDA_HOME, torch, DeepJIT, DeepGEMM and DeepEP take dirname(dirname(which nvcc)):
+    the shims first on PATH must not become their CUDA home."""
+    from cacheaudit.session import prepare
+
+    toolkit = tmp_path / "cuda-13.0"
+    real = _fake_compiler(toolkit / "bin" / "nvcc", "nvcc-13.0")
+    env = {**_clean_env(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "PATH": os.pathsep.join([str(toolkit / "bin"), os.environ.get("PATH", "")])}
+    env.pop("CUDA_HOME", None)
+    env.pop("CUDA_PATH", None)
+    session = prepare(env, ledger=str(tmp_path / "l.db"), label="t")
+    assert session.env["CUDA_HOME"] == str(toolkit)
+    # torch's own discovery (CUDA_HOME itself is None in a CPU build of torch).
+    found = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c",
+         "from torch.utils.cpp_extension import _find_cuda_home; print(_find_cuda_home())"],
+        capture_output=True, text=True, env=session.env, timeout=300)
+    if "No module named 'torch'" in found.stderr:
+        pytest.skip("torch is not installed")
+    assert found.stdout.strip() == str(toolkit), found.stderr
+    # DeepGEMM <= 2.6 and DeepEP EPv2 read only their own prefix: each is pointed at a shim that
+    # hands over to the nvcc they would have run, as is DeepJIT's DJ_ fallback.
+    for setting in ("DG_JIT_NVCC_COMPILER", "EP_JIT_NVCC_COMPILER", "DJ_JIT_NVCC_COMPILER"):
+        stand_in = session.env[setting]
+        assert os.path.dirname(stand_in) == session.shims
+        done = subprocess.run([stand_in, "--version"], capture_output=True, text=True,
+                              env=session.env, timeout=60)
+        assert done.stdout.strip() == "nvcc-13.0", (setting, done.stderr)
+    assert real.exists()
+
+
+def test_a_dj_setting_stays_the_one_deepjit_prefixes_fall_back_to(tmp_path: Path):
+    from cacheaudit.session import prepare
+
+    chosen = _fake_compiler(tmp_path / "opt" / "bin" / "nvcc", "nvcc-chosen")
+    _fake_compiler(tmp_path / "cuda" / "bin" / "nvcc", "nvcc-default")
+    env = {**_clean_env(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "CUDA_HOME": str(tmp_path / "cuda"), "DJ_JIT_NVCC_COMPILER": str(chosen)}
+    session = prepare(env, ledger=str(tmp_path / "l.db"), label="t")
+    # Filling in DG_ would override the DJ_ fallback of DeepGEMM 2.8 and run another compiler.
+    assert "DG_JIT_NVCC_COMPILER" not in session.env
+    assert "EP_JIT_NVCC_COMPILER" not in session.env
+    assert session.env["CUDA_HOME"] == str(tmp_path / "cuda")
+    done = subprocess.run([session.env["DJ_JIT_NVCC_COMPILER"], "--version"],
+                          capture_output=True, text=True, env=session.env, timeout=60)
+    assert done.stdout.strip() == "nvcc-chosen", done.stderr
+
+
 def test_an_unwritable_cache_gets_a_temporary_masquerade_directory(tmp_path: Path):
     from cacheaudit.session import prepare
 
