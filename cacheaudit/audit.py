@@ -40,8 +40,8 @@ from cacheaudit.model import (
     IncludeGraph,
     Severity,
 )
-from cacheaudit.policies import Policy, TrackedSet, policy_for
-from cacheaudit.processes import run_process_alive
+from cacheaudit.policies import EnvFamilies, Policy, TrackedSet, policy_for
+from cacheaudit.processes import alive_since, process_run, run_process_alive
 from cacheaudit.readers import Reader, all_readers
 
 # Variables whose drift is judged through what they select, not their text: each picks a
@@ -153,6 +153,8 @@ class Auditor:
         default_factory=dict)
     _search_memo: dict[tuple[object, ...], tuple[str, ...]] = field(default_factory=dict)
     _first_envs: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)
+    _process_firsts: dict[tuple[str, str], dict[tuple[str, int], tuple[int, dict[str, str]]]] = (
+        field(default_factory=dict))
     _env_now: dict[str, str] = field(default_factory=dict)
     reconstructed: int = 0
     matched: int = 0
@@ -241,7 +243,7 @@ class Auditor:
                 message=f"the runtime's tracked set cannot be computed: {tracked.error}",
                 how=tracked.how))
         findings += self._inputs(entry, record, policy, tracked)
-        findings += self._shadowing(entry, record)
+        findings += self._shadowing(entry, record, policy, tracked)
         if not record.extra.get("reconstructed"):
             # A reconstruction knows the files, not the environment of the original compile.
             findings += self._environment(entry, record)
@@ -333,7 +335,6 @@ class Auditor:
             return findings
         check = policy.check_key(entry, record, env=self.env)
         matches = check.matches(entry.key)
-        alive = run_process_alive(record.extra.get("run_uuid"))
         if not changes:
             if matches is False:
                 findings.append(make_finding(
@@ -344,6 +345,8 @@ class Auditor:
                     recorded=entry.key, current=check.recomputed, how="key recomputation"))
             return findings
         proven = self._memory_hits_after(entry, changes)
+        live = (self._live_process(record, policy)
+                if getattr(policy, "caches_header_digests", True) else None)
         for old, new in changes:
             if old.path in proven:
                 findings.append(proven[old.path])
@@ -354,15 +357,16 @@ class Auditor:
                             "runtime would serve the old binary",
                     recorded=state_text(old), current=state_text(new),
                     how=f"key recomputation ({entry.key}) with the file as it is now"))
-            elif alive is not None and getattr(policy, "caches_header_digests", True):
+            elif live is not None:
+                pid, process_how = live
                 findings.append(make_finding(
                     "CA106", subject=old.path, entry=entry, record=record,
-                    message=f"a tracked header changed after the runtime in process {alive} "
+                    message=f"a tracked header changed after the runtime in process {pid} "
                             f"hashed it; that process caches header digests for its lifetime and "
                             f"keeps computing the old key",
                     recorded=state_text(old), current=state_text(new),
-                    how=f"content hash; the compiling process {alive} is still running "
-                        f"(inferred from the process table)", inferred=True))
+                    how=f"content hash; {process_how} (inferred from the process table)",
+                    inferred=True))
             elif matches is None and check.note:
                 findings.append(make_finding(
                     "CA501", subject=old.path, entry=entry, record=record,
@@ -371,6 +375,20 @@ class Auditor:
                     recorded=state_text(old), current=state_text(new),
                     how="key recomputation"))
         return findings
+
+    def _live_process(self, record: CompileRecord, policy: Policy) -> tuple[int, str] | None:
+        """(pid, how it was found) of the runtime process that asked for this compile, when it
+        still runs; None when it is gone or the record does not say which it was."""
+        pid = run_process_alive(record.extra.get("run_uuid"))
+        if pid is not None:
+            return pid, f"the compiling process {pid}, whose pid and start time are the run id, " \
+                        f"still runs"
+        find = getattr(policy, "compiling_process", None)
+        pid = find(record) if find is not None else None
+        if pid is not None and alive_since(record.host, pid, record.started_ns):
+            return pid, (f"process {pid}, which named the build directory after itself, still "
+                         f"runs and started before the compile")
+        return None
 
     def _memory_hits_after(self, entry: CacheEntry, changes: list[tuple[FileState, FileState]]
                            ) -> dict[str, Finding]:
@@ -396,7 +414,8 @@ class Auditor:
             self._graph_changes[key] = changed_files((f.state for f in graph.files), self.cache)
         return self._graph_changes[key]
 
-    def _shadowing(self, entry: CacheEntry, record: CompileRecord) -> list[Finding]:
+    def _shadowing(self, entry: CacheEntry, record: CompileRecord, policy: Policy,
+                   tracked: TrackedSet) -> list[Finding]:
         if record.graph is None:
             return []
         argv_key = (tuple(t.text for t in record.effective_argv), record.cwd,
@@ -408,13 +427,36 @@ class Auditor:
         memo_key = (record.graph.digest, directories)
         if memo_key not in self._shadows:
             self._shadows[memo_key] = _find_shadows(record.graph, directories, record.started_ns)
-        return [make_finding(
-            "CA105", subject=original, entry=entry, record=record,
-            message=f"{shadow} now comes earlier in the include search path than the header the "
-                    f"compiler used: a new compile reads it, the cached binary does not",
-            recorded=original, current=shadow,
-            how="search path rebuilt from the recorded -I/-isystem/CPATH, checked on disk now")
-            for original, shadow in self._shadows[memo_key]]
+        findings: list[Finding] = []
+        live: tuple[int, str] | None = None
+        looked = not getattr(policy, "caches_header_digests", True)
+        for original, shadow in self._shadows[memo_key]:
+            if os.path.realpath(shadow) not in tracked.paths:
+                findings.append(make_finding(
+                    "CA105", subject=original, entry=entry, record=record,
+                    message=f"{shadow} now comes earlier in the include search path than the "
+                            f"header the compiler used: a new compile reads it, the cached "
+                            f"binary does not",
+                    recorded=original, current=shadow,
+                    how="search path rebuilt from the recorded -I/-isystem/CPATH, checked on "
+                        "disk now"))
+                continue
+            # The runtime's own parser finds the shadow first and hashes it: a new runtime
+            # computes another key and misses. Only a runtime that hashed the old header by
+            # name and still runs goes on with the old key.
+            if not looked:
+                live, looked = self._live_process(record, policy), True
+            if live is not None:
+                pid, process_how = live
+                findings.append(make_finding(
+                    "CA106", subject=original, entry=entry, record=record, inferred=True,
+                    message=f"{shadow} now shadows this tracked header in the runtime's own "
+                            f"search order, after the runtime in process {pid} hashed the "
+                            f"header by name; that process keeps computing the old key",
+                    recorded=original, current=shadow,
+                    how=f"the tracked set resolved now ({tracked.how}); {process_how} "
+                        f"(inferred from the process table)"))
+        return findings
 
     def _environment(self, entry: CacheEntry, record: CompileRecord) -> list[Finding]:
         findings = []
@@ -437,19 +479,23 @@ class Auditor:
 
     def _configuration(self, entry: CacheEntry, record: CompileRecord,
                        policy: Policy) -> list[Finding]:
-        """CA204: a setting the runtime reads once, at construction, differs between the run's
-        first compile and this one; the runtime went on with the first value."""
-        first = self._first_envs.get(str(record.extra.get("run_uuid")))
-        if first is None or first[0] >= record.started_ns:
-            return []
-        started_ns, first_env = first
-        if _jit_part(first_env) == _jit_part(record.env):
-            return []  # the common case, thousands of times a scan: nothing to resolve
-        findings: list[Finding] = []
+        """CA204: a setting the runtime reads once, at construction, differs between the first
+        compile of the runtime's process and this one; the runtime went on with the first
+        value."""
         flavour = getattr(policy, "flavour", None)
         if flavour is None:
-            return findings  # a runtime without a <PREFIX>_JIT_* family
-        for prefix in policy.env_prefixes:
+            return []  # a runtime without a <PREFIX>_JIT_* family
+        construction = self._construction(record, policy)
+        if construction is None:
+            return []
+        started_ns, first_env, process = construction
+        if started_ns >= record.started_ns or _jit_part(first_env) == _jit_part(record.env):
+            return []  # the common case, thousands of times a scan: nothing to resolve
+        # The families the runtime read were settled at construction: judge them by the
+        # environment it was constructed in.
+        families = self._families(entry, policy, first_env)
+        findings: list[Finding] = []
+        for prefix in families.prefixes:
             before = {s.suffix: s for s in envvars.resolve_jit_settings(
                 prefix, first_env, flavour=flavour)}
             for now in envvars.resolve_jit_settings(prefix, record.env, flavour=flavour):
@@ -459,13 +505,60 @@ class Auditor:
                 findings.append(make_finding(
                     "CA204", subject=f"{prefix}_{now.suffix}", entry=entry, record=record,
                     message=f"{prefix}_{now.suffix} changed after the runtime read its "
-                            f"configuration (its first compile in this process, "
+                            f"configuration (its first compile in {process}, "
                             f"{ns_text(started_ns)}): {entry.runtime} still used the first "
                             f"value for this compile",
                     recorded=f"{then.name or 'default'}={then.value}",
                     current=f"{now.name or 'default'}={now.value}",
-                    how="environment of the run's first compile against this compile's"))
+                    how=f"environment of the first compile in {process} against this "
+                        f"compile's; env prefix {prefix}: {families.how}"))
         return findings
+
+    def _construction(self, record: CompileRecord, policy: Policy
+                      ) -> tuple[int, dict[str, str], str] | None:
+        """(start, environment) of the first compile of the runtime process that made `record`,
+        and that process in words; None when nothing says which process made it.
+
+        A bare shim's run is one process. A session's run (`cacheaudit run`, pytest) is shared
+        by every process below it; there the runtime's pid comes from the policy (DeepJIT and
+        DeepGEMM name their build directories after it)."""
+        run_uuid = str(record.extra.get("run_uuid", ""))
+        bare = process_run(run_uuid)
+        if bare is not None:
+            first = self._first_envs.get(run_uuid)
+            return None if first is None else (*first, f"process {bare[1]}")
+        find = getattr(policy, "compiling_process", None)
+        pid = find(record) if find is not None else None
+        if pid is None:
+            return None
+        first = self._firsts_by_process(run_uuid, policy).get((record.host, pid))
+        return None if first is None else (*first, f"process {pid}")
+
+    def _firsts_by_process(self, run_uuid: str, policy: Policy
+                           ) -> dict[tuple[str, int], tuple[int, dict[str, str]]]:
+        """(host, pid) -> (start, environment) of that process's first compile in a session's
+        run, read once per run and runtime."""
+        memo_key = (run_uuid, policy.runtime)
+        if memo_key not in self._process_firsts:
+            firsts: dict[tuple[str, int], tuple[int, dict[str, str]]] = {}
+            find = getattr(policy, "compiling_process", None)
+            if self.ledger is not None and find is not None:
+                for earlier in self.ledger.records(
+                        where="runs.run_uuid = ? AND r.event = 'compile'", params=(run_uuid,),
+                        order="r.started_ns, r.id", with_graphs=False):
+                    pid = find(earlier)
+                    if pid is not None:
+                        firsts.setdefault((earlier.host, pid),
+                                          (earlier.started_ns, dict(earlier.env)))
+            self._process_firsts[memo_key] = firsts
+        return self._process_firsts[memo_key]
+
+    @staticmethod
+    def _families(entry: CacheEntry, policy: Policy, env: Mapping[str, str]) -> EnvFamilies:
+        find = getattr(policy, "env_families", None)
+        if find is None:
+            return EnvFamilies(policy.env_prefixes, f"{entry.runtime}'s families")
+        return find(entry, env)  # type: ignore[no-any-return]
 
     def _identify(self, compiler: CompilerIdentity) -> _Compiled:
         key = compiler.path
@@ -570,8 +663,10 @@ class Auditor:
 
     # ---------------------------------------------------------------- environment, once
 
-    def environment_findings(self, runtimes: set[str]) -> list[Finding]:
+    def environment_findings(self, entries: Sequence[CacheEntry]) -> list[Finding]:
+        """CA201 and CA203: the scan's environment, judged for the runtimes of `entries`."""
         findings = []
+        runtimes = {e.runtime for e in entries}
         for name, value in sorted(self._env_now.items()):
             if _judged_elsewhere(name):
                 continue
@@ -583,15 +678,56 @@ class Auditor:
                             f"{', '.join(blind)} does not include it: entries built under "
                             f"another value are served as if it were the same",
                     current=value, how="this environment against the variable registry"))
-        for prefix in ("DG", "EP"):
-            for setting in envvars.resolve_jit_settings(prefix, self.env):
-                if setting.origin == "fallback":
-                    findings.append(make_finding(
-                        "CA203", subject=f"{prefix}_{setting.suffix}",
-                        message=f"{prefix}_{setting.suffix} is unset; DeepJIT falls back to "
-                                f"{setting.name}",
-                        current=f"{setting.name}={setting.value}",
-                        how="DeepJIT's lookup order: prefixed, then DJ_, then the default"))
+        for (prefix, flavour), how in sorted(self._families_found(entries).items()):
+            findings += self._prefix_lookup(prefix, flavour, how)
+        return findings
+
+    def _families_found(self, entries: Sequence[CacheEntry]) -> dict[tuple[str, str], str]:
+        """(prefix, flavour) -> why, for the `<PREFIX>_JIT_*` families the entries' runtimes
+        read in this environment. Where nothing tells a DeepJIT entry's prefix, each family its
+        runtime can have counts, since a `DJ_` value reaches any of them."""
+        found: dict[tuple[str, str], str] = {}
+        for entry in entries:
+            try:
+                policy = policy_for(entry.runtime)
+            except KeyError:
+                continue
+            flavour = getattr(policy, "flavour", None)
+            if flavour is None:
+                continue
+            families = self._families(entry, policy, self.env)
+            prefixes = families.prefixes or policy.env_prefixes
+            how = families.how if families.prefixes else (
+                f"{families.how}, so it may be any of {', '.join(p + '_' for p in prefixes)}")
+            for prefix in prefixes:
+                found.setdefault((prefix, flavour), f"the runtime of {entry.path} ({how})")
+        return found
+
+    def _prefix_lookup(self, prefix: str, flavour: str, why: str) -> list[Finding]:
+        """CA203 for one family: a `DJ_JIT_<X>` set while `<prefix>_JIT_<X>` is not, which
+        DeepJIT takes in its place and DeepGEMM <= 2.6 and DeepEP's EPv2 JIT ignore."""
+        findings = []
+        runtime = envvars.FLAVOUR_NAMES[flavour]
+        for setting in envvars.resolve_jit_settings(prefix, self.env, flavour=flavour):
+            own = f"{prefix}_{setting.suffix}"
+            fallback = f"DJ_{setting.suffix}"
+            if setting.origin == "fallback":
+                findings.append(make_finding(
+                    "CA203", subject=own,
+                    message=f"{own} is unset; a {runtime} runtime with env prefix {prefix} "
+                            f"falls back to {setting.name}",
+                    current=f"{setting.name}={setting.value}",
+                    how=f"{runtime}'s lookup order: prefixed, then DJ_, then the default; "
+                        f"{prefix}_ is read by {why}"))
+            elif setting.origin == "default" and fallback in setting.ignored:
+                default = setting.default if setting.default is not None else "(none)"
+                findings.append(make_finding(
+                    "CA203", subject=own,
+                    message=f"{own} is unset and {fallback} is set, but {runtime} reads only "
+                            f"{prefix}_ variables: it ignores {fallback} and uses its default "
+                            f"({default})",
+                    current=f"{fallback}={envvars.redact(fallback, self.env[fallback])}",
+                    how=f"{runtime}'s lookup: {prefix}_ only, no DJ_ fallback; {why}"))
         return findings
 
 
@@ -715,7 +851,7 @@ def scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None 
         findings += auditor.audit_entry(entry)
         if progress is not None:
             progress(done, len(entries))
-    findings += auditor.environment_findings({e.runtime for e in entries})
+    findings += auditor.environment_findings(entries)
     if ledger is not None:
         with contextlib.suppress(Exception):  # a read-only ledger only costs the next scan time
             ledger.remember_states(s for e in entries for s in (e.binary, e.source)

@@ -37,6 +37,7 @@ from cacheaudit.exceptions import UsageError
 __all__ = [
     "CATEGORIES",
     "FLAVOURS",
+    "FLAVOUR_NAMES",
     "JIT_PREFIXES",
     "JIT_SUFFIXES",
     "REDACTED",
@@ -412,10 +413,14 @@ _EXACT_ROWS: tuple[Variable, ...] = (
     ),
     _var("ROCM_HOME", "toolkit",
          "first choice for the ROCm installation DeepJIT takes hipcc from",
-         not_in_key=("deepjit",),
-         notes={"deepjit": "ROCm backend: not in the keyed environment list, but the hipcc "
-                           "path it leads to is keyed"},
-         source="DeepJIT backend/rocm/backend.hpp find_rocm_toolkit"),
+         in_key=("deepjit:rocm",),
+         ignored_by=("deepjit",),
+         notes={"deepjit": "read by the ROCm backend only (CUDA::find_cuda_toolkit and the "
+                           "Ascend backend never look at it)",
+                "deepjit:rocm": "not in the keyed environment list, but the hipcc path it "
+                                "leads to is keyed (unless JIT_HIPCC_COMPILER is set)"},
+         source="DeepJIT backend/rocm/backend.hpp find_rocm_toolkit; "
+                "backend/cuda/backend.hpp find_cuda_toolkit"),
 
     # --- torch.utils.cpp_extension ----------------------------------------------------------
     _var("TORCH_CUDA_ARCH_LIST", "compiler-flags",
@@ -632,6 +637,13 @@ JIT_PREFIXES: tuple[str, ...] = ("DG", "EP", "DJ")
 # (getenv of EP_ only).
 Flavour = Literal["deepjit", "deepgemm", "deepgemm-python", "deepep"]
 FLAVOURS: tuple[str, ...] = ("deepjit", "deepgemm", "deepgemm-python", "deepep")
+# What each flavour is, in the words a finding uses.
+FLAVOUR_NAMES: Mapping[str, str] = MappingProxyType({
+    "deepjit": "DeepJIT",
+    "deepgemm": "DeepGEMM <= 2.6",
+    "deepgemm-python": "DeepGEMM's Python JIT",
+    "deepep": "DeepEP's EPv2 JIT",
+})
 
 # flavour -> (runtime, variant) for status look-ups, and the prefix a legacy flavour requires.
 _FLAVOUR_RUNTIME: Mapping[str, tuple[str, str | None]] = MappingProxyType({
@@ -659,8 +671,10 @@ class JitRule(NamedTuple):
     `read_at` is "construction" when the value is snapshotted (DeepJIT: when the Runtime is
     constructed; DeepGEMM <= 2.6: when the lazy compiler object is created at the first compile),
     "call" when re-read at each compile or load, None when the reference does not say.
-    `variants` overrides `status` for a backend ("rocm"). A NamedTuple, not a dataclass: the
-    table is built at import, in every shim process.
+    `variants` overrides `status` for a backend ("rocm"). `changes_binary` is False where this
+    flavour reads the setting but no value of it can change a compiled binary, whatever the
+    suffix's category says (DeepEP's `EP_JIT_PTXAS_CHECK` only checks ptxas's output after the
+    compile). A NamedTuple, not a dataclass: the table is built at import, in every shim process.
     """
 
     default: str | None
@@ -668,6 +682,7 @@ class JitRule(NamedTuple):
     read_at: ReadAt | None = None
     note: str = ""
     variants: Mapping[str, KeyStatus] = MappingProxyType({})
+    changes_binary: bool = True
 
 
 NOT_READ = JitRule(None, OUT, None, "not read by this flavour")
@@ -710,8 +725,8 @@ _EP_SRC = "deepseek-jit.md §3"
 
 
 def _rule(default: str | None, status: KeyStatus, read_at: ReadAt | None = None,
-          note: str = "", **variants: KeyStatus) -> JitRule:
-    return JitRule(default, status, read_at, note, MappingProxyType(variants))
+          note: str = "", *, changes_binary: bool = True, **variants: KeyStatus) -> JitRule:
+    return JitRule(default, status, read_at, note, MappingProxyType(variants), changes_binary)
 
 
 _SUFFIX_ROWS: tuple[JitSuffix, ...] = (
@@ -777,7 +792,8 @@ _SUFFIX_ROWS: tuple[JitSuffix, ...] = (
         deepjit=NOT_READ,
         deepgemm=_rule("0", IN, "construction",
                        "adds --ptxas-options=--verbose,--warn-on-local-memory-usage"),
-        deepep=_rule("0", OUT, None, "only a post-compile regex check"),
+        deepep=_rule("0", OUT, None, "only a post-compile regex check over ptxas's output: no "
+                     "flag, so neither the key nor the binary changes", changes_binary=False),
         source=f"{_DG_SRC}; {_EP_SRC}; DeepJIT options.hpp does not read it"),
     JitSuffix(
         "JIT_CHECK_NO_SPILLS", "compiler-flags", "bool",
@@ -884,12 +900,17 @@ _SUFFIX_ROWS: tuple[JitSuffix, ...] = (
         source="DeepJIT backend/rocm/options.hpp update_hash"),
     JitSuffix(
         "JIT_LLVM_OBJDUMP", "toolkit", "path", "llvm-objdump for ROCm ISA dumps",
-        deepjit=_rule(None, OUT, "construction"),
-        source="DeepJIT backend/rocm/backend.hpp find_rocm_toolkit"),
+        deepjit=_rule(None, OUT, "construction",
+                      "ROCm backend: disassembles the finished kernel.hsaco into kernel.isa; the "
+                      "CUDA backend never reads it", changes_binary=False),
+        source="DeepJIT backend/rocm/backend.hpp find_rocm_toolkit, ROCm::compile"),
     JitSuffix(
         "JIT_LLVM_READOBJ", "toolkit", "path", "llvm-readobj for ROCm spill checks",
-        deepjit=_rule(None, OUT, "construction"),
-        source="DeepJIT backend/rocm/backend.hpp find_rocm_toolkit"),
+        deepjit=_rule(None, OUT, "construction",
+                      "ROCm backend: reads the finished kernel.hsaco's notes for the spill and "
+                      "private-memory checks; the CUDA backend never reads it",
+                      changes_binary=False),
+        source="DeepJIT backend/rocm/backend.hpp find_rocm_toolkit, ROCm::compile"),
     JitSuffix(
         "JIT_KERNEL_DEBUG_INFO", "compiler-flags", "bool", "adds -g debug info (Ascend)",
         deepjit=_rule("0", IN, "construction", "Ascend backend: the flags are keyed"),
@@ -918,6 +939,9 @@ def _family_variable(prefix: str, spec: JitSuffix) -> Variable:
     status: dict[str, KeyStatus] = {}
     notes: dict[str, str] = {}
     ignored: set[str] = set()
+    # One name serves every flavour of its prefix: it changes no binary only when no flavour
+    # that reads it can change one with it.
+    reading: list[JitRule] = []
     if spec.applies_to(prefix):
         for flavour, key in _FAMILY_FLAVOURS[prefix]:
             rule = spec.rule(flavour)
@@ -926,6 +950,7 @@ def _family_variable(prefix: str, spec: JitSuffix) -> Variable:
             if rule is NOT_READ:
                 ignored.add(key)
                 continue
+            reading.append(rule)
             status[key] = rule.status
             for variant, value in rule.variants.items():
                 status[f"{key}:{variant}"] = value
@@ -935,7 +960,8 @@ def _family_variable(prefix: str, spec: JitSuffix) -> Variable:
         # DeepGEMM <= 2.6 and DeepEP's EPv2 JIT read only their own prefix: no DJ_ fallback.
         ignored.update(("deepgemm", "deepep"))
     return Variable(f"{prefix}_{spec.suffix}", spec.category, spec.description, status,
-                    frozenset(ignored), notes, spec.category not in _NO_OUTPUT_CATEGORIES,
+                    frozenset(ignored), notes, spec.category not in _NO_OUTPUT_CATEGORIES
+                    and (not reading or any(rule.changes_binary for rule in reading)),
                     spec.source)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "busybox"})
 
@@ -48,13 +49,41 @@ def runtime_process(start: int | None = None) -> tuple[int, str]:
     return pid, stat[2] if stat else "0"
 
 
+def process_run(run_uuid: str | None) -> tuple[str, int, str] | None:
+    """(host, pid, start ticks) of a run id that names one process, the bare shim's
+    `host:pid:start-ticks` (recorder.current_run); None for a session's run id, which every
+    process below the session shares."""
+    parts = (run_uuid or "").split(":")
+    if len(parts) != 3 or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1]), parts[2]
+
+
 def run_process_alive(run_uuid: str | None) -> int | None:
-    """The pid behind a shim run id (`host:pid:start-ticks`) when that same process still runs on
-    this host, else None. The start time tells a live process from a reused pid."""
-    if not run_uuid or run_uuid.count(":") != 2:
+    """The pid behind a shim run id when that same process still runs on this host, else None.
+    The start time tells a live process from a reused pid."""
+    run = process_run(run_uuid)
+    if run is None or run[0] != socket.gethostname():
         return None
-    host, pid_text, ticks = run_uuid.split(":")
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return None
-    stat = process_stat(int(pid_text))
-    return int(pid_text) if stat is not None and stat[2] == ticks else None
+    _, pid, ticks = run
+    stat = process_stat(pid)
+    return pid if stat is not None and stat[2] == ticks else None
+
+
+def alive_since(host: str, pid: int, started_ns: int) -> bool:
+    """Whether process `pid` of `host` still runs and is the one that ran at `started_ns`.
+
+    A pid taken over since belongs to a process started after the first one ended, which was
+    after `started_ns`; the start time from /proc (clock ticks since boot) tells the two apart.
+    """
+    if host != socket.gethostname():
+        return False
+    stat = process_stat(pid)
+    if stat is None:
+        return False
+    try:
+        ticks = int(stat[2])
+    except ValueError:
+        return False
+    booted_ns = time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    return booted_ns + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK") <= started_ns

@@ -122,13 +122,32 @@ def test_select_ignore_and_fail_on():
     assert fails([info], "info")
 
 
-def test_fallback_to_dj_prefix_is_reported(tmp_path: Path):
-    env = {"HOME": str(tmp_path), "DJ_JIT_CACHE_DIR": str(tmp_path / "root")}
+def test_prefix_fallback_is_reported_for_the_families_the_scan_found(
+        gxx_project: Project, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    # No entry: no runtime that reads DG_ or EP_ was found, so a DJ_ value reaches nothing.
+    env = {"HOME": str(tmp_path), "DJ_JIT_CPP_STANDARD": "17"}
     with Ledger.open(str(tmp_path / "ledger.db")) as ledger:
-        result = scan([], env, ledger=ledger)
-    fallback = [f for f in result.findings if f.code == "CA203"]
-    assert {f.subject for f in fallback} >= {"DG_JIT_CACHE_DIR", "EP_JIT_CACHE_DIR"}
-    assert all(f.severity.value == "info" for f in fallback)
+        assert not [f for f in scan([], env, ledger=ledger).findings if f.code == "CA203"]
+
+    # A DeepJIT entry in DG_JIT_CACHE_DIR's root: its runtime reads DG_, not EP_.
+    gxx_project.once()
+    env = dict(gxx_project.env, DJ_JIT_CPP_STANDARD="17")
+    with Ledger.open(str(gxx_project.ledger)) as ledger:
+        result = scan([str(gxx_project.cache)], env, ledger=ledger)
+    [fallback] = [f for f in result.findings if f.code == "CA203"]
+    assert fallback.subject == "DG_JIT_CPP_STANDARD" and fallback.severity.value == "info"
+    assert "falls back to DJ_JIT_CPP_STANDARD" in fallback.message
+    assert fallback.current == "DJ_JIT_CPP_STANDARD=17" and "DG_JIT_CACHE_DIR" in fallback.how
+
+    # DeepGEMM <= 2.6 has no fallback: the DJ_ value is ignored, and the finding says so.
+    _deepgemm_build(gxx_project, monkeypatch, _deepgemm_library(gxx_project.root))
+    with Ledger.open(str(gxx_project.ledger)) as ledger:
+        result = scan([str(gxx_project.root / "dgcache")], env, ledger=ledger)
+    [ignored] = [f for f in result.findings if f.code == "CA203"]
+    assert ignored.subject == "DG_JIT_CPP_STANDARD"
+    assert "DeepGEMM <= 2.6 reads only DG_ variables: it ignores DJ_JIT_CPP_STANDARD" in (
+        ignored.message)
+    assert "falls back" not in ignored.message
 
 
 def test_default_roots_are_discovered_from_the_environment(project: Project):
@@ -203,12 +222,146 @@ def test_configuration_changed_after_construction_is_ca204(project: Project):
     assert changed["entry"] == second["path"]
     assert (changed["subject"], changed["recorded"], changed["current"]) == (
         "DG_JIT_CPP_STANDARD", "DG_JIT_CPP_STANDARD=20", "DG_JIT_CPP_STANDARD=17")
+    assert f"process {driver.process.pid}" in changed["how"]
     # The runtime really did keep the first value: the compile ran with -std=c++20.
     from cacheaudit.ledger import Ledger
 
     with Ledger.open(str(project.ledger)) as ledger:
         [record] = [r for r in ledger.records() if r.record_id == changed["record_id"]]
     assert "-std=c++20" in [t.text for t in record.effective_argv]
+
+
+def test_ca204_judges_only_the_env_prefix_the_runtime_read(gxx_project: Project):
+    driver = gxx_project.driver()
+    try:
+        driver.compile()
+        # The runtime was constructed with prefix DG (tests/minijit_driver.py): EP_ belongs to
+        # another library, and only the DG_ change is one it ignored.
+        driver.setenv("EP_JIT_CPP_STANDARD", "17")
+        driver.setenv("DG_JIT_WITH_LINEINFO", "1")
+        second = driver.compile(SOURCE.replace("void gemm", "void gemm2"))
+    finally:
+        driver.close()
+    changed = [f for f in gxx_project.scan()["findings"] if f["code"] == "CA204"]
+    assert [(f["subject"], f["entry"]) for f in changed] == [
+        ("DG_JIT_WITH_LINEINFO", second["path"])]
+    assert "env prefix DG" in changed[0]["how"] and "DG_JIT_CACHE_DIR" in changed[0]["how"]
+
+
+def test_the_env_prefix_comes_from_meta_json_the_cache_root_or_the_variables_set(
+        gxx_project: Project):
+    gxx_project.once()
+    root = str(gxx_project.cache)
+    policy = policy_for("deepjit")
+
+    def prefixes(env: dict[str, str]) -> tuple[str, ...]:
+        [entry] = list(reader_for("deepjit").read(root, StateCache()))
+        return policy.env_families(entry, env).prefixes  # type: ignore[attr-defined]
+
+    assert prefixes({"DG_JIT_CACHE_DIR": root}) == ("DG",)
+    assert prefixes({"EP_JIT_CACHE_DIR": root, "DJ_JIT_CACHE_DIR": "/elsewhere"}) == ("EP",)
+    # One root for both families: only a value of one family's own tells them apart, and a
+    # compiler setting a session gives every family alike does not.
+    shared = {"DJ_JIT_CACHE_DIR": root}
+    assert prefixes(shared) == ()
+    assert prefixes({**shared, "EP_JIT_CPP_STANDARD": "17"}) == ("EP",)
+    assert prefixes({**shared, "DG_JIT_NVCC_COMPILER": "/shims/nvcc",
+                     "EP_JIT_NVCC_COMPILER": "/shims/nvcc"}) == ()
+    # DeepGEMM 2.8's include prefix names its library whatever the environment says.
+    _rewrite_meta(_entry_dir(gxx_project),
+                  lambda meta: meta["config"].__setitem__("include_prefixes", ["deep_gemm/"]))
+    assert prefixes({"EP_JIT_CACHE_DIR": root}) == ("DG",)
+    [entry] = list(reader_for("deepjit").read(root, StateCache()))
+    assert "DeepGEMM 2.8+" in policy.env_families(entry, {}).how  # type: ignore[attr-defined]
+
+
+def test_ca204_compares_compiles_of_one_process_in_a_session(gxx_project: Project):
+    session = {"CACHEAUDIT_RUN": "session-ca204"}
+    first = gxx_project.driver(DG_JIT_CPP_STANDARD="20", **session)
+    try:
+        first.compile()
+    finally:
+        first.close()
+    # Another process of the same session, constructed under another value: it used that one.
+    second = gxx_project.driver(DG_JIT_CPP_STANDARD="17", **session)
+    try:
+        second.compile(SOURCE.replace("void gemm", "void gemm2"))
+    finally:
+        second.close()
+    assert not [f for f in gxx_project.scan()["findings"] if f["code"] == "CA204"]
+
+    # One process changing the setting after construction is still caught within the session.
+    third = gxx_project.driver(DG_JIT_CPP_STANDARD="17", **session)
+    try:
+        third.compile(SOURCE.replace("void gemm", "void gemm3"))
+        third.setenv("DG_JIT_CPP_STANDARD", "20")
+        late = third.compile(SOURCE.replace("void gemm", "void gemm4"))
+    finally:
+        third.close()
+    [changed] = [f for f in gxx_project.scan()["findings"] if f["code"] == "CA204"]
+    assert (changed["entry"], changed["recorded"], changed["current"]) == (
+        late["path"], "DG_JIT_CPP_STANDARD=17", "DG_JIT_CPP_STANDARD=20")
+    assert f"process {third.process.pid}" in changed["how"]
+
+
+def test_ca106_is_inferred_in_a_session_while_the_runtime_lives(gxx_project: Project):
+    api = gxx_project.root / "inc" / "mylib" / "api.cuh"
+    driver = gxx_project.driver(CACHEAUDIT_RUN="session-ca106")
+    try:
+        driver.compile()
+        _write(api, "#pragma once\n#include <cutlite/tile.h>\n#define API_VALUE 300\n")
+        # No lookup after the edit, so no hit proves it: the process table must tell.
+        [stale] = [f for f in gxx_project.scan()["findings"] if f["code"] == "CA106"]
+        assert os.path.samefile(stale["subject"], api) and stale["inferred"] is True
+        assert f"process {driver.process.pid}" in stale["how"]
+        assert "build directory" in stale["how"]
+    finally:
+        driver.close()
+    # The process is gone: a new one computes the new key, nothing stale remains.
+    assert not [f for f in gxx_project.scan()["findings"] if f["code"] == "CA106"]
+
+
+def test_a_live_process_is_the_compiling_one_only_if_it_started_before_the_compile():
+    import socket
+
+    from cacheaudit.processes import alive_since
+
+    host = socket.gethostname()
+    assert alive_since(host, os.getpid(), time.time_ns())
+    assert not alive_since(f"not-{host}", os.getpid(), time.time_ns())
+    compiled_ns = time.time_ns()
+    time.sleep(0.1)
+    # A process that took a pid after the compile started is not the one that compiled.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not alive_since(host, child.pid, compiled_ns)
+        running_ns = time.time_ns()
+        assert alive_since(host, child.pid, running_ns)
+    finally:
+        child.kill()
+        child.wait()
+    assert not alive_since(host, child.pid, running_ns)
+
+
+def test_a_tracked_header_shadowed_while_the_runtime_lives_is_ca106_not_ca105(
+        gxx_project: Project):
+    original = gxx_project.root / "third" / "mylib" / "extra.cuh"
+    shadow = gxx_project.root / "third_a" / "mylib" / "extra.cuh"
+    _write(original, "#pragma once\n#define EXTRA_VALUE 1\n")
+    source = "#include <mylib/extra.cuh>\n" + SOURCE
+    driver = gxx_project.driver()
+    try:
+        driver.compile(source)
+        _write(shadow, "#pragma once\n#define EXTRA_VALUE 2\n")
+        findings = gxx_project.scan()["findings"]
+    finally:
+        driver.close()
+    # DeepJIT's parser finds the shadow first: a new runtime misses. The one that hashed the
+    # header by name, still running, keeps the old key.
+    assert not [f for f in findings if f["code"] == "CA105"]
+    [stale] = [f for f in findings if f["code"] == "CA106"]
+    assert os.path.samefile(stale["subject"], original)
+    assert os.path.samefile(stale["current"], shadow)
 
 
 # ============================================================================================

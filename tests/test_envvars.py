@@ -207,6 +207,8 @@ CLASSIFICATIONS = [
     ("DG_JIT_DISABLE_CACHE", "deepgemm", "python", OUT, "deepseek-jit §1"),
     ("DG_JIT_BARRIER_TIMEOUT_SECONDS", "deepjit", None, IN, "deepseek-jit §2 (2.8) -D flag"),
     ("DG_JIT_HIPCC_COMPILER", "deepjit", None, IN, "ROCm: hipcc path and version keyed"),
+    ("ROCM_HOME", "deepjit", None, OUT, "the CUDA backend never reads it"),
+    ("ROCM_HOME", "deepjit", "rocm", IN, "ROCm: the hipcc path it leads to is keyed"),
     ("DG_CACHE_DIR", "deepgemm", "python", OUT, "pre-rename name"),
     ("DG_JIT_FOO_BAR", "deepjit", None, UNK, "unknown suffix"),
     ("DG_JIT_FOO_BAR", "deepgemm", None, UNK, "unknown suffix"),
@@ -250,6 +252,20 @@ def test_implicit_inputs_are_the_documented_gaps() -> None:
     assert not is_implicit_input("TORCH_CUDA_ARCH_LIST", "torch-ext")
     assert affects_output("TRITON_CACHE_DIR", "triton") is False
     assert affects_output("MLIR_ENABLE_DUMP", "shim") is None  # unknown, not "no"
+
+
+def test_checks_and_inspection_tools_are_no_implicit_inputs() -> None:
+    # deepseek-jit.md §3: EP_JIT_PTXAS_CHECK is only a post-compile regex check; DeepGEMM's
+    # DG_JIT_PTXAS_CHECK adds ptxas flags (keyed). §4 / DeepJIT backend/rocm/backend.hpp: the
+    # LLVM tools inspect a finished ROCm binary, ROCM_HOME is the ROCm backend's only.
+    assert affects_output("EP_JIT_PTXAS_CHECK", "deepep") is False
+    assert not is_implicit_input("EP_JIT_PTXAS_CHECK", "deepep")
+    assert affects_output("DG_JIT_PTXAS_CHECK", "deepgemm") is True
+    for name in ("DG_JIT_LLVM_OBJDUMP", "EP_JIT_LLVM_READOBJ", "DJ_JIT_LLVM_OBJDUMP",
+                 "ROCM_HOME"):
+        assert affects_output(name, "deepjit") is False, name
+        assert not is_implicit_input(name, "deepjit"), name
+    assert affects_output("ROCM_HOME", "deepjit", "rocm") is True
 
 
 def test_dj_names_are_not_read_by_legacy_runtimes() -> None:

@@ -24,6 +24,7 @@ EXPECTED = {
     "compiler_replaced": ("disk-hit", True, "CA301"),
     "header_edited_while_runtime_lives": ("memory-hit", True, "CA106"),
     "header_shadowed": ("disk-hit", True, "CA105"),
+    "tracked_header_shadowed": ("compile", False, None),
     "dependency_deleted": ("disk-hit", True, "CA104"),
     "edited_during_compile": ("disk-hit", True, "CA401"),
 }

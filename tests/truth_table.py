@@ -305,6 +305,18 @@ def header_shadowed(p: Project) -> Outcome:
                     p.scan())
 
 
+def tracked_header_shadowed(p: Project) -> Outcome:
+    # A tracked header found in a later include directory, then shadowed in an earlier one:
+    # DeepJIT's parser searches include_dirs in the same order, so the new key misses.
+    source = "#include <mylib/extra.cuh>\n" + SOURCE
+    _write(p.root / "third" / "mylib" / "extra.cuh", "#pragma once\n#define EXTRA 1\n")
+    p.once(source)
+    _write(p.root / "third_a" / "mylib" / "extra.cuh", "#pragma once\n#define EXTRA 2\n")
+    served = p.once(source)
+    return _outcome("tracked header shadowed earlier in the runtime's include order",
+                    "miss, no stale finding", served, p.fresh(source), p.scan())
+
+
 def dependency_deleted(p: Project) -> Outcome:
     p.once()
     # A fresh compile now fails: the served binary could not be built any more.
@@ -344,6 +356,7 @@ SCENARIOS: dict[str, Scenario] = {
     "compiler_replaced": compiler_replaced,
     "header_edited_while_runtime_lives": header_edited_while_runtime_lives,
     "header_shadowed": header_shadowed,
+    "tracked_header_shadowed": tracked_header_shadowed,
     "dependency_deleted": dependency_deleted,
     "edited_during_compile": edited_during_compile,
 }

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from cacheaudit.digest import read_file
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
@@ -59,6 +61,14 @@ class KeyCheck:
         return self.recomputed == key
 
 
+class EnvFamilies(NamedTuple):
+    """The `<PREFIX>_JIT_*` families one entry's runtime reads, and the evidence for them."""
+
+    prefixes: tuple[str, ...]
+    """Empty when nothing says which of the policy's families the runtime read."""
+    how: str
+
+
 class Policy(Protocol):
     runtime: str
     env_prefixes: tuple[str, ...]
@@ -69,6 +79,12 @@ class Policy(Protocol):
     # Optional: `caches_header_digests = False` for runtimes whose process does not keep a
     # header's digest from one lookup to the next (the audit then never infers CA106 from a
     # live process alone).
+    # Optional, with `env_prefixes`: `env_families(entry, env) -> EnvFamilies`, which of them
+    # the runtime that built `entry` reads, judged from the entry and `env` (the environment it
+    # was configured from); the audit takes every one of `env_prefixes` without it.
+    # Optional: `compiling_process(record) -> int | None`, the pid of the runtime process that
+    # asked for a compile, from what the runtime itself put in the record; without it the
+    # audit knows a record's process only where the run is that process (the bare shim).
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         """Which files the entry's key covers, resolved against the disk now."""
@@ -142,3 +158,22 @@ def split_mix(value: int) -> int:
     value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK_64
     value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK_64
     return value ^ (value >> 31)
+
+
+# `get_uuid()` of DeepJIT (utils/uuid.hpp) and DeepGEMM (csrc/utils/system.hpp), which DeepEP
+# copies: "<pid>-<8 hex>-<8 hex>-<8 hex>", the runtime's own pid first.
+_BUILD_DIRECTORY = re.compile(r"([0-9]+)-[0-9a-f]{8}-[0-9a-f]{8}-[0-9a-f]{8}")
+
+
+def build_directory_pid(record: CompileRecord) -> int | None:
+    """The pid of the runtime that ran this compile, from the name of its build directory
+    `<root>/tmp/<pid>-<hex>-<hex>-<hex>/`: DeepJIT compiles in it (`cd <dir> && nvcc ...`),
+    DeepGEMM and DeepEP name its `kernel.cu` and binary on the command line. The runtime named
+    the directory after its own process, so the pid survives the shell and the shim between
+    them; None when neither the working directory nor an argument lies in such a directory."""
+    candidates = [record.cwd] + [os.path.dirname(t) for t in record.argv if t.startswith("/")]
+    for directory in candidates:
+        match = _BUILD_DIRECTORY.fullmatch(os.path.basename(directory))
+        if match is not None and os.path.basename(os.path.dirname(directory)) == "tmp":
+            return int(match.group(1))
+    return None

@@ -24,9 +24,12 @@ Older entries in the same layout follow other recipes, and are not recomputed (t
 says which; the tracked set follows their own rules):
 
 - the Python JIT (`kernel.<name>.<md5[:12]>`, deep_gemm/jit/compiler.py, 2025-02 to 2025-07):
-  md5 of `name$$get_deep_gemm_version()$$code$$(nvcc path, version)$$flags$$enable_sass_opt`
-  (the order varied), where `get_deep_gemm_version()` hashes the top-level
-  `include/deep_gemm/*.cuh` files and `jit/interleave_ffma.py`, nothing else;
+  at 8dfa329 the md5 of `name$$get_deep_gemm_version()$$signature$$flags$$enable_sass_opt$$code`,
+  where `get_deep_gemm_version()` hashes the top-level `include/deep_gemm/*.cuh` files and
+  `jit/interleave_ffma.py`, nothing else, and `signature` is the compiler's
+  (`NVCCCompiler.signature()`: `{nvcc path}+{(major, minor)}`; `nvrtc+(major, minor)` under
+  NVRTC). The first commit, a6d97a1, hashed the same parts in another order, with the compiler
+  as the (path, version) pair `get_nvcc_compiler()` returned then;
 - the C++ JIT before 7f2a703 (no include-hash line in kernel.cu):
   `name$$get_library_version()$$signature$$flags$$code`, the library version hashing every
   `.cuh` under `include/deep_gemm`.
@@ -39,11 +42,14 @@ import os
 import re
 from collections.abc import Mapping
 
+from cacheaudit.envvars import FLAVOUR_NAMES
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity
 from cacheaudit.policies import (
+    EnvFamilies,
     KeyCheck,
     KeyComponent,
     TrackedSet,
+    build_directory_pid,
     input_text,
     read_input,
     split_mix,
@@ -59,8 +65,8 @@ _RELEASE = re.compile(r"release (\d+)\.(\d+)")
 _FIRST_VERSION = re.compile(r"(\d+)\.(\d+)")
 
 PYTHON_JIT_NOTE = ("a Python JIT entry (md5[:12] key): its signature holds "
-                   "get_deep_gemm_version() and the (nvcc path, version) pair in an order that "
-                   "changed between releases, so it is not recomputed")
+                   "get_deep_gemm_version() and the compiler's path and version, in an order "
+                   "that changed between releases, so it is not recomputed")
 PRE_INCLUDE_HASH_NOTE = ("kernel.cu has no include-hash line: built by DeepGEMM before 7f2a703, "
                          "whose key held get_library_version() (every .cuh under "
                          "include/deep_gemm) instead; not recomputed")
@@ -231,6 +237,13 @@ class DeepGemmPolicy:
         self.prefix = prefix
         self.env_prefixes = (env_prefix,)
         self.flavour: str | None = runtime  # "deepgemm", "deepep": envvars.FLAVOURS names
+        # Since 7f2a703 the build directory is `<root>/tmp/<get_uuid()>`, named after the pid.
+        self.compiling_process = build_directory_pid
+
+    def env_families(self, entry: CacheEntry, env: Mapping[str, str]) -> EnvFamilies:
+        prefix = self.env_prefixes[0]
+        return EnvFamilies(self.env_prefixes,
+                           f"{FLAVOUR_NAMES[self.runtime]} reads only {prefix}_ variables")
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         include_dir = _library_include(record, self.prefix)

@@ -19,21 +19,25 @@ and the configuration is read once when the runtime is built.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cacheaudit import envvars
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity
 from cacheaudit.policies import (
+    EnvFamilies,
     KeyCheck,
     KeyComponent,
     TrackedSet,
+    build_directory_pid,
     input_text,
     read_input,
     split_mix,
 )
-from cacheaudit.readers.deepjit import mistyped
+from cacheaudit.readers.deepjit import mistyped, prefix_roots
 
 _MASK = (1 << 64) - 1
 _PRIME_0 = 0x100000001B3
@@ -245,10 +249,69 @@ def command_flags(command: str, include_dirs: Sequence[str]) -> list[str] | None
     return tokens[output + 2:end]
 
 
+# The libraries built on DeepJIT, by the include prefix they configure: (env prefix, name).
+# DeepGEMM 2.8 constructs `deep_jit::Config(root, "DG", ..., {"deep_gemm/"})`; DeepEP-Ascend
+# reads EP_, and its include prefix is taken to be `deep_ep/` like DeepEP's own (`deep_ep`): the
+# reference does not give it. The env prefix itself is not in meta.json (`Config::to_json`
+# leaves it out).
+_LIBRARIES = {"deep_gemm": ("DG", "DeepGEMM 2.8+"), "deep_ep": ("EP", "DeepEP-Ascend")}
+
+
+@functools.lru_cache(maxsize=256)
+def _real_directory(path: str) -> str:
+    # Thousands of entries share a handful of roots: resolve each once.
+    return os.path.realpath(path)
+
+
+def _same_directory(first: str, second: str) -> bool:
+    return _real_directory(first) == _real_directory(second)
+
+
 class DeepJitPolicy:
     runtime = "deepjit"
     env_prefixes = ("DG", "EP")
     flavour = "deepjit"
+    compiling_process = staticmethod(build_directory_pid)
+
+    def env_families(self, entry: CacheEntry, env: Mapping[str, str]) -> EnvFamilies:
+        """Which of DG_ and EP_ the runtime that built `entry` reads, by the strongest evidence
+        there is: the library its include prefixes belong to (meta.json); else the cache root
+        the entry lies in, when only some families' `<P>_JIT_CACHE_DIR` in `env` lead there
+        (a build goes to the first root); else the families with a variable of their own set
+        in `env`. None of them: nothing says, and the result is empty."""
+        include_prefixes = _config(entry).get("include_prefixes")
+        if isinstance(include_prefixes, list):
+            libraries = {_LIBRARIES[library] for p in include_prefixes if isinstance(p, str)
+                         and (library := p.split("/", 1)[0]) in _LIBRARIES}
+            if libraries:
+                named = " and ".join(f"{name}'s (env prefix {prefix})"
+                                     for prefix, name in sorted(libraries))
+                return EnvFamilies(tuple(sorted(prefix for prefix, _ in libraries)),
+                                   f"meta.json's include_prefixes {include_prefixes} are "
+                                   f"{named}")
+        root = os.path.dirname(os.path.dirname(entry.path))
+        by_root = tuple(p for p in self.env_prefixes
+                        if (roots := prefix_roots(env, p)) and _same_directory(roots[0], root))
+        if 0 < len(by_root) < len(self.env_prefixes):
+            return EnvFamilies(by_root, f"the entry was built in {root}, the cache root that "
+                                        f"{' and '.join(p + '_JIT_CACHE_DIR' for p in by_root)} "
+                                        f"named")
+        # A value every family resolves to alike tells them apart no more than an unset one:
+        # a cacheaudit session points each family's compiler setting at the same shim.
+        settings = {p: {s.suffix: s for s in envvars.resolve_jit_settings(p, env)}
+                    for p in self.env_prefixes}
+        in_use = tuple(p for p in self.env_prefixes if any(
+            own.origin == "prefixed" and any(
+                (other := settings[q].get(suffix)) is None or other.value != own.value
+                for q in self.env_prefixes if q != p)
+            for suffix, own in settings[p].items()))
+        if in_use:
+            return EnvFamilies(in_use, f"{' and '.join(p + '_JIT_*' for p in in_use)} "
+                                       f"variables set in the runtime's environment give values "
+                                       f"the other family does not share")
+        return EnvFamilies((), "meta.json does not record the env prefix, the cache root does "
+                               "not tell, and no DG_JIT_* or EP_JIT_* variable set in the "
+                               "runtime's environment sets the two families apart")
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         paths = {entry.source.path} if entry.source is not None else set()

@@ -113,17 +113,7 @@ class DeepJitReader:
         all searched). DeepEP's EPv2 and DeepGEMM <= 2.6 roots (EP_JIT_CACHE_DIR defaulting to
         ~/.deep_ep, ~/.deep_gemm) are the deepgemm layout's.
         """
-        roots: list[str] = []
-        fallback = env_path_list(env, "DJ_JIT_CACHE_DIR")
-        for prefix in PREFIXES:
-            items = env_path_list(env, f"{prefix}_JIT_CACHE_DIR")
-            if items is None:
-                items = fallback
-            if items is None:
-                home = home_default(env, ".dj")
-                items = [home] if home else []
-            roots.extend(items)
-        return unique_paths(roots)
+        return unique_paths([root for prefix in PREFIXES for root in prefix_roots(env, prefix)])
 
     def is_root(self, path: str) -> bool:
         """A `cache/` holding a `<tag>.<32hex>` directory, or (no entry of either layout yet) a
@@ -143,6 +133,19 @@ class DeepJitReader:
         return read_cache_root(root, cache, runtime=RUNTIME, layout=LAYOUT, own=DEEPJIT_ENTRY_RE,
                                other=DEEPGEMM_ENTRY_RE, read_entry=read_entry,
                                odd_name_reason=ODD_NAME_REASON)
+
+
+def prefix_roots(env: Mapping[str, str], prefix: str) -> list[str]:
+    """The cache roots a runtime with env prefix `prefix` uses in `env`, the one it writes to
+    first: `<P>_JIT_CACHE_DIR` when set, else `DJ_JIT_CACHE_DIR`, else `$HOME/.dj` (none without
+    a HOME)."""
+    items = env_path_list(env, f"{prefix}_JIT_CACHE_DIR")
+    if items is None:
+        items = env_path_list(env, "DJ_JIT_CACHE_DIR")
+    if items is None:
+        home = home_default(env, ".dj")
+        items = [home] if home else []
+    return items
 
 
 def _pick_backend(names: Mapping[str, os.DirEntry[str]]) -> tuple[str, str]:
