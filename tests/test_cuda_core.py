@@ -430,6 +430,123 @@ def test_a_hit_is_recorded_with_the_environment_of_the_hit(adapter: Any, ledger_
     assert second.extra["run_uuid"] == "second-run"
 
 
+@needs_cuda_core
+def test_a_variable_changed_between_two_hits_is_seen_by_the_second(
+        adapter: Any, ledger_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cuda.core.utils import InMemoryProgramCache
+
+    # Hits share one environment snapshot while nothing changes; every way os.environ changes
+    # (set, os.environb, delete) makes the next hit take a new one.
+    monkeypatch.delenv("NVCC_APPEND_FLAGS", raising=False)
+    source = 'extern "C" __global__ void k(int* o) { o[0] = 24; }\n'
+    cache = InMemoryProgramCache()
+    _compile(source, _options(), cache)
+    _compile(source, _options(), cache)
+    monkeypatch.setenv("NVCC_APPEND_FLAGS", "-DONE")
+    _compile(source, _options(), cache)
+    _compile(source, _options(), cache)
+    os.environb[b"NVCC_APPEND_FLAGS"] = b"-DTWO"
+    _compile(source, _options(), cache)
+    del os.environ["NVCC_APPEND_FLAGS"]
+    _compile(source, _options(), cache)
+    adapter.flush()
+    hits = [r for r in _records(ledger_path) if r.event == "memory-hit"]
+    assert [(r.env.get("NVCC_APPEND_FLAGS"), r.extra["hits"]) for r in hits] == [
+        (None, 1), ("-DONE", 2), ("-DTWO", 1), (None, 1)]
+
+
+@needs_cuda_core
+def test_an_entry_rewritten_between_two_hits_is_a_hit_of_other_bytes(
+        adapter: Any, ledger_path: Path, tmp_path: Path) -> None:
+    from cuda.core.utils import FileStreamProgramCache, make_program_cache_key
+
+    from cacheaudit.digest import hash_file
+
+    source = 'extern "C" __global__ void k(int* o) { o[0] = 26; }\n'
+    options = _options()
+    cache = FileStreamProgramCache(tmp_path / "pc")
+    _compile(source, options, cache)
+    key = make_program_cache_key(code=source, code_type="c++", options=options,
+                                 target_type="cubin")
+    name = hashlib.sha256(key).hexdigest()
+    entry = tmp_path / "pc" / "entries" / name[:2] / name[2:]
+    first = hash_file(str(entry))
+    cache[key]
+    cache[key]
+    # Another process rewrites the entry (same size: only the bytes tell the hits apart).
+    original = entry.read_bytes()
+    entry.write_bytes(original[:-1] + bytes([original[-1] ^ 0xFF]))
+    second = hash_file(str(entry))
+    cache[key]
+    adapter.flush()
+    hits = [r for r in _records(ledger_path) if r.event == "disk-hit"]
+    assert [(r.outputs[0].digest, r.extra["hits"]) for r in hits] == [(first, 2), (second, 1)]
+
+
+@needs_cuda_core
+def test_hits_compare_the_environment_when_its_watch_is_bypassed(
+        adapter: Any, ledger_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cuda.core.utils import InMemoryProgramCache
+
+    ours = os._Environ.__setitem__, os._Environ.__delitem__
+    originals = [getattr(method, "__cacheaudit_original__", None) for method in ours]
+    assert None not in originals
+    monkeypatch.delenv("NVCC_APPEND_FLAGS", raising=False)
+    source = 'extern "C" __global__ void k(int* o) { o[0] = 25; }\n'
+    cache = InMemoryProgramCache()
+    _compile(source, _options(), cache)
+    _compile(source, _options(), cache)
+    with monkeypatch.context() as patch:
+        # Someone puts back the methods they saved before cacheaudit was installed: changes
+        # are no longer counted, so hits compare the whole environment again.
+        patch.setattr(os._Environ, "__setitem__", originals[0])
+        patch.setattr(os._Environ, "__delitem__", originals[1])
+        patch.setenv("NVCC_APPEND_FLAGS", "-DBYPASS")
+        _compile(source, _options(), cache)
+    # The variable went away through the original __delitem__ (uncounted).
+    _compile(source, _options(), cache)
+    adapter.flush()
+    hits = [r for r in _records(ledger_path) if r.event == "memory-hit"]
+    assert [r.env.get("NVCC_APPEND_FLAGS") for r in hits] == [None, "-DBYPASS", None]
+
+
+@needs_cuda_core
+def test_hits_of_one_key_from_many_threads_while_flushing_are_all_counted(
+        adapter: Any, ledger_path: Path) -> None:
+    from cuda.core.utils import InMemoryProgramCache
+
+    cache = InMemoryProgramCache()
+    cache[b"one-key"] = b"binary"
+    rounds, workers = 2000, 4
+    done = threading.Event()
+
+    def lookups() -> None:
+        for _ in range(rounds):
+            cache[b"one-key"]
+
+    def flushes() -> None:
+        while not done.is_set():
+            adapter.flush()  # swaps the buffer under the hits' feet
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        flusher = threading.Thread(target=flushes)
+        flusher.start()
+        threads = [threading.Thread(target=lookups) for _ in range(workers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        done.set()
+        flusher.join()
+    finally:
+        sys.setswitchinterval(interval)
+    adapter.flush()
+    hits = [r for r in _records(ledger_path) if r.event == "memory-hit"]
+    assert sum(r.extra["hits"] for r in hits) == rounds * workers
+
+
 # ------------------------------------------------------------------------------ the guard's gap
 
 _DRIVER = textwrap.dedent("""
@@ -646,7 +763,9 @@ def test_install_is_idempotent_and_uninstall_restores_the_originals(ledger_path:
     def snapshot() -> list[object]:
         return [package.make_program_cache_key, utils.make_program_cache_key,
                 *(vars(cls).get(name) for cls in (FileStreamProgramCache, InMemoryProgramCache)
-                  for name in ("__getitem__", "__setitem__", "get"))]
+                  for name in ("__getitem__", "__setitem__", "get")),
+                *(vars(os._Environ).get(name)
+                  for name in ("__setitem__", "__delitem__"))]
 
     before = snapshot()
     ADAPTER.install()
@@ -654,6 +773,7 @@ def test_install_is_idempotent_and_uninstall_restores_the_originals(ledger_path:
     ADAPTER.install()
     assert snapshot() == installed
     assert installed[0] is not before[0] and installed[2] is not before[2]
+    assert installed[-1] is not before[-1]  # the environment watch
     ADAPTER.uninstall()
     assert all(a is b for a, b in zip(snapshot(), before, strict=True))
     assert not ADAPTER.installed()

@@ -30,7 +30,10 @@ headers NVRTC read, from its own trace (`cacheaudit.headers`), as the record's i
 Cost on a hit: the runtime's disk hit is ~55-70 µs; the adapter counts the hit in a buffer,
 grouped by key, cache, served bytes (an xxh3) and environment (a snapshot shared while it does
 not change, so that the test, the run, the ledger and the compile environment are those of the
-hit, not of the write). Hits under `CACHEAUDIT_DISABLE` are not counted. The buffer is written,
+hit, not of the write; "does not change" is a generation that os._Environ's __setitem__ and
+__delitem__, wrapped while the adapter is installed, bump). A hit repeating the previous one is
+compared with the bytes that one served rather than hashed, which are held until the next
+write. Hits under `CACHEAUDIT_DISABLE` are not counted. The buffer is written,
 one record per group, in one transaction through the ledger the process keeps open: with every
 compile record, when 256 distinct groups are pending, at the first hit more than 5 s after the
 oldest pending one (the age is checked only when a hit comes: an idle process's buffer waits for
@@ -45,6 +48,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import itertools
 import os
 import re
 import socket
@@ -111,7 +115,66 @@ _ENVIRON_DATA = environ_data()
 
 _QUOTED_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\r\n]+)"', re.MULTILINE)
 _MACRO_INCLUDE = re.compile(rb"^[ \t]*#[ \t]*include[ \t]+[A-Za-z_]", re.MULTILINE)
-_LOCAL = threading.local()
+
+
+class _Local(threading.local):
+    quiet = False
+    """Set while an AuditedProgramCache calls its inner cache. A class default, not
+    `getattr(local, "quiet", False)`: a missing attribute of a thread-local raises and catches
+    an AttributeError inside getattr, ~0.45 µs."""
+
+
+_LOCAL = _Local()
+_QUIETING: list[object] = []
+"""One token per `_quietly` section running in any thread (append and remove are atomic): while
+it is empty, which is always without an AuditedProgramCache, hooks skip the thread-local."""
+
+
+# ------------------------------------------------------------------------------ environment changes
+
+# Comparing the whole environment with the last snapshot (a C-level dict comparison) was half of
+# a hit's cost, ~10 ns per variable. While the adapter is installed, the two methods of
+# os._Environ that every change made through os.environ or os.environb goes through (setting,
+# deleting; update, pop, clear and monkeypatch use them) bump a generation, and a hit compares
+# one int. A change that bypasses them (`os.putenv`, C code) is invisible to os.environ, hence
+# to the full comparison too.
+
+_ENVIRON_CLASS: Any = getattr(os, "_Environ", None)
+if _ENVIRON_CLASS is None or not isinstance(os.environ, _ENVIRON_CLASS):
+    _ENVIRON_CLASS = type("_NoEnvironClass", (), {"__setitem__": None, "__delitem__": None})
+_NOT_WATCHING = object()
+_GENERATIONS = itertools.count(1)
+"""next() on it is atomic: two concurrent changes never publish the same generation."""
+_environ_generation = 0
+_environ_watch: tuple[object, object] = (_NOT_WATCHING, _NOT_WATCHING)
+"""Our os._Environ.__setitem__ and __delitem__; a hit trusts the generation only while both are
+in place (someone may restore an original they saved before we installed ours)."""
+
+
+def _next_environ_generation() -> None:
+    global _environ_generation
+    _environ_generation = next(_GENERATIONS)
+
+
+def _environ_watcher(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def method(self: Any, *args: Any) -> Any:
+        global _environ_generation
+        try:
+            return original(self, *args)
+        finally:
+            # After the change, never before it: a hit that reads the old generation keeps
+            # the old snapshot (right when that hit began); every hit after this line reads
+            # a new one, and snapshots the environment after reading it.
+            _environ_generation = next(_GENERATIONS)
+
+    setattr(method, _ORIGINAL, original)
+    return method
+
+
+def _environ_watched() -> bool:
+    return (_ENVIRON_CLASS.__setitem__ is _environ_watch[0]
+            and _ENVIRON_CLASS.__delitem__ is _environ_watch[1])
 
 
 # ------------------------------------------------------------------------------ key inputs
@@ -265,17 +328,29 @@ class _Watch:
 class _Recorder:
     """The adapter's memory: keys and what they were made from, buffered hits, watched files."""
 
+    # Slots: a hit reads four of these, from the object itself rather than a separate values
+    # array (one memory fetch fewer on a path that pays for each).
+    __slots__ = ("contexts", "due_ns", "last", "lock", "pending", "problems", "seen", "states",
+                 "watch")
+
     def __init__(self) -> None:
         self.contexts: dict[bytes, tuple[int, dict[str, Any]]] = {}
         self.watch: dict[bytes, _Watch] = {}
         self.pending: dict[tuple[Hashable, ...], _Hit] = {}
-        self.oldest_ns = 0
+        self.last: tuple[_Hit, bytes] | None = None
+        """The group of the last hit (in `pending`) and the bytes it served, held until the next
+        write: the next hit is compared with them."""
+        self.due_ns = 0
+        """When the oldest pending hit is `_PENDING_AGE_NS` old: the buffer is written at the
+        first hit after it."""
         self.lock = threading.Lock()
-        """Guards `pending` and `oldest_ns`: hits come from any thread, the write swaps them."""
+        """Guards `pending` and `due_ns`: hits come from any thread, the write swaps them."""
         self.problems = ProblemLog()
         self.states = StateCache()
-        self.environ: Environ | None = None
-        """The snapshot of the last hit, shared by the next ones while nothing changes."""
+        self.seen: tuple[int, Environ | None, bool] = (-1, None, False)
+        """(environment generation, snapshot, its `disabled`) at the last hit: the snapshot is
+        shared by the next hits while nothing changes. One attribute, so that a hit reads a
+        consistent triple; generation -1: not watched, compare the whole environment."""
 
     # ---------------------------------------------------------------- hot paths
 
@@ -288,14 +363,46 @@ class _Recorder:
                 return
 
     def hit(self, key: Hashable, data: bytes, event: Event, files: Hashable) -> None:
-        """One served lookup: ~1.3 µs, kept lean on purpose (a disk hit costs ~55-70 µs)."""
-        environ = self.environ
-        # environ_snapshot's own test, inlined: this runs on every hit.
-        if environ is None or _ENVIRON_DATA is None or environ != _ENVIRON_DATA:
-            environ = self.environ = environ_snapshot()
-        if environ.disabled:
+        """One served lookup: ~0.6 µs, kept lean on purpose (a disk hit costs ~55-70 µs)."""
+        generation, environ, disabled = self.seen
+        if (generation != _environ_generation
+                or _ENVIRON_CLASS.__setitem__ is not _environ_watch[0]
+                or _ENVIRON_CLASS.__delitem__ is not _environ_watch[1]):
+            environ, disabled = self.environ_now(environ)
+        if disabled:
             return
         now = _time_ns()
+        last = self.last
+        # Most hits repeat the previous one: same key, cache and environment, same bytes. Those
+        # are compared with the previous hit's bytes (the same object from a memory cache, a
+        # memcmp from a disk one) instead of hashed: on a disk hit the hash function's code,
+        # cold again after the runtime's system calls, cost more than all the rest.
+        if (last is not None and type(data) is bytes and last[0].environ is environ
+                and last[0].files is files and last[0].key == key and last[0].event == event
+                and (data is last[1] or data == last[1])):
+            group = last[0]
+            # acquire/release rather than `with`: the context-manager protocol costs twice
+            # as much.
+            lock = self.lock
+            lock.acquire()
+            try:
+                counted = self.last is last  # else its group was written meanwhile
+                if counted:
+                    group.count += 1
+                    group.last_ns = now
+                    due = now > self.due_ns
+            finally:
+                lock.release()
+            if counted:
+                if due:
+                    self.flush()
+                return
+        self.add(key, data, event, files, environ, now)
+
+    def add(self, key: Hashable, data: bytes, event: Event, files: Hashable, environ: Environ,
+            now: int) -> None:
+        """A hit that does not repeat the previous one: found by key, cache, environment and
+        the served bytes' hash."""
         digest = _xxh3(data)
         # The snapshot by id: it is one object while the environment does not change, and the
         # group holds it, so that its id cannot be reused while the group is pending.
@@ -308,12 +415,26 @@ class _Recorder:
                 group.last_ns = now
             else:
                 if not pending:
-                    self.oldest_ns = now
-                pending[slot] = _Hit(now, event, key, files, digest, len(data), environ,
-                                     last_ns=now)
-            due = len(pending) >= _PENDING_MAX or now - self.oldest_ns > _PENDING_AGE_NS
+                    self.due_ns = now + _PENDING_AGE_NS
+                group = pending[slot] = _Hit(now, event, key, files, digest, len(data),
+                                             environ, last_ns=now)
+            # Only immutable bytes: a buffer the cache may change later must be hashed again.
+            self.last = (group, data) if type(data) is bytes else None
+            due = len(pending) >= _PENDING_MAX or now > self.due_ns
         if due:
             self.flush()
+
+    def environ_now(self, last: Environ | None) -> tuple[Environ, bool]:
+        """The environment of a hit when the generation says it may have changed (or is not
+        kept), and whether it disables recording: `last` again while it is equal, so that hits
+        keep sharing one snapshot."""
+        # The generation is read before the environment: a change after this line bumps it
+        # again, and the next hit looks again.
+        generation = _environ_generation if _environ_watched() else -1
+        if last is None or _ENVIRON_DATA is None or last != _ENVIRON_DATA:
+            last = environ_snapshot()
+        self.seen = (generation, last, last.disabled)
+        return last, last.disabled
 
     # ---------------------------------------------------------------- problems
 
@@ -479,6 +600,7 @@ class _Recorder:
     def take(self) -> list[_Hit]:
         with self.lock:
             pending, self.pending = self.pending, {}
+            self.last = None
         return sorted(pending.values(), key=lambda h: h.ns)
 
     def flush(self) -> None:
@@ -513,6 +635,7 @@ class _Recorder:
     def after_fork(self) -> None:
         # The parent writes what it buffered; a forked child must not write it again.
         self.pending = {}
+        self.last = None
         self.lock = threading.Lock()
 
 
@@ -549,12 +672,15 @@ _RECORDER = _Recorder()
 def _quietly() -> Iterator[None]:
     """While an AuditedProgramCache calls its inner cache, the class hooks stay silent: one
     lookup, one record."""
-    previous = getattr(_LOCAL, "quiet", False)
+    token = object()
+    _QUIETING.append(token)
+    previous = _LOCAL.quiet
     _LOCAL.quiet = True
     try:
         yield
     finally:
         _LOCAL.quiet = previous
+        _QUIETING.remove(token)
 
 
 # ------------------------------------------------------------------------------ the hooks
@@ -588,7 +714,7 @@ def _getitem_hook(original: Callable[[Any, Any], bytes], event: Event, switch: S
     @functools.wraps(original)
     def __getitem__(self: Any, key: Any) -> bytes:
         data = original(self, key)
-        if switch.on and not getattr(_LOCAL, "quiet", False):
+        if switch.on and not (_QUIETING and _LOCAL.quiet):
             try:
                 hit(key, data, event, self if disk else None)
             except Exception as exc:  # noqa: BLE001 - fail open
@@ -613,7 +739,7 @@ def _setitem_hook(original: Callable[[Any, Any, Any], None], event: Event, switc
     @functools.wraps(original)
     def __setitem__(self: Any, key: Any, value: Any) -> None:
         original(self, key, value)
-        if switch.on and not getattr(_LOCAL, "quiet", False):
+        if switch.on and not (_QUIETING and _LOCAL.quiet):
             try:
                 _RECORDER.store(key, value, event, _entry_path(self, key) if disk else None)
             except Exception as exc:  # noqa: BLE001 - fail open
@@ -632,6 +758,7 @@ class CudaCoreAdapter:
     def __init__(self) -> None:
         self._key_patches: list[Patch] = []
         self._class_patches: list[Patch] = []
+        self._environ_patches: list[Patch] = []
         self._switch = Switch(on=False)
         self._lock = threading.RLock()
         self._exit_hooks = False
@@ -683,7 +810,7 @@ class CudaCoreAdapter:
             with contextlib.suppress(Exception):
                 _RECORDER.flush()
             self._switch.on = False
-            for group in (self._class_patches, self._key_patches):
+            for group in (self._class_patches, self._key_patches, self._environ_patches):
                 left = restore_patches(group)
                 if left:
                     _RECORDER.problem(RuntimeError(
@@ -697,6 +824,7 @@ class CudaCoreAdapter:
         """Wrap `make_program_cache_key` where Program.compile and users find it. Part of
         install(); AuditedProgramCache calls it on its own."""
         with self._lock:
+            self._watch_environ()
             if self._key_patches:
                 return
             import cuda.core.utils as utils
@@ -712,6 +840,26 @@ class CudaCoreAdapter:
                 patches.append(apply_patch(utils, "make_program_cache_key", observer))
             self._key_patches = patches
             self._arm_exit_hooks()
+
+    def _watch_environ(self) -> None:
+        """Count changes made through os.environ, so that a hit need not compare the whole
+        environment (see `_environ_watcher`). Without it hits still compare; fails open."""
+        global _environ_watch
+        if self._environ_patches or _ENVIRON_CLASS is not getattr(os, "_Environ", None):
+            return
+        patches: list[Patch] = []
+        try:
+            for name in ("__setitem__", "__delitem__"):
+                patches.append(apply_patch(_ENVIRON_CLASS, name, _environ_watcher(
+                    getattr(_ENVIRON_CLASS, name))))
+        except Exception as exc:  # noqa: BLE001 - fail open: hits compare the environment
+            restore_patches(patches)
+            _RECORDER.problem(exc, "environment watch")
+            return
+        self._environ_patches = patches
+        # Nonzero from now on, and not what a hit saw before the watch: the next hit looks.
+        _next_environ_generation()
+        _environ_watch = (patches[0].replacement, patches[1].replacement)
 
     def flush(self) -> None:
         """Write the buffered hit records now (the pytest plugin and tests call this before
