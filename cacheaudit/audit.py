@@ -678,6 +678,8 @@ class Auditor:
                             f"{', '.join(blind)} does not include it: entries built under "
                             f"another value are served as if it were the same",
                     current=value, how="this environment against the variable registry"))
+        if not any(name.startswith("DJ_") for name in self.env):
+            return findings  # CA203 is about a DJ_ value taken or ignored: none is set
         for (prefix, flavour), how in sorted(self._families_found(entries).items()):
             findings += self._prefix_lookup(prefix, flavour, how)
         return findings

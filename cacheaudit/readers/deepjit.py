@@ -51,6 +51,7 @@ symlinked cache/ on another disk is an ordinary setup).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -196,10 +197,15 @@ META_TYPES: Mapping[str, tuple[Callable[[object], bool], str]] = {
 }
 
 
+@functools.lru_cache(maxsize=64)
+def _field_path(dotted: str) -> tuple[str, ...]:
+    return tuple(dotted.split("."))
+
+
 def meta_field(meta: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
     """(present, value) of a dotted meta.json field ("config.include_dirs")."""
     value: Any = meta
-    for part in dotted.split("."):
+    for part in _field_path(dotted):
         if not isinstance(value, Mapping) or part not in value:
             return False, None
         value = value[part]
