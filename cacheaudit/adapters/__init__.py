@@ -15,9 +15,10 @@ runtimes nor the adapter modules are imported before that: `import cacheaudit.ad
 Adding a runtime: a module here with an `ADAPTER`, and one line in `_RUNTIME_MODULES`.
 
 Shared by the adapter modules: patching with exact restoration (`apply_patch`,
-`restore_patches`, `Switch`), one report per kind of problem (`ProblemLog`), the environment at
-the moment of an observation (`environ_snapshot`, decoded later by `environ_text`,
-`run_for`), in-memory file states (`memory_state`) and JSON-able evidence (`jsonable`).
+`apply_patches`, `restore_patches`, `Switch`), one report per kind of problem (`ProblemLog`), the
+environment at the moment of an observation (`environ_snapshot`, decoded later by
+`environ_text`, `run_for`), in-memory file states (`memory_state`) and JSON-able evidence
+(`jsonable`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import importlib
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -263,6 +264,19 @@ def apply_patch(owner: object, name: str, replacement: object) -> Patch:
                   original=namespace.get(name), replacement=replacement)
     setattr(owner, name, replacement)
     return patch
+
+
+def apply_patches(replacements: Iterable[tuple[object, str, object]]) -> list[Patch]:
+    """`apply_patch` for each (owner, name, replacement), all or none: when one fails, those
+    already applied are restored before the error propagates."""
+    patches: list[Patch] = []
+    try:
+        for owner, name, replacement in replacements:
+            patches.append(apply_patch(owner, name, replacement))
+    except BaseException:
+        restore_patches(patches)
+        raise
+    return patches
 
 
 def restore_patches(patches: Sequence[Patch]) -> list[str]:

@@ -65,6 +65,7 @@ from cacheaudit.adapters import (
     ProblemLog,
     Switch,
     apply_patch,
+    apply_patches,
     environ_data,
     environ_snapshot,
     environ_text,
@@ -784,18 +785,12 @@ class CudaCoreAdapter:
 
                 self.observe_keys()
                 switch = self._live_switch()
-                patches: list[Patch] = []
-                try:
+                self._class_patches = apply_patches(
+                    (cls, name, hook(getattr(cls, name), event, switch))
                     for cls, event in ((FileStreamProgramCache, "disk-hit"),
-                                       (InMemoryProgramCache, "memory-hit")):
-                        patches.append(apply_patch(cls, "__getitem__", _getitem_hook(
-                            cls.__getitem__, event, switch)))
-                        patches.append(apply_patch(cls, "__setitem__", _setitem_hook(
-                            cls.__setitem__, event, switch)))
-                except BaseException:
-                    restore_patches(patches)
-                    raise
-                self._class_patches = patches
+                                       (InMemoryProgramCache, "memory-hit"))
+                    for name, hook in (("__getitem__", _getitem_hook),
+                                       ("__setitem__", _setitem_hook)))
             except Exception as exc:  # noqa: BLE001 - fail open
                 _RECORDER.problem(exc, "install")
                 with contextlib.suppress(Exception):
@@ -847,13 +842,10 @@ class CudaCoreAdapter:
         global _environ_watch
         if self._environ_patches or _ENVIRON_CLASS is not getattr(os, "_Environ", None):
             return
-        patches: list[Patch] = []
         try:
-            for name in ("__setitem__", "__delitem__"):
-                patches.append(apply_patch(_ENVIRON_CLASS, name, _environ_watcher(
-                    getattr(_ENVIRON_CLASS, name))))
+            patches = apply_patches((_ENVIRON_CLASS, name, _environ_watcher(
+                getattr(_ENVIRON_CLASS, name))) for name in ("__setitem__", "__delitem__"))
         except Exception as exc:  # noqa: BLE001 - fail open: hits compare the environment
-            restore_patches(patches)
             _RECORDER.problem(exc, "environment watch")
             return
         self._environ_patches = patches

@@ -70,7 +70,7 @@ from cacheaudit.adapters import (
     Patch,
     ProblemLog,
     Switch,
-    apply_patch,
+    apply_patches,
     memory_path,
     memory_state,
     restore_patches,
@@ -359,13 +359,8 @@ class NvrtcAdapter:
                                                               switch),
                     "nvrtcDestroyProgram": self._wrap_destroy(originals["nvrtcDestroyProgram"],
                                                               switch)}
-                patches: list[Patch] = []
-                try:
-                    for name, wrapper in wrappers.items():
-                        patches.append(apply_patch(module, name, wrapper))
-                except BaseException:
-                    restore_patches(patches)
-                    raise
+                patches = apply_patches((module, name, wrapper)
+                                        for name, wrapper in wrappers.items())
             except Exception as exc:  # noqa: BLE001 - fail open: the runtime stays as it was
                 self._report(f"cannot install the NVRTC adapter: {type(exc).__name__}: {exc}")
                 return

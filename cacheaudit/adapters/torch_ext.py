@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cacheaudit.adapters import Patch, ProblemLog, Switch, apply_patch, restore_patches
+from cacheaudit.adapters import Patch, ProblemLog, Switch, apply_patches, restore_patches
 
 if TYPE_CHECKING:
     import inspect
@@ -272,13 +272,7 @@ class TorchExtAdapter:
         switch = Switch()
         wrappers = {"_jit_compile": self._wrap_jit(originals["_jit_compile"], switch),
                     "_run_ninja_build": self._wrap_ninja(originals["_run_ninja_build"], switch)}
-        patches: list[Patch] = []
-        try:
-            for name, wrapper in wrappers.items():
-                patches.append(apply_patch(module, name, wrapper))
-        except BaseException:
-            restore_patches(patches)
-            raise
+        patches = apply_patches((module, name, wrapper) for name, wrapper in wrappers.items())
         self._module, self._patches, self._switch = module, patches, switch
         self._signature = signature
 
