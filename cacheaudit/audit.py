@@ -41,7 +41,7 @@ from cacheaudit.model import (
     Severity,
 )
 from cacheaudit.policies import EnvFamilies, Policy, TrackedSet, policy_for
-from cacheaudit.processes import alive_since, process_run, run_process_alive
+from cacheaudit.processes import RUNTIME_PROCESS, alive_since, process_run, run_process_alive
 from cacheaudit.readers import Reader, all_readers
 
 # Variables whose drift is judged through what they select, not their text: each picks a
@@ -118,6 +118,19 @@ def search_directories(record: CompileRecord) -> list[str]:
     return [d for d in ordered if not (d in seen or seen.add(d))]  # type: ignore[func-returns-value]
 
 
+def _runtime_process(record: CompileRecord, policy: Policy) -> tuple[str, ...] | None:
+    """Which runtime process asked for a compile of a session's run: the pid the runtime named
+    its build directory after (the runtime itself, even behind a wrapper script), else the
+    process the shim recorded, the nearest ancestor that is not a shell; None when neither is
+    known. The two kinds of key never equal each other."""
+    find = getattr(policy, "compiling_process", None)
+    pid = find(record) if find is not None else None
+    if pid is not None:
+        return (record.host, str(pid))
+    recorded = process_run(record.extra.get(RUNTIME_PROCESS))
+    return None if recorded is None else (recorded[0], str(recorded[1]), recorded[2])
+
+
 # ------------------------------------------------------------------------------ the auditor
 
 
@@ -153,7 +166,7 @@ class Auditor:
         default_factory=dict)
     _search_memo: dict[tuple[object, ...], tuple[str, ...]] = field(default_factory=dict)
     _first_envs: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)
-    _process_firsts: dict[tuple[str, str], dict[tuple[str, int], tuple[int, dict[str, str]]]] = (
+    _process_firsts: dict[tuple[str, str], dict[tuple[str, ...], tuple[int, dict[str, str]]]] = (
         field(default_factory=dict))
     _env_now: dict[str, str] = field(default_factory=dict)
     reconstructed: int = 0
@@ -385,9 +398,15 @@ class Auditor:
                         f"still runs"
         find = getattr(policy, "compiling_process", None)
         pid = find(record) if find is not None else None
-        if pid is not None and alive_since(record.host, pid, record.started_ns):
-            return pid, (f"process {pid}, which named the build directory after itself, still "
-                         f"runs and started before the compile")
+        if pid is not None:
+            if alive_since(record.host, pid, record.started_ns):
+                return pid, (f"process {pid}, which named the build directory after itself, "
+                             f"still runs and started before the compile")
+            return None
+        pid = run_process_alive(record.extra.get(RUNTIME_PROCESS))
+        if pid is not None:
+            return pid, (f"the runtime process {pid} the shim recorded (its pid and start time) "
+                         f"still runs")
         return None
 
     def _memory_hits_after(self, entry: CacheEntry, changes: list[tuple[FileState, FileState]]
@@ -527,29 +546,26 @@ class Auditor:
         if bare is not None:
             first = self._first_envs.get(run_uuid)
             return None if first is None else (*first, f"process {bare[1]}")
-        find = getattr(policy, "compiling_process", None)
-        pid = find(record) if find is not None else None
-        if pid is None:
+        process = _runtime_process(record, policy)
+        if process is None:
             return None
-        first = self._firsts_by_process(run_uuid, policy).get((record.host, pid))
-        return None if first is None else (*first, f"process {pid}")
+        first = self._firsts_by_process(run_uuid, policy).get(process)
+        return None if first is None else (*first, f"process {process[1]}")
 
     def _firsts_by_process(self, run_uuid: str, policy: Policy
-                           ) -> dict[tuple[str, int], tuple[int, dict[str, str]]]:
-        """(host, pid) -> (start, environment) of that process's first compile in a session's
-        run, read once per run and runtime."""
+                           ) -> dict[tuple[str, ...], tuple[int, dict[str, str]]]:
+        """`_runtime_process` -> (start, environment) of that process's first compile in a
+        session's run, read once per run and runtime."""
         memo_key = (run_uuid, policy.runtime)
         if memo_key not in self._process_firsts:
-            firsts: dict[tuple[str, int], tuple[int, dict[str, str]]] = {}
-            find = getattr(policy, "compiling_process", None)
-            if self.ledger is not None and find is not None:
+            firsts: dict[tuple[str, ...], tuple[int, dict[str, str]]] = {}
+            if self.ledger is not None:
                 for earlier in self.ledger.records(
                         where="runs.run_uuid = ? AND r.event = 'compile'", params=(run_uuid,),
                         order="r.started_ns, r.id", with_graphs=False):
-                    pid = find(earlier)
-                    if pid is not None:
-                        firsts.setdefault((earlier.host, pid),
-                                          (earlier.started_ns, dict(earlier.env)))
+                    process = _runtime_process(earlier, policy)
+                    if process is not None:
+                        firsts.setdefault(process, (earlier.started_ns, dict(earlier.env)))
             self._process_firsts[memo_key] = firsts
         return self._process_firsts[memo_key]
 

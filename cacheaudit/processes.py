@@ -10,6 +10,10 @@ import os
 import socket
 import time
 
+RUNTIME_PROCESS = "runtime_process"
+"""The `CompileRecord.extra` key of a session's shim records for the runtime's process,
+`host:pid:start-ticks` like a bare shim's run id."""
+
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "busybox"})
 
 

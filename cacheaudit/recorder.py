@@ -23,7 +23,7 @@ from cacheaudit import envvars
 from cacheaudit.digest import StateCache, normalise_path
 from cacheaudit.ledger import Ledger, RunInfo, default_ledger_path, new_record_id, spool_record
 from cacheaudit.model import ArgToken, CompileRecord, CompilerIdentity, FileState, IncludeGraph
-from cacheaudit.processes import runtime_process
+from cacheaudit.processes import RUNTIME_PROCESS, runtime_process
 from cacheaudit.shim import DISABLE_VARIABLE, flag_set
 
 if TYPE_CHECKING:
@@ -336,6 +336,11 @@ class ShimRecorder:
         inputs = sources + objects + (tuple(f.state for f in include_graph.files)
                                       if include_graph else ())
         extra: dict[str, object] = {}
+        if self.env.get(RUN_VARIABLE):
+            # A session's run id is shared by every process below it; the runtime's own process
+            # (as a bare shim's run id names it) is what in-memory staleness is judged by.
+            pid, ticks = runtime_process()
+            extra[RUNTIME_PROCESS] = f"{socket.gethostname()}:{pid}:{ticks}"
         late = modified_since(inputs, self.started_ns)
         if late:
             extra["modified_during_compile"] = [s.path for s in late]

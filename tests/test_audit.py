@@ -604,3 +604,34 @@ def test_every_finding_code_comes_with_a_fix():
     assert set(HINTS) == set(FINDING_CODES)
     assert make_finding("CA204", subject="DG_JIT_CPP_STANDARD", message="changed").hint.startswith(
         "restart the process")
+
+
+def test_a_session_compile_without_a_pid_named_build_directory_is_judged_by_the_shim_record():
+    """A runtime that compiles elsewhere than `tmp/<pid>-...` (or through a wrapper script):
+    the process the shim recorded tells whether the runtime that hashed the headers lives."""
+    import socket
+
+    from cacheaudit.audit import Auditor
+    from cacheaudit.processes import RUNTIME_PROCESS, process_stat
+
+    policy = policy_for("deepjit")
+    host = socket.gethostname()
+
+    def record_from(pid: int) -> CompileRecord:
+        stat = process_stat(pid)
+        assert stat is not None
+        return CompileRecord(record_id=new_record_id(), event="compile",
+                             started_ns=time.time_ns(), cwd="/work/build", host=host,
+                             extra={"run_uuid": "session-2",
+                                    RUNTIME_PROCESS: f"{host}:{pid}:{stat[2]}"})
+
+    auditor = Auditor(env={})
+    live = auditor._live_process(record_from(os.getpid()), policy)
+    assert live is not None and live[0] == os.getpid() and "shim recorded" in live[1]
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        gone = record_from(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert auditor._live_process(gone, policy) is None

@@ -332,3 +332,28 @@ def test_the_start_up_hook_stays_out_of_shim_processes(shim_env: ShimEnv, tmp_pa
     assert len(records) == 2
     # One parent process, one run: no shim started a session of its own.
     assert len({r.extra["run_uuid"] for r in records}) == 1
+
+
+@needs_gxx
+def test_a_session_record_names_the_runtime_process_behind_the_shell(shim_env: ShimEnv,
+                                                                     header_tree: Path):
+    """A session's run id is shared by every process below it: each record keeps the runtime's
+    own process, found past the shell the runtime compiled through (DeepJIT's popen)."""
+    import socket
+
+    from cacheaudit.processes import RUNTIME_PROCESS, process_stat
+
+    command = "cd ../src && g++ -fPIC -shared -I ../inc k.cpp -o ../out/k.so"
+    cpath = {"CPATH": str(header_tree / "cpath")}
+    done = shim_env.run(["sh", "-c", command], cwd=header_tree / "inc",
+                        env={**cpath, "CACHEAUDIT_RUN": "session-1"})
+    assert done.returncode == 0, done.stderr
+    [record] = shim_env.records()
+    assert record.extra["run_uuid"] == "session-1"
+    stat = process_stat(os.getpid())
+    assert stat is not None
+    assert record.extra[RUNTIME_PROCESS] == f"{socket.gethostname()}:{os.getpid()}:{stat[2]}"
+    # Outside a session the run id is that process already: nothing is added.
+    done = shim_env.run(["sh", "-c", command], cwd=header_tree / "inc", env=cpath)
+    assert done.returncode == 0, done.stderr
+    assert RUNTIME_PROCESS not in shim_env.records()[-1].extra
