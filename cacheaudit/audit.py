@@ -43,6 +43,7 @@ from cacheaudit.model import (
 from cacheaudit.policies import EnvFamilies, Policy, TrackedSet, policy_for
 from cacheaudit.processes import RUNTIME_PROCESS, alive_since, process_run, run_process_alive
 from cacheaudit.readers import Reader, all_readers
+from cacheaudit.switches import is_masquerade_dir
 
 # Variables whose drift is judged through what they select, not their text: each picks a
 # compiler (or the toolkit it comes from), and the compilers' identities are compared directly
@@ -185,7 +186,7 @@ class Auditor:
         wanted = sorted({self._by_output[e.binary.digest] for e in entries
                          if e.binary is not None and e.binary.digest in self._by_output})
         self._records = self.ledger.records_by_uuid(wanted, with_files=self.full_records)
-        self._lookups = self.ledger.lookups_by_entry()
+        self._lookups = self.ledger.lookups_by_entry(e.path for e in entries)
         self._first_envs = self.ledger.first_compile_environments(
             str(r.extra["run_uuid"]) for r in self._records.values() if "run_uuid" in r.extra)
         # Known file states let an unchanged header be verified by one stat.
@@ -576,25 +577,23 @@ class Auditor:
             return EnvFamilies(policy.env_prefixes, f"{entry.runtime}'s families")
         return find(entry, env)  # type: ignore[no-any-return]
 
-    def _identify(self, compiler: CompilerIdentity) -> _Compiled:
-        key = compiler.path
-        if key not in self._compilers:
-            if not os.path.exists(compiler.path):
-                self._compilers[key] = _Compiled(None, f"{compiler.path} no longer exists")
+    def _identify(self, path: str) -> _Compiled:
+        """The compiler at `path` now, identified once per scan (thousands of entries share
+        one)."""
+        if path not in self._compilers:
+            if not os.path.exists(path):
+                self._compilers[path] = _Compiled(None, f"{path} no longer exists")
             else:
-                from cacheaudit.shim import skip_directory
-
-                now = compilers.identify(compiler.path, env=self.env, skip=skip_directory,
-                                         path=compiler.path)
-                self._compilers[key] = _Compiled(now, now.error)
-        return self._compilers[key]
+                now = compilers.identify(path, env=self.env, skip=is_masquerade_dir, path=path)
+                self._compilers[path] = _Compiled(now, now.error)
+        return self._compilers[path]
 
     def _compiler(self, entry: CacheEntry, record: CompileRecord,
                   policy: Policy) -> list[Finding]:
         recorded = record.compiler
         if recorded is None or record.extra.get("reconstructed"):
             return []
-        found = self._identify(recorded)
+        found = self._identify(recorded.path)
         if found.identity is None:
             return [make_finding("CA501", subject=recorded.path, entry=entry, record=record,
                              message=f"the compiler that built this entry is gone: {found.error}",
@@ -657,12 +656,10 @@ class Auditor:
             return None
         sources, include_graph = graph_module.graph_from_depfile(
             result.depfile_text, cwd, [entry.source.path], self.cache, f"{kind} -M (reconstructed)")
-        from cacheaudit.shim import skip_directory
-
         record = CompileRecord(
             record_id=new_record_id(), event="compile", started_ns=entry.built_ns or 0,
             runtime=entry.runtime, kernel=entry.kernel, key=entry.key, entry=entry.path,
-            compiler=compilers.identify(argv[0], env=self.env, skip=skip_directory, path=argv[0]),
+            compiler=self._identify(argv[0]).identity,
             argv=tuple(argv[1:]), cwd=cwd, sources=sources, graph=include_graph,
             outputs=(entry.binary,) if entry.binary is not None else (), exit_code=0,
             pid=os.getpid(), host=socket.gethostname(), observer=f"reconstructed:{entry.layout}",

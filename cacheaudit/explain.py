@@ -100,6 +100,9 @@ def locate(target: str, env: Mapping[str, str], ledger: Ledger | None,
 def explain(target: str, env: Mapping[str, str], ledger: Ledger | None) -> Explanation:
     auditor = Auditor(env=env, ledger=ledger, options=AuditOptions(verify_keys=True),
                       full_records=True)
+    if ledger is not None:
+        # Finding the entry reads its whole cache root: known states make that a stat a file.
+        auditor.cache.remember(ledger.seen_states())
     entry, record = locate(target, env, ledger, auditor.cache)
     explanation = Explanation(entry=entry, record=record)
     if entry is not None:
@@ -113,7 +116,7 @@ def explain(target: str, env: Mapping[str, str], ledger: Ledger | None) -> Expla
             policy = None
         if policy is not None:
             explanation.tracked = policy.tracked(entry, record)
-            explanation.key = policy.check_key(entry, record)
+            explanation.key = policy.check_key(entry, record, env=env)
     if record is not None and ledger is not None:
         explanation.previous = previous_compile(ledger, record, entry)
         if explanation.previous is not None:

@@ -636,6 +636,32 @@ def parse_ninja_deps(text: str) -> list[NinjaDeps]:
     return found
 
 
+# NVRTC options, for passes that read a program's headers beside its own compile (the NVRTC
+# adapter's shadow pass, headers.fingerprint_headers' trace).
+NVRTC_TRACE_OPTIONS = ("--fdevice-time-trace", "-fdevice-time-trace")
+NVRTC_PCH_AUTO = ("--pch", "-pch")
+NVRTC_PCH_CREATE = ("--create-pch", "-create-pch")
+NVRTC_PCH_USE = ("--use-pch", "-use-pch")
+NVRTC_PCH_DIR = ("--pch-dir", "-pch-dir")
+_NVRTC_PCH_VALUED = (*NVRTC_PCH_CREATE, *NVRTC_PCH_USE, *NVRTC_PCH_DIR, "--pch-verbose",
+                     "-pch-verbose", "--pch-messages", "-pch-messages",
+                     "--instantiate-templates-in-pch", "-instantiate-templates-in-pch")
+_NVRTC_WRITES_FILES = ("--time", "-time", *NVRTC_TRACE_OPTIONS)
+"""Options whose value is a file NVRTC writes: a shadow pass must not write the caller's."""
+
+
+def nvrtc_shadow_options(options: Sequence[bytes]) -> list[bytes]:
+    """The caller's NVRTC options for a pass of one's own: no PCH use or creation (a PCH would
+    replace the header reads), no file written."""
+    kept = []
+    for option in options:
+        head = option.partition(b"=")[0].decode("utf-8", "surrogateescape")
+        if head in NVRTC_PCH_AUTO or head in _NVRTC_PCH_VALUED or head in _NVRTC_WRITES_FILES:
+            continue
+        kept.append(option)
+    return kept
+
+
 def device_time_trace_headers(text: str) -> list[str]:
     """Every header NVRTC opened, from its `--fdevice-time-trace` Chrome-trace JSON: the
     "Processing Header File" events, each with the resolved path in `args.detail`, in the order

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cacheaudit.digest import StateCache, changed_files, normalise_path, read_file
+from cacheaudit.graph import nvrtc_shadow_options
 from cacheaudit.model import FileState, GraphFile, IncludeGraph
 
 __all__ = [
@@ -80,10 +81,6 @@ _DIGEST_TAG = b"cacheaudit.headers/1"
 _DEFAULT_NAME = "default_program"
 """What cuda.core calls a program whose `ProgramOptions.name` is None."""
 
-# Options that would stop NVRTC from reading headers (PCH), write files, or clash with the
-# trace's own flags; they are dropped from the trace's command line.
-_DROPPED_PREFIXES = (b"--fdevice-time-trace", b"--time", b"--create-pch", b"--use-pch", b"--pch",
-                     b"--fdevice-syntax-only")
 
 
 class FingerprintError(RuntimeError):
@@ -306,11 +303,15 @@ def _request(source: object, options: object, *, include_path: object, pre_inclu
         if std is not None:
             flags.append(f"--std={std}".encode())
     flags += [f if isinstance(f, bytes) else f.encode() for f in extra_options]
-    dropped = [f for f in flags if f.startswith(_DROPPED_PREFIXES)]
+    # Options that would stop NVRTC from reading headers (PCH) or write files go; so does the
+    # trace's own --fdevice-syntax-only, which it adds itself.
+    kept = [f for f in nvrtc_shadow_options(flags)
+            if f.partition(b"=")[0] not in (b"--fdevice-syntax-only", b"-fdevice-syntax-only")]
+    dropped = [f for f in flags if f not in kept]
     if dropped:
         notes.append("dropped from the trace (they write files or replace header reads): "
                      + " ".join(f.decode("utf-8", "replace") for f in dropped))
-    flags = [f for f in flags if not f.startswith(_DROPPED_PREFIXES)]
+    flags = kept
     return _Request(code=code, name=name or _DEFAULT_NAME,
                     include_path=[_text(d) for d in _as_list(include_path)],
                     pre_include=[_text(h) for h in _as_list(pre_include)],
@@ -337,9 +338,10 @@ def _unwrapped(function: Any) -> Any:
 def _nvrtc_log(nvrtc: Any, program: Any) -> str:
     with contextlib.suppress(Exception):
         _err, size = _unwrapped(nvrtc.nvrtcGetProgramLogSize)(program)
-        buffer = b" " * size
+        # A bytearray: NVRTC writes into the buffer, and `b" " * 1` is a shared object.
+        buffer = bytearray(size)
         _unwrapped(nvrtc.nvrtcGetProgramLog)(program, buffer)
-        return buffer.rstrip(b"\0 ").decode("utf-8", "replace")
+        return bytes(buffer).rstrip(b"\0 ").decode("utf-8", "replace")
     return ""
 
 

@@ -327,6 +327,15 @@ def _texts(row: Sequence[Any]) -> Sequence[Any]:
     return row
 
 
+
+def _chunks(values: Iterable[Any], size: int = 500) -> Iterator[list[Any]]:
+    """`values` without repeats, sorted, in lists short enough for one `IN (...)` each (SQLite
+    caps the parameters of a statement)."""
+    wanted = sorted(set(values))
+    for start in range(0, len(wanted), size):
+        yield wanted[start:start + size]
+
+
 class Ledger:
     """An open ledger file. Use `Ledger.open()`; close it, or use it as a context manager."""
 
@@ -644,11 +653,9 @@ class Ledger:
             self._load_graphs([graph_id])
         return self._graph_cache.get(graph_id)
 
-    def _load_graphs(self, graph_ids: Iterable[int], chunk: int = 500) -> None:
+    def _load_graphs(self, graph_ids: Iterable[int]) -> None:
         """Load many graphs in a few queries: a scan ties thousands of records at once."""
-        wanted = sorted({g for g in graph_ids if g is not None and g not in self._graph_cache})
-        for start in range(0, len(wanted), chunk):
-            part = wanted[start:start + chunk]
+        for part in _chunks({g for g in graph_ids if g is not None and g not in self._graph_cache}):
             marks = ", ".join("?" * len(part))
             methods = dict(self.conn.execute(
                 f"SELECT id, method FROM graphs WHERE id IN ({marks})", part).fetchall())
@@ -852,11 +859,10 @@ class Ledger:
             " ORDER BY (r.graph_id IS NOT NULL), r.started_ns, r.id")
         return {digest: record_uuid for digest, record_uuid in rows}
 
-    def records_by_uuid(self, uuids: Sequence[str], chunk: int = 500,
-                        with_files: bool = True) -> dict[str, CompileRecord]:
+    def records_by_uuid(self, uuids: Iterable[str], with_files: bool = True
+                        ) -> dict[str, CompileRecord]:
         found: dict[str, CompileRecord] = {}
-        for start in range(0, len(uuids), chunk):
-            part = list(uuids[start:start + chunk])
+        for part in _chunks(uuids):
             marks = ", ".join("?" * len(part))
             for record in self.records(where=f"r.record_uuid IN ({marks})", params=part,
                                        with_files=with_files):
@@ -867,10 +873,8 @@ class Ledger:
                                    ) -> dict[str, tuple[int, dict[str, str]]]:
         """(start, environment) of the first compile of each run: what a runtime that reads its
         configuration once, at its first use, went by for the rest of the run."""
-        wanted = sorted(set(run_uuids))
         found: dict[str, tuple[int, dict[str, str]]] = {}
-        for start in range(0, len(wanted), 500):
-            part = wanted[start:start + 500]
+        for part in _chunks(run_uuids):
             marks = ", ".join("?" * len(part))
             # One row per run, found by walking records_by_run from the run's earliest record.
             rows = self.conn.execute(
@@ -888,15 +892,9 @@ class Ledger:
         `paths` when given. A hit is judged by its time and process, so its files are left out
         unless `with_graphs`."""
         condition = "r.event != 'compile' AND r.entry_id IS NOT NULL"
-        if paths is None:
-            chunks: list[list[str]] = [[]]
-        else:
-            wanted = sorted(set(paths))
-            chunks = [wanted[i:i + 500] for i in range(0, len(wanted), 500)]
+        chunks: Iterable[list[str]] = [[]] if paths is None else _chunks(paths)
         by_entry: dict[str, list[CompileRecord]] = {}
         for part in chunks:
-            if paths is not None and not part:
-                continue
             where = condition if paths is None else (
                 f"{condition} AND e.path IN ({', '.join('?' * len(part))})")
             for record in self.records(where=where, params=part, order="r.started_ns, r.id",
@@ -1226,9 +1224,12 @@ def combine(target: Ledger, sources: Sequence[str], *, keep: bool = True,
                     run = runs.get(run_uuid) or RunInfo(run_uuid=run_uuid, label="combined")
                     result.records += target.add_records(
                         [_without_run(r) for r in group], run)
+            windows: dict[str, list[TestWindow]] = {}
             for window in opened.tests():
-                target.add_tests(runs.get(window.run_uuid) or RunInfo(
-                    run_uuid=window.run_uuid, label="combined"), [window])
+                windows.setdefault(window.run_uuid, []).append(window)
+            for run_uuid, group in windows.items():
+                target.add_tests(runs.get(run_uuid) or RunInfo(run_uuid=run_uuid,
+                                                               label="combined"), group)
             target.remember_states(opened.seen_states())
             target._copy_findings_and_roots(opened)
         result.combined.append(source)

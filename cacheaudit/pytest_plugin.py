@@ -122,7 +122,8 @@ class _Session:
 
     def _start(self, config: pytest.Config, fail_on: str) -> None:
         from cacheaudit import adapters
-        from cacheaudit.session import LEDGER, prepare
+        from cacheaudit.session import prepare
+        from cacheaudit.switches import LEDGER
 
         self.config = config
         # An xdist worker inherits the environment its controller prepared; a pytest started

@@ -24,14 +24,17 @@ from cacheaudit.digest import StateCache, normalise_path
 from cacheaudit.ledger import Ledger, RunInfo, default_ledger_path, new_record_id, spool_record
 from cacheaudit.model import ArgToken, CompileRecord, CompilerIdentity, FileState, IncludeGraph
 from cacheaudit.processes import RUNTIME_PROCESS, runtime_process
-from cacheaudit.shim import DISABLE_VARIABLE, flag_set
+from cacheaudit.switches import (
+    DISABLE_VARIABLE,
+    RUN_LABEL_VARIABLE,
+    RUN_VARIABLE,
+    flag_set,
+)
 
 if TYPE_CHECKING:
     # Only the shim's recorder needs these; adapters import this module in every process.
     from cacheaudit import compilers, graph
 
-RUN_VARIABLE = "CACHEAUDIT_RUN"
-RUN_LABEL_VARIABLE = "CACHEAUDIT_RUN_LABEL"
 RUNTIME_VARIABLE = "CACHEAUDIT_RUNTIME"
 TEST_ID_VARIABLE = "CACHEAUDIT_TEST_ID"
 
@@ -286,11 +289,11 @@ class ShimRecorder:
             self.method = f"{self.name} -M"
             self.dependency_pass = graph.start_dependency_pass(
                 self.real, self.command.dependency_argv(self.depfile), self.cwd, dep_env)
-        from cacheaudit.shim import skip_directory
+        from cacheaudit.switches import is_masquerade_dir
 
         # The same environment as the compile: a wrapper that calls `g++` by name must not
         # come back into this shim through the masquerade directory.
-        self.compiler = compilers.identify(self.name, env=child_env, skip=skip_directory,
+        self.compiler = compilers.identify(self.name, env=child_env, skip=is_masquerade_dir,
                                            path=self.real,
                                            argv=[t.text for t in self.effective])
 

@@ -18,21 +18,20 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from cacheaudit.recorder import RUN_LABEL_VARIABLE, RUN_VARIABLE
 from cacheaudit.shim import (
-    DISABLE_VARIABLE,
     MASQUERADE_NAMES,
-    flag_set,
     install_masquerade,
     link_to_shim,
     mark_masquerade_dir,
     real_variable,
 )
-
-ACTIVE = "CACHEAUDIT"
-CONFIG = "CACHEAUDIT_CONFIG"
-LEDGER = "CACHEAUDIT_LEDGER"
-SHIMS = "CACHEAUDIT_SHIMS"
+from cacheaudit.switches import (
+    ACTIVE,
+    LEDGER,
+    RUN_LABEL_VARIABLE,
+    RUN_VARIABLE,
+    SHIMS,
+)
 
 # Settings through which runtimes name their nvcc, each pointed at the shim.
 _NVCC_SETTINGS = ("DG_JIT_NVCC_COMPILER", "EP_JIT_NVCC_COMPILER", "DJ_JIT_NVCC_COMPILER",
@@ -62,13 +61,6 @@ class Session:
         # the parent's to remove.
         if self.owns_shims and os.getpid() == self.owner_pid:
             shutil.rmtree(self.shims, ignore_errors=True)
-
-
-def enabled(env: Mapping[str, str]) -> bool:
-    """Whether the start-up hook should activate cacheaudit in a process with this environment."""
-    if flag_set(env, DISABLE_VARIABLE):
-        return False
-    return flag_set(env, ACTIVE) or bool(env.get(CONFIG))
 
 
 def prepare(env: Mapping[str, str], *, ledger: str, label: str,

@@ -28,18 +28,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
+from cacheaudit.switches import (
+    DISABLE_VARIABLE,
+    MARKER,
+    flag_set,
+    is_masquerade_dir,
+)
+
 if TYPE_CHECKING:
     from cacheaudit.recorder import ShimRecorder
 
 # What a masquerade directory holds: every name below, each a symlink to the shim, and a marker
 # file that tells any shim (and `cacheaudit shim install`) that the directory is ours.
 MASQUERADE_NAMES = ("nvcc", "gcc", "g++", "cc", "c++", "clang", "clang++", "hipcc")
-MARKER = ".cacheaudit-shim"
 
 # Set in the real compiler's environment: a shim reached from inside a compile (nvcc calling
 # a masqueraded g++ by absolute path) hands straight through instead of recording twice.
 ACTIVE_VARIABLE = "CACHEAUDIT_SHIM_ACTIVE"
-DISABLE_VARIABLE = "CACHEAUDIT_DISABLE"
 
 # Calls that compile nothing: handed straight to the compiler before any of cacheaudit is imported
 # (torch runs `c++ -dumpversion`-style probes, DeepJIT hashes `nvcc --version`).
@@ -51,30 +56,13 @@ _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQU
 _MAX_DEPTH = 8
 
 
-def flag_set(env: Mapping[str, str], name: str) -> bool:
-    """A switch variable as every part of cacheaudit reads it: set, non-empty and not "0"."""
-    return env.get(name, "") not in ("", "0")
-
-
 def is_query(argv: Sequence[str]) -> bool:
     """Only version/help queries: nothing to record."""
     return bool(argv) and all(token in _QUERY_FLAGS for token in argv)
 
 
-def in_shim_process(argv: Sequence[str]) -> bool:
-    """Whether this interpreter runs the shim: its script is a masquerade link (or the
-    `cacheaudit-shim` script itself). The start-up hook stays out of such processes."""
-    script = argv[1] if len(argv) > 1 else ""
-    return (os.path.basename(script).startswith("cacheaudit-shim")
-            or _is_masquerade_dir(os.path.dirname(script)))
-
-
 class ShimError(Exception):
     """The shim cannot even start the real compiler; exits like a shell that found no program."""
-
-
-def _is_masquerade_dir(directory: str) -> bool:
-    return os.path.isfile(os.path.join(directory or ".", MARKER))
 
 
 def _shim_targets() -> set[str]:
@@ -86,13 +74,8 @@ def _shim_targets() -> set[str]:
     return targets
 
 
-def skip_directory(directory: str) -> bool:
-    """A PATH entry that the real-compiler lookup must jump over (ours)."""
-    return _is_masquerade_dir(directory)
-
-
 def strip_masquerade_dirs(path_value: str) -> str:
-    return os.pathsep.join(d for d in path_value.split(os.pathsep) if not skip_directory(d))
+    return os.pathsep.join(d for d in path_value.split(os.pathsep) if not is_masquerade_dir(d))
 
 
 _STAND_IN_RE = re.compile(r"^[0-9a-f]{10}-(?P<name>.+)$")
@@ -124,13 +107,13 @@ def find_real_compiler(name: str, env: Mapping[str, str]) -> str:
     explicit = env.get(real_variable(name))
     candidates: list[str | None] = []
     if explicit:
-        candidates.append(find_program(explicit, env.get("PATH", os.defpath), skip_directory))
+        candidates.append(find_program(explicit, env.get("PATH", os.defpath), is_masquerade_dir))
     else:
         # A stand-in link whose variable a runtime scrubbed: the compiler's own name is the best
         # guess left.
         stand_in = _STAND_IN_RE.match(name)
         name = stand_in.group("name") if stand_in else name
-        candidates.append(find_program(name, env.get("PATH", os.defpath), skip_directory))
+        candidates.append(find_program(name, env.get("PATH", os.defpath), is_masquerade_dir))
         if name == "nvcc":
             # Runtimes find nvcc through CUDA_HOME as often as through PATH.
             for root in (env.get("CUDA_HOME"), env.get("CUDA_PATH"), "/usr/local/cuda"):

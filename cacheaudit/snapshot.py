@@ -80,9 +80,9 @@ def _compiler(name: str, path: str | None, env: Mapping[str, str], timeout: floa
     if path is None:
         return {"name": name, "status": f"{COULD_NOT_COLLECT}: not found"}
     from cacheaudit.compilers import identify
-    from cacheaudit.shim import skip_directory
+    from cacheaudit.switches import is_masquerade_dir
 
-    identity = identify(path, env=env, skip=skip_directory, timeout=timeout, path=path)
+    identity = identify(path, env=env, skip=is_masquerade_dir, timeout=timeout, path=path)
     entry: dict[str, Any] = {
         "name": name, "path": identity.path, "resolved": identity.resolved,
         "wrappers": list(identity.wrappers), "version": identity.version_line,
@@ -97,9 +97,9 @@ def _compiler(name: str, path: str | None, env: Mapping[str, str], timeout: floa
 
 def _which(name: str, env: Mapping[str, str]) -> str | None:
     from cacheaudit.compilers import find_program
-    from cacheaudit.shim import skip_directory
+    from cacheaudit.switches import is_masquerade_dir
 
-    return find_program(name, env.get("PATH", os.defpath), skip_directory)
+    return find_program(name, env.get("PATH", os.defpath), is_masquerade_dir)
 
 
 def _triton_ptxas(env: Mapping[str, str]) -> str | None:

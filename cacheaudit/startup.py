@@ -24,19 +24,21 @@ def process_startup() -> bool:
     global _started
     if _started:
         return False
-    from cacheaudit.shim import in_shim_process
+    # Only the switches here: this runs in every Python process of a session, most of which
+    # compile nothing; the rest of cacheaudit is imported when it is needed.
+    from cacheaudit import switches
 
-    if in_shim_process(sys.orig_argv):
+    if switches.in_shim_process(sys.orig_argv):
         # The shim records its compile itself; a session or adapters here would only cost the
         # compile start-up time and split one build across runs.
         return False
-    from cacheaudit import session
-
-    if not session.enabled(os.environ):
+    if not switches.enabled(os.environ):
         return False
     _started = True
     try:
-        if not os.environ.get(session.SHIMS):
+        if not os.environ.get(switches.SHIMS):
+            from cacheaudit import session
+
             prepared = session.prepare(os.environ, ledger=_ledger_setting(),
                                        label="startup")
             os.environ.update(prepared.env)
@@ -50,16 +52,13 @@ def process_startup() -> bool:
 
 
 def _ledger_setting() -> str:
-    from cacheaudit.ledger import default_ledger_path
+    """The same precedence as the CLI's: CACHEAUDIT_LEDGER, then the configuration's ledger."""
+    from cacheaudit.config import Settings, ledger_location, load_settings
+    from cacheaudit.switches import CONFIG, LEDGER
 
-    config = os.environ.get("CACHEAUDIT_CONFIG")
-    if config:
-        from cacheaudit.config import load_settings
-
-        settings = load_settings(os.path.dirname(os.path.abspath(config)))
-        if settings.ledger:
-            return settings.ledger
-    return default_ledger_path()
+    config = os.environ.get(CONFIG)
+    settings = load_settings(os.path.dirname(os.path.abspath(config))) if config else Settings()
+    return ledger_location(os.environ.get(LEDGER), settings)
 
 
 def pth_entry() -> None:

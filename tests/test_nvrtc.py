@@ -683,7 +683,8 @@ def test_policy_reports_a_successful_compile_without_a_graph() -> None:
 
 
 def test_option_helpers() -> None:
-    from cacheaudit.adapters.nvrtc import has_option, memory_state, option_value, shadow_options
+    from cacheaudit.adapters.nvrtc import has_option, memory_state, option_value
+    from cacheaudit.graph import nvrtc_shadow_options as shadow_options
 
     options = ["--pch", "--pch-dir=/a", "-pch-dir=/b", "-I/x"]
     assert option_value(options, ("--pch-dir", "-pch-dir")) == "/b"

@@ -328,3 +328,21 @@ def test_a_torch_extension_is_not_rebuilt_by_the_next_session(tmp_path: Path):
         torch_records = [r for r in opened.records() if r.runtime == "torch-ext"]
     assert [r.event for r in sorted(torch_records, key=lambda r: r.started_ns)] == [
         "compile", "disk-hit"]
+
+
+def test_the_start_up_hook_keeps_the_ledger_the_environment_names(tmp_path: Path):
+    """CACHEAUDIT_LEDGER wins over the configuration's ledger, as on the command line."""
+    (tmp_path / "pyproject.toml").write_text('[tool.cacheaudit]\nledger = "from-config.db"\n')
+    env = _clean_env(tmp_path, CACHEAUDIT="1", CACHEAUDIT_CONFIG=str(tmp_path / "pyproject.toml"),
+                     CACHEAUDIT_LEDGER=str(tmp_path / "from-env.db"),
+                     XDG_CACHE_HOME=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-c",
+                           "import os; print(os.environ['CACHEAUDIT_LEDGER'])"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "from-env.db")
+    env.pop("CACHEAUDIT_LEDGER")
+    done = subprocess.run([sys.executable, "-c",
+                           "import os; print(os.environ['CACHEAUDIT_LEDGER'])"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert done.stdout.strip() == str(tmp_path / "from-config.db"), done.stderr

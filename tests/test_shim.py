@@ -15,7 +15,8 @@ import pytest
 import xxhash
 
 from cacheaudit.graph import depfile_inputs, parse_depfile
-from cacheaudit.shim import MARKER, MASQUERADE_NAMES, install_masquerade
+from cacheaudit.shim import MASQUERADE_NAMES, install_masquerade
+from cacheaudit.switches import MARKER
 from fixtures import reference_tu
 
 from support import NVCC, ShimEnv, needs_gxx, needs_nvcc

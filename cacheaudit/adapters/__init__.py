@@ -392,7 +392,8 @@ _runs: dict[tuple[int, str, str | None, str | None], RunInfo] = {}
 def run_for(env: Mapping[str, str], observer: str) -> RunInfo:
     """The run a record observed under `env` belongs to, worked out once per process and run
     variables (without CACHEAUDIT_RUN it reads /proc)."""
-    from cacheaudit.recorder import RUN_LABEL_VARIABLE, RUN_VARIABLE, current_run
+    from cacheaudit.recorder import current_run
+    from cacheaudit.switches import RUN_LABEL_VARIABLE, RUN_VARIABLE
 
     memo_key = (os.getpid(), observer, env.get(RUN_VARIABLE), env.get(RUN_LABEL_VARIABLE))
     run = _runs.get(memo_key)

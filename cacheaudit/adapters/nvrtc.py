@@ -75,6 +75,14 @@ from cacheaudit.adapters import (
     memory_state,
     restore_patches,
 )
+from cacheaudit.graph import (
+    NVRTC_PCH_AUTO,
+    NVRTC_PCH_CREATE,
+    NVRTC_PCH_DIR,
+    NVRTC_PCH_USE,
+    NVRTC_TRACE_OPTIONS,
+    nvrtc_shadow_options,
+)
 from cacheaudit.model import (
     MEMORY_PREFIX,
     ArgToken,
@@ -96,16 +104,6 @@ CALLER_TRACE_METHOD = "nvrtc --fdevice-time-trace (the caller's own)"
 SHADOW_METHOD = "nvrtc --fdevice-syntax-only --fdevice-time-trace (shadow pass)"
 OBSERVER = "adapter:nvrtc"
 
-_TRACE_OPTIONS = ("--fdevice-time-trace", "-fdevice-time-trace")
-_PCH_AUTO = ("--pch", "-pch")
-_PCH_CREATE = ("--create-pch", "-create-pch")
-_PCH_USE = ("--use-pch", "-use-pch")
-_PCH_DIR = ("--pch-dir", "-pch-dir")
-_PCH_VALUED = (*_PCH_CREATE, *_PCH_USE, *_PCH_DIR, "--pch-verbose", "-pch-verbose",
-               "--pch-messages", "-pch-messages", "--instantiate-templates-in-pch",
-               "-instantiate-templates-in-pch")
-_WRITES_FILES = ("--time", "-time", *_TRACE_OPTIONS)
-"""Options whose value is a file NVRTC writes: a shadow pass must not write the caller's."""
 
 _CREATED = re.compile(rb'creating precompiled header file "([^"\n]+)"')
 _USED = re.compile(rb'using precompiled header file "([^"\n]+)"')
@@ -153,17 +151,6 @@ def option_value(options: Sequence[str], names: Sequence[str]) -> str | None:
 
 def has_option(options: Sequence[str], names: Sequence[str]) -> bool:
     return option_value(options, names) is not None
-
-
-def shadow_options(options: Sequence[bytes]) -> list[bytes]:
-    """The caller's options for a shadow pass: no PCH use or creation, no file written."""
-    kept = []
-    for option in options:
-        head = option.partition(b"=")[0].decode("utf-8", "surrogateescape")
-        if head in _PCH_AUTO or head in _PCH_VALUED or head in _WRITES_FILES:
-            continue
-        kept.append(option)
-    return kept
 
 
 def mapped_library(pattern: re.Pattern[str]) -> str | None:
@@ -535,7 +522,7 @@ class NvrtcAdapter:
         plan = _Plan(prog=prog, raw_options=raw, options=texts,
                      program=self._programs.get(key) if key is not None else None,
                      cwd=os.getcwd())
-        caller_trace = option_value(texts, _TRACE_OPTIONS)
+        caller_trace = option_value(texts, NVRTC_TRACE_OPTIONS)
         if caller_trace is not None:
             plan.method = CALLER_TRACE_METHOD
             if caller_trace:
@@ -543,13 +530,13 @@ class NvrtcAdapter:
             else:
                 plan.skipped = "the caller's --fdevice-time-trace names no file"
             return plan
-        if has_option(texts, _PCH_CREATE) or has_option(texts, _PCH_USE):
+        if has_option(texts, NVRTC_PCH_CREATE) or has_option(texts, NVRTC_PCH_USE):
             plan.shadow = True
             plan.skipped = ("NVRTC compares a PCH's command line with the current one, "
                             "--fdevice-time-trace included, and PCH files outlive the process: "
                             "the trace is taken by a shadow pass instead")
             return plan
-        if has_option(texts, _PCH_AUTO):
+        if has_option(texts, NVRTC_PCH_AUTO):
             foreign = self._foreign_auto_pch(texts, plan.cwd)
             if foreign is not None:
                 plan.shadow = True
@@ -566,7 +553,7 @@ class NvrtcAdapter:
         plan.trace_file = path + ".json"
         plan.own_trace = True
         plan.method = TRACE_METHOD
-        if has_option(texts, _PCH_AUTO):
+        if has_option(texts, NVRTC_PCH_AUTO):
             # A PCH that appears while this compile runs may be its own: not foreign (yet).
             with self._lock:
                 plan.inflight = next(self._inflight_ids)
@@ -590,7 +577,7 @@ class NvrtcAdapter:
     def _pch_dirs(self, options: Sequence[str], cwd: str) -> list[str]:
         """Where this process's automatic PCHs go: `--pch-dir`, else NVRTC's per-process
         `__nvrtc_auto_pch_<pid>_<n>` directories in TMPDIR (or /tmp)."""
-        explicit = option_value(options, _PCH_DIR)
+        explicit = option_value(options, NVRTC_PCH_DIR)
         if explicit:
             return [os.path.realpath(os.path.join(cwd, explicit))]
         # Probed by name rather than by listing TMPDIR, which may hold thousands of entries.
@@ -767,7 +754,7 @@ class NvrtcAdapter:
         create = self._originals["nvrtcCreateProgram"]
         compile_ = self._originals["nvrtcCompileProgram"]
         destroy = self._originals["nvrtcDestroyProgram"]
-        options = [*shadow_options(plan.raw_options), b"--fdevice-syntax-only",
+        options = [*nvrtc_shadow_options(plan.raw_options), b"--fdevice-syntax-only",
                    b"--fdevice-time-trace=" + os.fsencode(path)]
         try:
             created = create(program.source, program.raw_name, len(program.headers),
@@ -819,9 +806,9 @@ class NvrtcAdapter:
         header file"), else from nvrtcGetPCHCreateStatus and the trace (a compile that reuses a
         PCH opens no header, not even the builtin one)."""
         options = plan.options
-        auto = has_option(options, _PCH_AUTO)
-        explicit_create = option_value(options, _PCH_CREATE)
-        explicit_use = option_value(options, _PCH_USE)
+        auto = has_option(options, NVRTC_PCH_AUTO)
+        explicit_create = option_value(options, NVRTC_PCH_CREATE)
+        explicit_use = option_value(options, NVRTC_PCH_USE)
         if not (auto or explicit_create or explicit_use):
             return None
         used, created = _USED.search(log), _CREATED.search(log)
@@ -877,7 +864,7 @@ class NvrtcAdapter:
             traced=traced)
         with self._lock:
             if file is not None:
-                if traced and has_option(plan.options, _PCH_AUTO):
+                if traced and has_option(plan.options, NVRTC_PCH_AUTO):
                     self._known_pchs.add(file)
                 self._pch_created[file] = creation
             self._last_creation = creation

@@ -525,7 +525,7 @@ class TorchExtAdapter:
 
         from cacheaudit import compilers
         from cacheaudit.recorder import modified_since
-        from cacheaudit.shim import skip_directory
+        from cacheaudit.switches import is_masquerade_dir
 
         cache = self._state_cache()
         objects = set(build.objects)
@@ -549,7 +549,7 @@ class TorchExtAdapter:
         effective: tuple[Any, ...] = ()
         if tokens:
             kind = compilers.compiler_kind(tokens[0])
-            compiler = compilers.identify(tokens[0], env=os.environ, skip=skip_directory,
+            compiler = compilers.identify(tokens[0], env=os.environ, skip=is_masquerade_dir,
                                           argv=tokens[1:], cwd=call.build_dir,
                                           path=_real_compiler(tokens[0], os.environ))
             effective = compilers.effective_argv(kind if kind != "unknown" else "gcc",
@@ -672,17 +672,18 @@ def _real_compiler(name: str, env: Mapping[str, str]) -> str | None:
     """The compiler a build.ninja command names, past cacheaudit's own shims: the dependency
     pass must run the real one (the shim would only exec it, a Python start-up later)."""
     from cacheaudit import compilers
-    from cacheaudit.shim import ShimError, find_real_compiler, skip_directory
+    from cacheaudit.shim import ShimError, find_real_compiler
+    from cacheaudit.switches import is_masquerade_dir
 
     if "/" in name:
-        if skip_directory(os.path.dirname(name)):
+        if is_masquerade_dir(os.path.dirname(name)):
             name = os.path.basename(name)
         else:
             return name if os.access(name, os.X_OK) else None
     try:
         return find_real_compiler(name, env)
     except ShimError:
-        return compilers.find_program(name, env.get("PATH"), skip_directory)
+        return compilers.find_program(name, env.get("PATH"), is_masquerade_dir)
 
 
 def _ninja_t_deps(directory: str) -> dict[str, Any]:
