@@ -16,11 +16,13 @@ import functools
 import importlib
 import os
 import re
+import stat
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from cacheaudit.digest import read_file
+from cacheaudit.digest import is_settled, read_file
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 
 _MODULES = {"deepjit": "deepjit", "deepgemm": "deepgemm", "deepep": "deepgemm",
@@ -131,22 +133,39 @@ def policy_for(runtime: str) -> Policy:
     return loaded.POLICIES[runtime]  # type: ignore[attr-defined, no-any-return]
 
 
-def read_input(path: str) -> bytes:
-    """A file a runtime hashes into its key, byte for byte as the runtime reads it.
+def read_input(path: str) -> str:
+    """A file a runtime hashes into its key, byte for byte as the runtime reads it, as text.
 
     DeepJIT's `Parser` and DeepGEMM's `IncludeParser` read with `std::ifstream` and
     `istreambuf_iterator`, which on POSIX translate nothing: a header saved with CRLF line ends
     is hashed with its carriage returns (the reference runtime, fixtures/minijit, reads "rb" for
-    the same reason). Python's text mode would drop them and recompute another digest. Raises
-    OSError; never waits on a FIFO.
+    the same reason). Python's text mode would drop them and recompute another digest; this
+    decoding is lossless (encoding the text with ("utf-8", "surrogateescape") gives back exactly
+    the bytes), so what is hashed is what was read. Raises OSError; never waits on a FIFO.
     """
-    return read_file(path)
+    return read_file(path).decode("utf-8", "surrogateescape")
 
 
-def input_text(data: bytes) -> str:
-    """`data` as text for include parsing, losslessly: encoding the result with
-    ("utf-8", "surrogateescape") gives back exactly `data`, so what is hashed is what was read."""
-    return data.decode("utf-8", "surrogateescape")
+_HEADERS: dict[str, tuple[tuple[int, int, int, int], str]] = {}
+_HEADERS_KEPT = 4096
+
+
+def read_header(path: str) -> str:
+    """`read_input` for a header that thousands of entries include (a scan of a DeepGEMM cache
+    walks the same library headers for every kernel): kept for this process while its stat is
+    unchanged, and only once settled (digest's "too new" rule: a rewrite within the timestamp
+    granularity could leave every stat field equal)."""
+    st = os.stat(path)
+    key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    known = _HEADERS.get(path)
+    if known is not None and known[0] == key:
+        return known[1]
+    text = read_input(path)
+    if stat.S_ISREG(st.st_mode) and is_settled(st, time.time_ns()):
+        if len(_HEADERS) >= _HEADERS_KEPT:
+            _HEADERS.clear()
+        _HEADERS[path] = (key, text)
+    return text
 
 
 _MASK_64 = (1 << 64) - 1

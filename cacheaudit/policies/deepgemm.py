@@ -50,7 +50,7 @@ from cacheaudit.policies import (
     KeyComponent,
     TrackedSet,
     build_directory_pid,
-    input_text,
+    read_header,
     read_input,
     split_mix,
 )
@@ -123,7 +123,7 @@ class _IncludeHasher:
             raise NonStandardInclude(f"Circular include may occur: {path}")
         self._visiting.add(path)
         try:
-            digest = self.code_hash(input_text(read_input(path)), exclude_code=False)
+            digest = self.code_hash(read_header(path), exclude_code=False)
         finally:
             self._visiting.discard(path)
         self.by_path[path] = digest
@@ -144,7 +144,7 @@ def _split_source(entry: CacheEntry) -> tuple[str, str] | str:
     if source.digest is None and source.error:
         return f"{name} cannot be read: {source.error}"
     try:
-        text = input_text(read_input(source.path))
+        text = read_input(source.path)
     except OSError as exc:
         return f"{name} cannot be read: {type(exc).__name__}: {exc.strerror or exc}"
     if not text.startswith(_HASH_LINE):
@@ -280,7 +280,7 @@ class DeepGemmPolicy:
                     if include in names:
                         continue
                     names[include] = os.path.realpath(path)
-                    pending.append(input_text(read_input(path)))
+                    pending.append(read_header(path))
         except (NonStandardInclude, OSError) as exc:
             return TrackedSet(frozenset(paths | set(names.values())), names, str(exc), how)
         return TrackedSet(frozenset(paths | set(names.values())), names, how=how)

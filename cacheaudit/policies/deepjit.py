@@ -33,7 +33,7 @@ from cacheaudit.policies import (
     KeyComponent,
     TrackedSet,
     build_directory_pid,
-    input_text,
+    read_header,
     read_input,
     split_mix,
 )
@@ -134,7 +134,7 @@ class _Parser:
         self._visiting.add(name)
         try:
             path = self.resolve(name)
-            digest = self.parse_into_hash(input_text(read_input(path)))
+            digest = self.parse_into_hash(read_header(path))
         finally:
             self._visiting.discard(name)
         self.resolved[name] = os.path.realpath(path)
@@ -156,7 +156,7 @@ class _Parser:
             try:
                 path = self.resolve(name)
                 self.resolved[name] = os.path.realpath(path)
-                self.walk(input_text(read_input(path)))
+                self.walk(read_header(path))
             finally:
                 self._visiting.discard(name)
 
@@ -196,7 +196,7 @@ def _read_source(entry: CacheEntry) -> tuple[str | None, str]:
     if source.digest is None and source.error:
         return None, f"{name} cannot be read: {source.error}"
     try:
-        return input_text(read_input(source.path)), ""
+        return read_input(source.path), ""
     except OSError as exc:
         return None, f"{name} cannot be read: {type(exc).__name__}: {exc.strerror or exc}"
 
