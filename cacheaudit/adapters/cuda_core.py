@@ -483,8 +483,6 @@ class _Recorder:
                 if working:
                     extra["from_working_directory"] = working
         outputs = (self._output(entry, key_bytes, value),)
-        if entry is not None:
-            extra["entry_name"] = hashlib.sha256(key_bytes).hexdigest()
         record = CompileRecord(
             record_id="", event="compile", started_ns=started_ns, runtime=RUNTIME,
             kernel=kernel, key=key_bytes.hex(), entry=entry, cwd=cwd, graph=graph,
@@ -535,11 +533,8 @@ class _Recorder:
         records = []
         for hit in hits:
             key_bytes = _key_bytes(hit.key)
-            entry = None
-            entries = getattr(hit.files, "_entries", None)
-            if entries is not None:
-                name = hashlib.sha256(key_bytes).hexdigest()
-                entry = os.path.join(os.fspath(entries), name[:2], name[2:])
+            # cuda.core names the entry, as it did for the store: one layout, never copied here.
+            entry = _entry_path(hit.files, hit.key) if hit.files is not None else None
             context = self.contexts.get(key_bytes)
             extra: dict[str, Any] = {"cache": hit.event.split("-")[0], "hits": hit.count}
             if hit.count > 1:
