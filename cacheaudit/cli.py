@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from cacheaudit.config import Settings
-    from cacheaudit.ledger import Ledger
 
 app = typer.Typer(
     name="cacheaudit",
@@ -55,14 +54,6 @@ def _ledger_location(option: Path | None, settings: Settings | None = None) -> s
     from cacheaudit.config import ledger_location
 
     return ledger_location(option, settings if settings is not None else _settings())
-
-
-def _open_ledger(location: str, *, create: bool = False) -> Ledger:
-    from cacheaudit.ledger import Ledger, ingest_spool
-
-    ledger = Ledger.open(location, create=create)
-    ingest_spool(ledger)
-    return ledger
 
 
 def _write_output(path: Path, text: str) -> None:
@@ -173,8 +164,10 @@ def scan(
         select=frozenset(selected), ignore=frozenset(ignored),
         reconstruct=settings.reconstruct if reconstruct is None else reconstruct,
         verify_keys=settings.verify_keys if verify_keys is None else verify_keys)
+    from cacheaudit.ledger import open_ledger
+
     console = _console()
-    with _open_ledger(_ledger_location(ledger, settings), create=True) as opened, _progress(
+    with open_ledger(_ledger_location(ledger, settings)) as opened, _progress(
             progress and output_format == "table") as advance:
         result = audit.scan(paths or settings.paths, os.environ, ledger=opened, options=options,
                             progress=advance)
@@ -290,8 +283,9 @@ def combine(
 ) -> None:
     """Merge ledgers (pytest-xdist workers, ranks, hosts) into one, sharing graphs and states."""
     from cacheaudit.ledger import combine as merge
+    from cacheaudit.ledger import open_ledger
 
-    with _open_ledger(_ledger_location(ledger), create=True) as opened:
+    with open_ledger(_ledger_location(ledger)) as opened:
         result = merge(opened, [str(s) for s in sources], keep=keep)
         total = opened.count("records")
     for problem in result.skipped:

@@ -1048,19 +1048,25 @@ def new_record_id() -> str:
     return uuid.uuid4().hex
 
 
-def open_existing(path: str | None = None) -> Ledger | None:
-    """The ledger at `path` (or the default place) for reading, with its spool folded in; None
-    when no file is there yet. Readers never create a ledger."""
-    location = os.path.abspath(path or default_ledger_path())
-    if not os.path.exists(location):
-        return None
-    ledger = Ledger.open(location, create=False)
+def open_ledger(path: str, *, create: bool = True) -> Ledger:
+    """The ledger at `path` with its spool folded in: what every command and report reads, so
+    that a record a writer could only spool is never missing from it."""
+    ledger = Ledger.open(path, create=create)
     try:
         ingest_spool(ledger)
     except BaseException:
         ledger.close()
         raise
     return ledger
+
+
+def open_existing(path: str | None = None) -> Ledger | None:
+    """The ledger at `path` (or the default place) for reading, with its spool folded in; None
+    when no file is there yet. Readers never create a ledger."""
+    location = os.path.abspath(path or default_ledger_path())
+    if not os.path.exists(location):
+        return None
+    return open_ledger(location, create=False)
 
 
 # ------------------------------------------------------------------------------------ the spool

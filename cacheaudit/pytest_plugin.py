@@ -221,7 +221,7 @@ class _Session:
     def _finish(self, session: pytest.Session) -> None:
         from cacheaudit.adapters import flush_all
         from cacheaudit.audit import audit_run, fails
-        from cacheaudit.ledger import Ledger, RunInfo, combine, ingest_spool
+        from cacheaudit.ledger import Ledger, RunInfo, combine, open_ledger
 
         flush_all()
         run = RunInfo(run_uuid=self.run_uuid, label="pytest")
@@ -229,8 +229,7 @@ class _Session:
             with Ledger.open(self.ledger) as ledger:
                 ledger.add_tests(run, self.windows)
             return
-        with Ledger.open(self.ledger) as ledger:
-            ingest_spool(ledger)
+        with open_ledger(self.ledger) as ledger:
             combine(ledger, sorted(glob.glob(glob.escape(self.ledger) + ".gw*[0-9]")),
                     keep=False)
             ledger.add_tests(run, self.windows)
@@ -335,13 +334,13 @@ class CacheauditFixture:
 
     def records(self) -> list[CompileRecord]:
         from cacheaudit.adapters import flush_all
-        from cacheaudit.ledger import Ledger, ingest_spool
+        from cacheaudit.ledger import open_existing
 
         flush_all()
-        if not os.path.exists(self.ledger):
+        ledger = open_existing(self.ledger)
+        if ledger is None:
             return []
-        with Ledger.open(self.ledger) as ledger:
-            ingest_spool(ledger)
+        with ledger:
             return ledger.records(where="r.test_id = ?", params=(self.nodeid,))
 
     def findings(self) -> list[Finding]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from cacheaudit.audit import RunReport, audit_run
 from cacheaudit.exceptions import UsageError
-from cacheaudit.ledger import Ledger, ingest_spool
+from cacheaudit.ledger import open_ledger
 from cacheaudit.session import prepare
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -56,8 +56,7 @@ def run_recorded(command: Sequence[str], *, ledger: str) -> RunOutcome:
                 signal.signal(sig, handler)
         status = returncode if returncode >= 0 else 128 - returncode
         try:
-            with Ledger.open(session.ledger) as opened:
-                ingest_spool(opened)
+            with open_ledger(session.ledger) as opened:
                 report = audit_run(opened, session.run_uuid, session.env, started_ns=started_ns)
         except Exception as exc:  # noqa: BLE001 - the command's status must survive the audit
             return RunOutcome(status=status, report=None,
