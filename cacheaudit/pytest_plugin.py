@@ -25,7 +25,7 @@ from cacheaudit.config import FAIL_ON_CHOICES
 
 if TYPE_CHECKING:
     from cacheaudit.audit import RunReport
-    from cacheaudit.ledger import TestWindow
+    from cacheaudit.ledger import Ledger, TestWindow
     from cacheaudit.model import CompileRecord, Finding
     from cacheaudit.session import Session
 
@@ -333,34 +333,42 @@ class CacheauditFixture:
         self.nodeid = nodeid
 
     def records(self) -> list[CompileRecord]:
-        from cacheaudit.adapters import flush_all
-        from cacheaudit.ledger import open_existing
-
-        flush_all()
-        ledger = open_existing(self.ledger)
+        ledger = self._ledger()
         if ledger is None:
             return []
         with ledger:
-            return ledger.records(where="r.test_id = ?", params=(self.nodeid,))
+            return self._own(ledger)
 
     def findings(self) -> list[Finding]:
         """The audit of this test's records, as of now."""
         from cacheaudit.audit import audit_records, roots_of, scan
-        from cacheaudit.ledger import Ledger
 
-        records = self.records()
-        if not records:
+        ledger = self._ledger()
+        if ledger is None:
             return []
-        ids = {r.record_id for r in records}
-        with Ledger.open(self.ledger) as ledger:
+        with ledger:
+            records = self._own(ledger)
+            if not records:
+                return []
             roots = roots_of(records)
             result = scan(roots, os.environ, ledger=ledger) if roots else None
-            entries = {r.entry for r in ledger.records(where="r.test_id = ?",
-                                                        params=(self.nodeid,)) if r.entry}
+            # The scan ties the shim's compiles to their entries: read them again for that.
+            entries = {r.entry for r in self._own(ledger) if r.entry} if result else set()
+        ids = {r.record_id for r in records}
         found = [f for f in (result.findings if result else [])
                  if f.record_id in ids or f.entry in entries]
         return found + audit_records(records, judged=frozenset(
             f.record_id for f in found if f.record_id))
+
+    def _ledger(self) -> Ledger | None:
+        from cacheaudit.adapters import flush_all
+        from cacheaudit.ledger import open_existing
+
+        flush_all()
+        return open_existing(self.ledger)
+
+    def _own(self, ledger: Ledger) -> list[CompileRecord]:
+        return ledger.records(where="r.test_id = ?", params=(self.nodeid,))
 
     def assert_no_stale_hits(self) -> None:
         errors = [f for f in self.findings() if f.severity.value == "error"]
