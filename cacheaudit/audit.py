@@ -45,18 +45,6 @@ from cacheaudit.processes import RUNTIME_PROCESS, alive_since, process_run, run_
 from cacheaudit.readers import Reader, all_readers
 from cacheaudit.switches import is_masquerade_dir
 
-# Variables whose drift is judged through what they select, not their text: each picks a
-# compiler (or the toolkit it comes from), and the compilers' identities are compared directly
-# (CA301, CA302). A shell that lacks DG_JIT_NVCC_COMPILER is no evidence of another compiler.
-_JUDGED_ELSEWHERE = frozenset({"PATH", "CC", "CXX", "NVCC_CCBIN", "CUDAHOSTCXX", "CUDA_HOME",
-                               "CUDA_PATH", "PYTORCH_NVCC", "FLASHINFER_NVCC"})
-_COMPILER_SUFFIXES = ("_JIT_NVCC_COMPILER", "_JIT_HIPCC_COMPILER", "_NVCC_COMPILER")
-
-
-def _judged_elsewhere(name: str) -> bool:
-    return name in _JUDGED_ELSEWHERE or name.endswith(_COMPILER_SUFFIXES)
-
-
 
 @dataclass(frozen=True)
 class AuditOptions:
@@ -482,7 +470,7 @@ class Auditor:
         findings = []
         nvcc = record.compiler is None or record.compiler.kind == "nvcc"
         for name in sorted(set(record.env) | set(self._env_now)):
-            if _judged_elsewhere(name) or not envvars.is_implicit_input(name, entry.runtime):
+            if envvars.selects_compiler(name) or not envvars.is_implicit_input(name, entry.runtime):
                 continue
             if name.startswith("NVCC_") and not nvcc:
                 continue  # only nvcc reads NVCC_*: a g++ build did not change with them
@@ -681,7 +669,7 @@ class Auditor:
         findings = []
         runtimes = {e.runtime for e in entries}
         for name, value in sorted(self._env_now.items()):
-            if _judged_elsewhere(name):
+            if envvars.selects_compiler(name):
                 continue
             blind = sorted(r for r in runtimes if envvars.is_implicit_input(name, r))
             if blind:

@@ -64,6 +64,7 @@ __all__ = [
     "redact",
     "resolve_jit_setting",
     "resolve_jit_settings",
+    "selects_compiler",
 ]
 
 
@@ -1068,6 +1069,20 @@ def affects_output(name: str, runtime: str, variant: str | None = None) -> bool 
     if not variable.affects_output:
         return False
     return None if variable.status_for(runtime, variant) is UNK else True
+
+
+# Variables that pick the compiler binary (or the toolkit it comes from). Their drift is judged
+# through what they select: the audit compares the compilers' identities (CA301, CA302), since
+# a shell that lacks DG_JIT_NVCC_COMPILER is no evidence of another compiler. Narrower than the
+# "compiler-choice" category, which also holds switches such as JIT_USE_NVRTC.
+_SELECTS_COMPILER = frozenset({"PATH", "CC", "CXX", "NVCC_CCBIN", "CUDAHOSTCXX", "CUDA_HOME",
+                               "CUDA_PATH", "PYTORCH_NVCC", "FLASHINFER_NVCC"})
+_SELECTS_COMPILER_SUFFIXES = ("_JIT_NVCC_COMPILER", "_JIT_HIPCC_COMPILER", "_NVCC_COMPILER")
+
+
+def selects_compiler(name: str) -> bool:
+    """Whether `name` picks the compiler binary itself, whose identity is judged instead."""
+    return name in _SELECTS_COMPILER or name.endswith(_SELECTS_COMPILER_SUFFIXES)
 
 
 def is_implicit_input(name: str, runtime: str, variant: str | None = None) -> bool:
