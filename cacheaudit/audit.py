@@ -29,7 +29,7 @@ from typing import Any
 from cacheaudit import compilers, envvars
 from cacheaudit.digest import StateCache, changed_files, normalise_path
 from cacheaudit.findings import make_finding, ns_text, state_text
-from cacheaudit.ledger import Ledger, RunInfo, new_record_id
+from cacheaudit.ledger import Attribution, Ledger, RunInfo, new_record_id
 from cacheaudit.model import (
     CacheEntry,
     CacheLeftover,
@@ -143,6 +143,8 @@ class Auditor:
     """Load each record's own sources and outputs too (explain shows them; a scan needs only
     the shared include graph)."""
     now_ns: int = field(default_factory=time.time_ns)
+    attributions: list[Attribution] = field(default_factory=list)
+    """Records this auditor tied to their entries, for `save_attributions`."""
     _by_output: dict[str, str] = field(default_factory=dict)
     _records: dict[str, CompileRecord] = field(default_factory=dict)
     _lookups: dict[str, list[CompileRecord]] = field(default_factory=dict)
@@ -183,6 +185,14 @@ class Auditor:
             if record.graph is not None and record.graph.digest not in remembered:
                 remembered.add(record.graph.digest)
                 self.cache.remember(f.state for f in record.graph.files)
+
+    def save_attributions(self) -> None:
+        """Write what the audit learnt about its records (their entries) into the ledger. A
+        ledger that cannot be written only loses it until the next audit finds it again."""
+        if self.ledger is not None:
+            with contextlib.suppress(Exception):
+                self.ledger.attribute(self.attributions)
+        self.attributions.clear()
 
     def record_for(self, entry: CacheEntry) -> CompileRecord | None:
         if entry.binary is None or entry.binary.digest is None:
@@ -235,9 +245,9 @@ class Auditor:
                 how="ledger lookup by the binary's content digest"))
             return findings
         self.matched += 1
-        if self.ledger is not None and not record.entry:
-            self.ledger.attribute(record.record_id, runtime=entry.runtime, kernel=entry.kernel,
-                                  key=entry.key, entry=entry.path)
+        if not record.entry:
+            self.attributions.append(Attribution(record.record_id, entry.runtime, entry.kernel,
+                                                 entry.key, entry.path))
         tracked = policy.tracked(entry, record)
         if tracked.error:
             findings.append(make_finding(
@@ -855,6 +865,7 @@ def scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None 
         if progress is not None:
             progress(done, len(entries))
     findings += auditor.environment_findings(entries)
+    auditor.save_attributions()
     if ledger is not None:
         with contextlib.suppress(Exception):  # a read-only ledger only costs the next scan time
             ledger.remember_states(s for e in entries for s in (e.binary, e.source)

@@ -108,6 +108,7 @@ def explain(target: str, env: Mapping[str, str], ledger: Ledger | None) -> Expla
     if entry is not None:
         auditor.load([entry])
         explanation.findings = auditor.audit_entry(entry)
+        auditor.save_attributions()
         explanation.record = record = auditor.record_for(entry) or record
         explanation.lookups = auditor.lookups_for(entry)
         try:

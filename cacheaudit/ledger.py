@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from cacheaudit import __version__
 from cacheaudit.exceptions import LedgerError
@@ -272,6 +272,17 @@ def _retrying(action: Callable[[], T], deadline_s: float = _RETRY_DEADLINE_S) ->
         delay = min(delay * 2, 0.5)
 
 
+class Attribution(NamedTuple):
+    """What an audit learnt about a compile record: the entry it built, and so its runtime,
+    kernel and key."""
+
+    record_uuid: str
+    runtime: str
+    kernel: str
+    key: str | None
+    entry: str
+
+
 @dataclass(frozen=True)
 class RunInfo:
     """The process tree a record belongs to."""
@@ -347,7 +358,6 @@ class Ledger:
         self._compiler_cache: dict[int, CompilerIdentity] = {}
         self._blob_cache: dict[int, Any] = {}
         # (runtime, kernel, key, entry, record_uuid) waiting for a write transaction
-        self._attributions: list[tuple[str, str, str | None, str, str]] = []
 
     # ---------------------------------------------------------------- opening
 
@@ -438,7 +448,6 @@ class Ledger:
             raise
 
     def close(self) -> None:
-        self.flush()
         self.conn.close()
 
     def __enter__(self) -> Ledger:
@@ -451,14 +460,8 @@ class Ledger:
     def _write(self) -> Iterator[sqlite3.Connection]:
         self.conn.execute("BEGIN IMMEDIATE")
         try:
-            try:
-                applied = self._apply_attributions()
-            except sqlite3.DatabaseError:
-                self._attributions.clear()  # never let a queued update block every write
-                raise
             yield self.conn
             self.conn.execute("COMMIT")
-            del self._attributions[:applied]
         except BaseException:
             if self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
@@ -716,7 +719,6 @@ class Ledger:
         graph (shared, loaded once) and leaves out each record's own sources and outputs, which
         an audit of thousands of entries does not need.
         """
-        self.flush()  # what a scan attributed is part of what a reader asks for
         sql = f"SELECT {self._RECORD_COLUMNS}{self._RECORD_FROM}"
         if where:
             sql += f" WHERE {where}"
@@ -903,45 +905,30 @@ class Ledger:
                     by_entry.setdefault(record.entry, []).append(record)
         return by_entry
 
-    def attribute(self, record_uuid: str, *, runtime: str, kernel: str, key: str | None,
-                  entry: str) -> None:
-        """Fill in what a compile's observer could not know (the shim sees `kernel.cu` in a
-        temporary directory) once an audit has tied the compile to its cache entry.
+    def attribute(self, attributions: Iterable[Attribution]) -> None:
+        """Fill in what compiles' observers could not know (the shim sees `kernel.cu` in a
+        temporary directory) once an audit has tied each compile to its cache entry, in one
+        transaction: a scan attributes thousands of records.
 
         The runtime, key and entry an observer already set are left alone. The kernel name is
         replaced while the record has no entry: the shim can only name the kernel after its
-        source file. A scan attributes thousands of records, so the writes are queued and
-        applied in one transaction: with the next write, the next `records()` read, or `close()`.
+        source file.
         """
-        self._attributions.append((runtime, kernel, key, entry, record_uuid))
-
-    def _apply_attributions(self) -> int:
-        """Apply the queued attributions inside the caller's write transaction."""
-        pending = len(self._attributions)
-        if pending:
-            self.conn.executemany(
-                "UPDATE records SET runtime = coalesce(runtime, ?),"
-                " kernel = CASE WHEN entry_id IS NULL THEN ? ELSE kernel END,"
-                " key = coalesce(key, ?), entry_id = coalesce(entry_id, ?)"
-                " WHERE record_uuid = ?",
-                [_params((runtime, kernel, key, self._file_id(entry), record_uuid))
-                 for runtime, kernel, key, entry, record_uuid in self._attributions[:pending]])
-        return pending
-
-    def flush(self) -> None:
-        """Write the queued attributions now. A ledger that cannot be written loses them: the
-        next scan attributes the same records again."""
-        if not self._attributions:
+        rows = list(attributions)
+        if not rows:
             return
 
         def write() -> None:
-            with self._write():
-                pass
+            with self._write() as conn:
+                conn.executemany(
+                    "UPDATE records SET runtime = coalesce(runtime, ?),"
+                    " kernel = CASE WHEN entry_id IS NULL THEN ? ELSE kernel END,"
+                    " key = coalesce(key, ?), entry_id = coalesce(entry_id, ?)"
+                    " WHERE record_uuid = ?",
+                    [_params((a.runtime, a.kernel, a.key, self._file_id(a.entry), a.record_uuid))
+                     for a in rows])
 
-        try:
-            _retrying(write)
-        except sqlite3.Error:
-            self._attributions.clear()
+        _retrying(write)
 
     _FINDING_COLUMNS = ("audit_uuid, found_ns, code, severity, subject, message, recorded,"
                         " current, how, inferred, record_uuid, entry, runtime, kernel, hint")

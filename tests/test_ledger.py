@@ -14,6 +14,7 @@ import pytest
 from cacheaudit.exceptions import LedgerError
 from cacheaudit.ledger import (
     SCHEMA_VERSION,
+    Attribution,
     Ledger,
     RunInfo,
     combine,
@@ -437,21 +438,19 @@ def test_attributions_are_written_together_and_seen_by_the_next_read(tmp_path):
     records = [_record("kernel", runtime=None, key=None) for _ in range(3)]
     with Ledger.open(path) as ledger:
         ledger.add_records(records, RUN)
-        for n, record in enumerate(records):
-            ledger.attribute(record.record_id, runtime="deepjit", kernel=f"gemm{n}",
-                             key=f"k{n}", entry=f"/c/e{n}")
         other = sqlite3.connect(path)
         attributed = "SELECT count(*) FROM records WHERE entry_id IS NOT NULL"
-        assert other.execute(attributed).fetchone()[0] == 0  # queued, not one write each
+        assert other.execute(attributed).fetchone()[0] == 0
+        ledger.attribute(Attribution(record.record_id, "deepjit", f"gemm{n}", f"k{n}",
+                                     f"/c/e{n}") for n, record in enumerate(records))
+        assert other.execute(attributed).fetchone()[0] == 3  # one call, one transaction
         loaded = {r.record_id: r for r in ledger.records()}
-        assert other.execute(attributed).fetchone()[0] == 3
         other.close()
     assert [(loaded[r.record_id].kernel, loaded[r.record_id].entry) for r in records] == [
         (f"gemm{n}", f"/c/e{n}") for n in range(3)]
     # The kernel is named once; an attributed record keeps its name.
     with Ledger.open(path) as ledger:
-        ledger.attribute(records[0].record_id, runtime="x", kernel="renamed", key="x",
-                         entry="/c/x")
+        ledger.attribute([Attribution(records[0].record_id, "x", "renamed", "x", "/c/x")])
     with Ledger.open(path) as ledger:
         again = ledger.record(records[0].record_id)
     assert again is not None
