@@ -147,12 +147,12 @@ def scan(
 ) -> None:
     """Audit cache entries: every input that changed without the key noticing."""
     from cacheaudit import audit, output
-    from cacheaudit.config import FAIL_ON_CHOICES
+    from cacheaudit.config import fail_on_problem
 
     settings = _settings()
     fail_on = fail_on or settings.fail_on
-    if fail_on not in FAIL_ON_CHOICES:
-        raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON_CHOICES)}, not {fail_on!r}")
+    if problem := fail_on_problem(fail_on, "--fail-on"):
+        raise UsageError(problem)
     output_format = "json" if json_output else output_format
     if output_format not in ("table", "json", "markdown"):
         raise UsageError(f"--format must be table, json or markdown, not {output_format!r}")
@@ -246,10 +246,10 @@ def run(
     """Run any command with the compiler shim and the in-process adapters active; print the
     report at exit. The exit status is the command's unless --fail-on says otherwise."""
     from cacheaudit import audit, output, runner
-    from cacheaudit.config import FAIL_ON_CHOICES
+    from cacheaudit.config import fail_on_problem
 
-    if fail_on not in FAIL_ON_CHOICES:
-        raise UsageError(f"--fail-on must be one of {', '.join(FAIL_ON_CHOICES)}, not {fail_on!r}")
+    if problem := fail_on_problem(fail_on, "--fail-on"):
+        raise UsageError(problem)
     if report_json is not None:
         _check_writable(report_json)
     outcome = runner.run_recorded(command, ledger=_ledger_location(ledger))

@@ -26,6 +26,14 @@ else:  # pragma: no cover - 3.10
 FAIL_ON_CHOICES = ("error", "warning", "info", "never")
 
 
+def fail_on_problem(value: str, where: str) -> str | None:
+    """What is wrong with a fail-on setting `where` gave (an option, a configuration key), in
+    one line; None when it is one of FAIL_ON_CHOICES."""
+    if value in FAIL_ON_CHOICES:
+        return None
+    return f"{where} must be one of {', '.join(FAIL_ON_CHOICES)}, not {value!r}"
+
+
 @dataclass
 class Settings:
     fail_on: str = "error"
@@ -104,9 +112,8 @@ def apply_table(settings: Settings, table: Mapping[str, Any], path: str) -> None
             raise ConfigError(f"{path}: [tool.cacheaudit] {key} must be a {expected.__name__}"
                               f"{' of strings' if expected is list else ''}, not {value!r}")
         setattr(settings, attribute, value)
-    if settings.fail_on not in FAIL_ON_CHOICES:
-        raise ConfigError(f"{path}: [tool.cacheaudit] fail-on must be one of "
-                          f"{', '.join(FAIL_ON_CHOICES)}, not {settings.fail_on!r}")
+    if problem := fail_on_problem(settings.fail_on, f"{path}: [tool.cacheaudit] fail-on"):
+        raise ConfigError(problem)
     base = os.path.dirname(os.path.abspath(path))
     if settings.ledger:
         settings.ledger = resolve_path(settings.ledger, base)

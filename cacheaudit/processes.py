@@ -82,12 +82,19 @@ def alive_since(host: str, pid: int, started_ns: int) -> bool:
     """
     if host != socket.gethostname():
         return False
+    began_ns = start_ns(pid)
+    return began_ns is not None and began_ns <= started_ns
+
+
+def start_ns(pid: int) -> int | None:
+    """When process `pid` started, in time.time_ns() terms (to a clock tick), or None when it
+    does not run or /proc does not say."""
     stat = process_stat(pid)
     if stat is None:
-        return False
+        return None
     try:
         ticks = int(stat[2])
     except ValueError:
-        return False
+        return None
     booted_ns = time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
-    return booted_ns + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK") <= started_ns
+    return booted_ns + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")

@@ -18,11 +18,11 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from cacheaudit.exceptions import UsageError
 from cacheaudit.shim import (
     MASQUERADE_NAMES,
     install_masquerade,
     link_to_shim,
-    mark_masquerade_dir,
     real_variable,
 )
 from cacheaudit.switches import (
@@ -107,11 +107,8 @@ def shared_shims(env: Mapping[str, str]) -> str | None:
     installation = xxhash.xxh64_hexdigest(os.fsencode(os.path.realpath(target)))
     directory = os.path.join(cache, "cacheaudit", "shims", installation)
     try:
-        os.makedirs(directory, exist_ok=True)
-        for name in MASQUERADE_NAMES:
-            link_to_shim(directory, name, target)
-        mark_masquerade_dir(directory)
-    except OSError:
+        install_masquerade(directory, force=True)
+    except (OSError, UsageError):
         return None
     return directory
 

@@ -92,6 +92,7 @@ from cacheaudit.model import (
     GraphFile,
     IncludeGraph,
 )
+from cacheaudit.processes import start_ns
 
 # MEMORY_PREFIX (cacheaudit.model) names what NVRTC reads or writes in memory: sources,
 # in-memory headers, outputs.
@@ -167,18 +168,6 @@ def mapped_library(pattern: re.Pattern[str]) -> str | None:
     except OSError:
         return None
     return None
-
-
-def _process_start_ns() -> int:
-    """When this process started (from /proc), or 0 when that cannot be told."""
-    try:
-        with open("/proc/self/stat", encoding="ascii") as handle:
-            ticks = int(handle.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat", encoding="ascii") as handle:
-            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
-        return int((boot + ticks / os.sysconf("SC_CLK_TCK")) * 1e9)
-    except (OSError, ValueError, IndexError, StopIteration):
-        return 0
 
 
 def _resolver(cwd: str) -> Callable[[str], str]:
@@ -591,7 +580,7 @@ class NvrtcAdapter:
         if self._foreign_pch is not None:
             return self._foreign_pch
         if self._start_ns is None:
-            self._start_ns = _process_start_ns()
+            self._start_ns = start_ns(os.getpid()) or 0
         since = self._start_ns - 1_000_000_000
         with self._lock:
             until = min(self._inflight.values(), default=None)
