@@ -22,7 +22,7 @@ from cacheaudit.audit import ScanResult, scan
 from cacheaudit.exceptions import UsageError
 from cacheaudit.ledger import Ledger
 from cacheaudit.output import escape_markup
-from cacheaudit.shim import install_masquerade
+from cacheaudit.shim import ShimError, find_real_compiler, install_masquerade
 
 KERNEL = """\
 #include <mylib/gemm.cuh>
@@ -113,10 +113,12 @@ def _digest(path: str) -> str:
 
 
 def _nvcc_available() -> bool:
-    # Where the shim finds a real nvcc too: runtimes reach it through CUDA_HOME as often as PATH.
-    roots = (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda")
-    return shutil.which("nvcc") is not None or any(
-        os.access(os.path.join(root, "bin", "nvcc"), os.X_OK) for root in roots if root)
+    # The demo compiles through the shim: an nvcc is there when the shim would find one.
+    try:
+        find_real_compiler("nvcc", os.environ)
+    except ShimError:
+        return False
+    return True
 
 
 def choose_backend(compiler: str) -> str:

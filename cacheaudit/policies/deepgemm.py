@@ -54,13 +54,13 @@ from cacheaudit.policies import (
     read_input,
     split_mix,
 )
-from cacheaudit.readers.deepgemm import PYTHON_HASH_LEN
+from cacheaudit.readers.deepgemm import INCLUDE_HASH_PREFIX, PYTHON_HASH_LEN
 
 _MASK = (1 << 64) - 1
 _PRIME = 0x100000001B3
 _SEEDS = (0xC6A4A7935BD1E995, 0x9E3779B97F4A7C15)
 _INCLUDE = re.compile(r'#\s*include\s*[<"][^>"]+[>"]')
-_HASH_LINE = "// Includes' hash value: "
+_HASH_LINE = INCLUDE_HASH_PREFIX.decode()
 _RELEASE = re.compile(r"release (\d+)\.(\d+)")
 _FIRST_VERSION = re.compile(r"(\d+)\.(\d+)")
 
