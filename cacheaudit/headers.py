@@ -560,7 +560,9 @@ def fingerprint_headers(
             notes.append(f"NVRTC trace unavailable ({exc}); headers found by scanning "
                          "#include lines instead")
         else:
-            pairs, missing, skipped = _reported_paths(reported, cwd)
+            # NVRTC reports what it opened: nothing it reported is missing.
+            missing: list[str] = []
+            pairs, skipped = _reported_paths(reported, cwd)
             if skipped:
                 trace_notes.append("not files (NVRTC built-ins): " + ", ".join(skipped))
             fingerprint = _finish(pairs, missing, TRACE, request, cwd, notes + trace_notes,
@@ -582,7 +584,7 @@ def header_digest(source: str | bytes | Sequence[str] | None = None, options: An
 
 
 def _reported_paths(reported: Sequence[str], cwd: str
-                    ) -> tuple[list[tuple[str, str]], list[str], list[str]]:
+                    ) -> tuple[list[tuple[str, str]], list[str]]:
     pairs: list[tuple[str, str]] = []
     skipped: list[str] = []
     seen: set[str] = set()
@@ -595,7 +597,7 @@ def _reported_paths(reported: Sequence[str], cwd: str
         if path not in seen:
             seen.add(path)
             pairs.append((path, written))
-    return pairs, [], skipped
+    return pairs, skipped
 
 
 def _reusable(memo_key: tuple[object, ...], cache: StateCache

@@ -124,12 +124,7 @@ def policy_for(runtime: str) -> Policy:
     module = _MODULES.get(runtime)
     if module is None:
         raise KeyError(f"no policy for runtime {runtime!r}")
-    try:
-        loaded = importlib.import_module(f"cacheaudit.policies.{module}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"cacheaudit.policies.{module}":
-            raise
-        raise KeyError(f"no policy for runtime {runtime!r} yet") from exc
+    loaded = importlib.import_module(f"cacheaudit.policies.{module}")
     return loaded.POLICIES[runtime]  # type: ignore[attr-defined, no-any-return]
 
 

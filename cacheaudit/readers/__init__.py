@@ -38,23 +38,15 @@ class Reader(Protocol):
         ...
 
 
-def _load(name: str) -> Reader | None:
-    try:
-        return importlib.import_module(f"cacheaudit.readers.{name}").READER  # type: ignore[attr-defined]
-    except ModuleNotFoundError as exc:
-        # A layout registered ahead of its module (work in progress) is skipped; any other
-        # missing import is a real error.
-        if exc.name != f"cacheaudit.readers.{name}":
-            raise
-        return None
+def _load(name: str) -> Reader:
+    return importlib.import_module(f"cacheaudit.readers.{name}").READER  # type: ignore[attr-defined, no-any-return]
 
 
 def all_readers() -> list[Reader]:
-    return [reader for name in _MODULES if (reader := _load(name)) is not None]
+    return [_load(name) for name in _MODULES]
 
 
 def reader_for(layout: str) -> Reader:
-    reader = _load(layout) if layout in _MODULES else None
-    if reader is None:
+    if layout not in _MODULES:
         raise KeyError(f"no reader for layout {layout!r}")
-    return reader
+    return _load(layout)
