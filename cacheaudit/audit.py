@@ -176,7 +176,10 @@ class Auditor:
         wanted = sorted({self._by_output[e.binary.digest] for e in entries
                          if e.binary is not None and e.binary.digest in self._by_output})
         self._records = self.ledger.records_by_uuid(wanted, with_files=self.full_records)
-        self._lookups = self.ledger.lookups_by_entry(e.path for e in entries)
+        # A few entries (explain) are looked up by path; a whole scan reads every hit at once,
+        # which costs less than thousands of paths in IN lists.
+        few = len(entries) <= 500
+        self._lookups = self.ledger.lookups_by_entry([e.path for e in entries] if few else None)
         self._first_envs = self.ledger.first_compile_environments(
             str(r.extra["run_uuid"]) for r in self._records.values() if "run_uuid" in r.extra)
         # Known file states let an unchanged header be verified by one stat.
