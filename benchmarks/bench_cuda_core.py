@@ -27,7 +27,7 @@ def main(rounds: int = 200, calls: int = 100) -> None:
         from cuda.core import Program, ProgramOptions
         from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
 
-        from cacheaudit.adapters.cuda_core import ADAPTER
+        from cacheaudit.runtimes.cuda_core.adapter import ADAPTER
     except ImportError as exc:
         sys.exit(f"needs cuda.core: {exc}")
     try:

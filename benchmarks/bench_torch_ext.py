@@ -4,7 +4,7 @@ Budget (DESIGN.md, "a disk hit seen by an adapter"): at most 5% over the runtime
 torch's hit path in a new process is the process itself: import torch, `load()` (the versioner
 wants a build, torch rewrites build.ninja, checks the compiler's version, runs ninja, which says
 "no work to do", and loads the library). Each sample is one new Python process, alternating
-bare and with the adapter armed (`adapters.activate(["torch_ext"])` before torch is imported, as
+bare and with the adapter armed (`runtimes.activate(["torch_ext"])` before torch is imported, as
 the start-up hook does), so that load drift hits both sides alike.
 
 Importing torch varies by a few hundred milliseconds from one process to the next on a busy
@@ -37,8 +37,8 @@ import json, sys, time
 start = time.perf_counter()
 spec = json.loads(sys.argv[1])
 if spec["adapter"]:
-    from cacheaudit import adapters
-    adapters.activate(["torch_ext"])
+    from cacheaudit import adapter, runtimes
+    runtimes.activate(["torch_ext"])
 armed = time.perf_counter()
 from torch.utils import cpp_extension
 imported = time.perf_counter()

@@ -111,8 +111,8 @@ def main(repeat: int = 960) -> None:
         from triton.runtime.driver import driver
         from triton.runtime.jit import JITFunction
 
-        from cacheaudit.adapters.triton import TritonAdapter
         from cacheaudit.ledger import Ledger
+        from cacheaudit.runtimes.triton.adapter import TritonAdapter
 
         driver.set_active(CompileOnlyDriver())
         adapter = TritonAdapter()

@@ -29,6 +29,7 @@ from typing import Any
 from cacheaudit import compilers, envvars
 from cacheaudit.digest import StateCache, changed_files, normalise_path
 from cacheaudit.findings import make_finding, ns_text, state_text
+from cacheaudit.layout import Layout as Reader
 from cacheaudit.ledger import Attribution, Ledger, RunInfo, new_record_id
 from cacheaudit.model import (
     CacheEntry,
@@ -40,9 +41,10 @@ from cacheaudit.model import (
     IncludeGraph,
     Severity,
 )
-from cacheaudit.policies import EnvFamilies, Policy, TrackedSet, policy_for
+from cacheaudit.policy import EnvFamilies, Policy, TrackedSet
 from cacheaudit.processes import RUNTIME_PROCESS, alive_since, process_run, run_process_alive
-from cacheaudit.readers import Reader, all_readers
+from cacheaudit.runtimes import layouts as all_readers
+from cacheaudit.runtimes import policy_for
 from cacheaudit.switches import is_masquerade_dir
 
 

@@ -16,8 +16,9 @@ from cacheaudit.digest import StateCache
 from cacheaudit.exceptions import UsageError
 from cacheaudit.ledger import Ledger
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
-from cacheaudit.policies import KeyCheck, TrackedSet, policy_for
-from cacheaudit.readers import all_readers
+from cacheaudit.policy import KeyCheck, TrackedSet
+from cacheaudit.runtimes import layouts as all_readers
+from cacheaudit.runtimes import policy_for
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ class _Session:
             raise
 
     def _start(self, config: pytest.Config, fail_on: str) -> None:
-        from cacheaudit import adapters
+        from cacheaudit import runtimes
         from cacheaudit.session import prepare
         from cacheaudit.switches import LEDGER
 
@@ -157,15 +157,15 @@ class _Session:
             os.environ.update(self.session.env)
             self.ledger = self.session.ledger
             self.run_uuid = self.session.run_uuid
-        adapters.activate()
+        runtimes.activate()
 
     def _stop(self) -> None:
         """Put the process back as it was: adapters off, the session's environment gone."""
-        from cacheaudit import adapters
+        from cacheaudit import runtimes
 
         try:
             with contextlib.suppress(Exception):  # what they had pending is spooled or lost
-                adapters.deactivate()
+                runtimes.deactivate()
         finally:
             if self.session is not None:
                 self.session.close()
@@ -219,9 +219,9 @@ class _Session:
             self.problem = f"{type(exc).__name__}: {exc}"
 
     def _finish(self, session: pytest.Session) -> None:
-        from cacheaudit.adapters import flush_all
         from cacheaudit.audit import audit_run, fails
         from cacheaudit.ledger import Ledger, RunInfo, combine, open_ledger
+        from cacheaudit.runtimes import flush_all
 
         flush_all()
         run = RunInfo(run_uuid=self.run_uuid, label="pytest")
@@ -361,8 +361,8 @@ class CacheauditFixture:
             f.record_id for f in found if f.record_id))
 
     def _ledger(self) -> Ledger | None:
-        from cacheaudit.adapters import flush_all
         from cacheaudit.ledger import open_existing
+        from cacheaudit.runtimes import flush_all
 
         flush_all()
         return open_existing(self.ledger)

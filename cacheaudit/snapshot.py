@@ -20,42 +20,26 @@ import os
 import platform
 import re
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cacheaudit import __version__, envvars
+from cacheaudit import __version__, envvars, probes
 from cacheaudit.findings import ns_iso
+from cacheaudit.probes import COULD_NOT_COLLECT
 
 FORMAT = 1
-COULD_NOT_COLLECT = "could not collect"
-
-# Packages that decide how kernels are compiled and cached (PyTorch's and vLLM's lists, narrowed
-# to JIT runtimes, plus every nvidia-* wheel).
-PACKAGES = ("torch", "triton", "cuda-python", "cuda-bindings", "cuda-core", "cuda-pathfinder",
-            "cupy", "cupy-cuda12x", "cupy-cuda13x", "deep_gemm", "deep-gemm", "deep_ep",
-            "deep-ep", "flashinfer-python", "flashinfer", "numba", "numba-cuda", "jax", "jaxlib",
-            "ninja", "cacheaudit")
+# Packages that decide how kernels are compiled and cached besides those the runtimes' specs
+# name (PyTorch's and vLLM's lists, narrowed to JIT stacks), plus every nvidia-* wheel.
+OTHER_PACKAGES = ("numba", "numba-cuda", "jax", "jaxlib", "cacheaudit")
 
 
-def _run(argv: list[str], timeout: float, env: Mapping[str, str]) -> tuple[str | None, str]:
-    """(output, "") or (None, why not): a probe never raises and never waits past `timeout`."""
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env=dict(env), stdin=subprocess.DEVNULL, errors="replace")
-    except FileNotFoundError:
-        return None, f"{COULD_NOT_COLLECT}: {argv[0]} not found"
-    except subprocess.TimeoutExpired:
-        return None, f"{COULD_NOT_COLLECT}: {os.path.basename(argv[0])} did not answer within " \
-                     f"{timeout:g} s"
-    except OSError as exc:
-        return None, f"{COULD_NOT_COLLECT}: {exc.strerror or exc}"
-    if done.returncode != 0:
-        return None, (f"{COULD_NOT_COLLECT}: {os.path.basename(argv[0])} exited "
-                      f"{done.returncode}: {(done.stderr or done.stdout).strip()[:200]}")
-    return done.stdout, ""
+def packages_reported() -> frozenset[str]:
+    from cacheaudit import runtimes
+
+    return frozenset(name.lower() for declared in runtimes.specs()
+                     for name in declared.packages) | frozenset(OTHER_PACKAGES)
 
 
 def _system() -> dict[str, Any]:
@@ -68,102 +52,43 @@ def _system() -> dict[str, Any]:
 
 def _packages() -> dict[str, str]:
     found: dict[str, str] = {}
+    wanted = packages_reported()
     for distribution in importlib.metadata.distributions():
         name = distribution.metadata.get("Name") or ""
-        if name.lower() in PACKAGES or name.lower().startswith("nvidia-"):
+        if name.lower() in wanted or name.lower().startswith("nvidia-"):
             found[name] = distribution.version
     return dict(sorted(found.items(), key=lambda item: item[0].lower()))
 
 
-def _compiler(name: str, path: str | None, env: Mapping[str, str], timeout: float
-              ) -> dict[str, Any]:
-    if path is None:
-        return {"name": name, "status": f"{COULD_NOT_COLLECT}: not found"}
-    from cacheaudit.compilers import identify
-    from cacheaudit.switches import is_masquerade_dir
-
-    identity = identify(path, env=env, skip=is_masquerade_dir, timeout=timeout, path=path)
-    entry: dict[str, Any] = {
-        "name": name, "path": identity.path, "resolved": identity.resolved,
-        "wrappers": list(identity.wrappers), "version": identity.version_line,
-        "version_text": identity.version_text, "xxh3": identity.digest,
-        "status": identity.error or "ok"}
-    if identity.host is not None:
-        entry["host"] = {"path": identity.host.path, "resolved": identity.host.resolved,
-                         "version": identity.host.version_line, "xxh3": identity.host.digest,
-                         "status": identity.host.error or "ok"}
-    return entry
-
-
-def _which(name: str, env: Mapping[str, str]) -> str | None:
-    from cacheaudit.compilers import find_program
-    from cacheaudit.switches import is_masquerade_dir
-
-    return find_program(name, env.get("PATH", os.defpath), is_masquerade_dir)
-
-
-def _triton_ptxas(env: Mapping[str, str]) -> str | None:
-    explicit = env.get("TRITON_PTXAS_PATH")
-    if explicit:
-        return explicit
-    spec = importlib.util.find_spec("triton")  # located, not imported
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        candidate = os.path.join(location, "backends", "nvidia", "bin", "ptxas")
-        if os.path.exists(candidate):
-            return candidate
-    return None
-
-
-def _nvrtc(env: Mapping[str, str], timeout: float) -> dict[str, Any]:
-    """NVRTC's version and library, asked in a child process: loading it here could hang or
-    crash the snapshot, and importing cuda here would cost the caller."""
-    probe = ("import json\nfrom cuda.bindings import nvrtc\nerr, major, minor = "
-             "nvrtc.nvrtcVersion()\nimport cuda.pathfinder as p\n"
-             "lib = p.load_nvidia_dynamic_lib('nvrtc')\n"
-             "print(json.dumps({'version': f'{major}.{minor}', "
-             "'library': getattr(lib, 'abs_path', None)}))")
-    output, problem = _run([sys.executable, "-c", probe], timeout, env)
-    if output is None:
-        return {"name": "nvrtc", "status": problem}
-    import json
-
-    try:
-        data = json.loads(output.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"name": "nvrtc", "status": f"{COULD_NOT_COLLECT}: unreadable answer"}
-    entry = {"name": "nvrtc", "version": data.get("version"), "path": data.get("library"),
-             "status": "ok"}
-    if entry["path"] and os.path.exists(entry["path"]):
-        from cacheaudit.digest import hash_file
-
-        entry["xxh3"] = hash_file(entry["path"])
-    return entry
-
-
 def _compilers(env: Mapping[str, str], timeout: float) -> list[dict[str, Any]]:
+    from cacheaudit import runtimes
+
     nvcc = None
-    for variable in ("DG_JIT_NVCC_COMPILER", "EP_JIT_NVCC_COMPILER", "DJ_JIT_NVCC_COMPILER"):
+    settings = [setting.name for declared in runtimes.specs()
+                for setting in declared.compiler_settings if setting.compiler == "nvcc"]
+    for variable in settings:
         if env.get(variable):
             nvcc = env[variable]
             break
     if nvcc is None and (env.get("CUDA_HOME") or env.get("CUDA_PATH")):
         candidate = os.path.join(env.get("CUDA_HOME") or env.get("CUDA_PATH", ""), "bin", "nvcc")
         nvcc = candidate if os.path.exists(candidate) else None
-    found = [_compiler("nvcc", nvcc or _which("nvcc", env), env, timeout)]
+    found = [probes.compiler("nvcc", nvcc or probes.which("nvcc", env), env, timeout)]
     for name in ("g++", "gcc", "clang++"):
-        found.append(_compiler(name, _which(name, env), env, timeout))
+        found.append(probes.compiler(name, probes.which(name, env), env, timeout))
     cxx = env.get("CXX")
     if cxx:
-        found.append(_compiler(f"CXX ({cxx})", _which(cxx, env) or cxx, env, timeout))
-    found.append(_compiler("ptxas (triton)", _triton_ptxas(env), env, timeout))
-    found.append(_nvrtc(env, timeout))
+        found.append(probes.compiler(f"CXX ({cxx})", probes.which(cxx, env) or cxx, env,
+                                     timeout))
+    for declared in runtimes.specs():
+        if declared.snapshot is not None:
+            module = importlib.import_module(declared.module(declared.snapshot))
+            found.extend(module.compilers(env, timeout))
     return found
 
 
 def _gpu(env: Mapping[str, str], timeout: float) -> dict[str, Any]:
-    output, problem = _run(["nvidia-smi", "--query-gpu=name,driver_version,uuid",
+    output, problem = probes.run(["nvidia-smi", "--query-gpu=name,driver_version,uuid",
                             "--format=csv,noheader"], timeout, env)
     if output is None:
         return {"status": problem, "gpus": []}
@@ -201,10 +126,10 @@ def _tree_size(path: str) -> tuple[int, int]:
 
 
 def _caches(env: Mapping[str, str]) -> list[dict[str, Any]]:
-    from cacheaudit.readers import all_readers
+    from cacheaudit import runtimes
 
     roots = []
-    for reader in all_readers():
+    for reader in runtimes.layouts():
         for root in reader.default_roots(env):
             if not os.path.isdir(root):
                 continue

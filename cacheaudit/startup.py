@@ -43,9 +43,9 @@ def process_startup() -> bool:
                                        label="startup")
             os.environ.update(prepared.env)
             atexit.register(prepared.close)
-        from cacheaudit import adapters
+        from cacheaudit import runtimes
 
-        adapters.activate()
+        runtimes.activate()
     except Exception as exc:  # noqa: BLE001 - a start-up hook never stops the program
         sys.stderr.write(f"cacheaudit: start-up hook failed: {type(exc).__name__}: {exc}\n")
     return True

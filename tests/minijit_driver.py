@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from cacheaudit.adapters import minijit as adapter
+from cacheaudit.runtimes.deepjit import minijit as adapter
 from fixtures.minijit import Config, DeepJITError, Runtime
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cacheaudit import adapters
+from cacheaudit import adapter, runtimes
 from cacheaudit.ledger import Ledger
 
 
@@ -43,19 +43,24 @@ needs_nvrtc = pytest.mark.skipif(_NVRTC is not None, reason=f"libnvrtc cannot lo
 
 
 def test_the_runtime_table_names_each_adapters_runtime() -> None:
-    for name, runtime in adapters._RUNTIME_MODULES.items():
-        assert adapters.adapter(name).module == runtime
-    assert adapters.available() == list(adapters._RUNTIME_MODULES)
+    for declared in runtimes.specs():
+        if declared.adapter is not None:
+            name = declared.package.rsplit(".", 1)[-1]
+            assert runtimes.adapter(name).module == declared.adapter_imports
+    assert runtimes.available() == ["torch_ext", "triton", "nvrtc", "cuda_core"]
 
 
 def test_activation_imports_no_adapter_until_its_runtime_is_imported() -> None:
     done = _python("""
         import json, sys
-        from cacheaudit import adapters
-        armed = adapters.activate()
-        before = sorted(m for m in sys.modules if m.startswith("cacheaudit.adapters."))
+        from cacheaudit import adapter, runtimes
+        armed = runtimes.activate()
+        def adapters():
+            return sorted(m for m in sys.modules
+                          if m.startswith("cacheaudit.runtimes.") and m.endswith(".adapter"))
+        before = adapters()
         import json.tool  # any import passes the hook's finder
-        still = sorted(m for m in sys.modules if m.startswith("cacheaudit.adapters."))
+        still = adapters()
         print(json.dumps([armed, before, still]))
     """)
     assert done.returncode == 0, done.stderr
@@ -68,12 +73,12 @@ def test_activation_imports_no_adapter_until_its_runtime_is_imported() -> None:
 def test_importing_a_runtime_imports_and_installs_its_adapter() -> None:
     done = _python("""
         import json, sys
-        from cacheaudit import adapters
-        adapters.activate()
+        from cacheaudit import adapter, runtimes
+        runtimes.activate()
         from cuda.bindings import nvrtc
-        from cacheaudit.adapters.nvrtc import ADAPTER
+        from cacheaudit.runtimes.nvrtc.adapter import ADAPTER
         print(json.dumps([ADAPTER.installed(),
-                          "cacheaudit.adapters.triton" in sys.modules]))
+                          "cacheaudit.runtimes.triton.adapter" in sys.modules]))
     """)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [True, False]
@@ -81,8 +86,8 @@ def test_importing_a_runtime_imports_and_installs_its_adapter() -> None:
 
 def test_an_unknown_adapter_is_reported_not_raised() -> None:
     done = _python("""
-        from cacheaudit import adapters
-        print(adapters.activate(["nvrtc", "no_such_runtime"]))
+        from cacheaudit import adapter, runtimes
+        print(runtimes.activate(["nvrtc", "no_such_runtime"]))
     """, flags=("-W", "error"))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['nvrtc']"
@@ -95,12 +100,12 @@ def test_a_failing_hook_never_breaks_the_import_even_under_warnings_as_errors(
     done = _python("""
         import sys
         sys.path.insert(0, sys.argv[1])
-        from cacheaudit import adapters
+        from cacheaudit import adapter, runtimes
 
         def broken(module):
             raise RuntimeError("the adapter broke")
 
-        adapters.when_imported("some_runtime", broken)
+        adapter.when_imported("some_runtime", broken)
         import some_runtime
         print(some_runtime.VALUE)
     """, str(tmp_path), flags=("-W", "error"))
@@ -119,7 +124,7 @@ def test_deactivate_switches_off_an_adapter_another_tool_wrapped(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from cuda.bindings import nvrtc
 
-    from cacheaudit.adapters.nvrtc import ADAPTER
+    from cacheaudit.runtimes.nvrtc.adapter import ADAPTER
 
     ledger = tmp_path / "ledger.db"
     monkeypatch.setenv("CACHEAUDIT_LEDGER", str(ledger))
@@ -135,7 +140,7 @@ def test_deactivate_switches_off_an_adapter_another_tool_wrapped(
         finally:
             nvrtc.nvrtcDestroyProgram(prog)
 
-    adapters.activate(["nvrtc"])
+    runtimes.activate(["nvrtc"])
     ours = nvrtc.nvrtcCompileProgram
     calls = []
 
@@ -148,11 +153,11 @@ def test_deactivate_switches_off_an_adapter_another_tool_wrapped(
         ADAPTER.install()  # still installed under theirs: not a second wrapper
         assert nvrtc.nvrtcCompileProgram is theirs
         assert compile_once() == 0
-        adapters.deactivate()
+        runtimes.deactivate()
         assert nvrtc.nvrtcCompileProgram is theirs  # theirs stays on top
         assert compile_once() == 0
     finally:
-        adapters.deactivate()
+        runtimes.deactivate()
         nvrtc.nvrtcCompileProgram = original
     assert len(calls) == 2
     with Ledger.open(str(ledger)) as opened:
@@ -166,13 +171,15 @@ def test_deactivate_switches_off_an_adapter_another_tool_wrapped(
 def test_a_child_forked_while_locks_are_held_can_take_them(tmp_path: Path) -> None:
     done = _python("""
         import json, os, sys, threading
-        from cacheaudit import adapters, recorder
-        from cacheaudit.adapters import cuda_core, nvrtc, torch_ext
+        from cacheaudit import adapter, recorder
+        from cacheaudit.runtimes.torch_ext import adapter as torch_ext
+        from cacheaudit.runtimes.nvrtc import adapter as nvrtc
+        from cacheaudit.runtimes.cuda_core import adapter as cuda_core
         from cacheaudit.ledger import RunInfo, new_record_id
         from cacheaudit.model import CompileRecord
 
         locks = {
-            "adapters": lambda: adapters._lock,
+            "adapters": lambda: adapter._lock,
             "recorder": lambda: recorder._HELD._lock,
             "nvrtc": lambda: nvrtc.ADAPTER._lock,
             "torch_ext": lambda: torch_ext.ADAPTER._lock,
@@ -232,21 +239,21 @@ def test_patches_restore_exactly_and_leave_what_was_wrapped_since() -> None:
             return "own"
 
     original_own = Owner.__dict__["own"]
-    patches = [adapters.apply_patch(Owner, "own", lambda self: "ours"),
-               adapters.apply_patch(Owner, "inherited", lambda self: "ours")]
+    patches = [adapter.apply_patch(Owner, "own", lambda self: "ours"),
+               adapter.apply_patch(Owner, "inherited", lambda self: "ours")]
     assert Owner().own() == Owner().inherited() == "ours"
-    assert adapters.restore_patches(patches) == []
+    assert adapter.restore_patches(patches) == []
     assert Owner.__dict__["own"] is original_own
     assert "inherited" not in Owner.__dict__ and Owner().inherited() == "base"
 
-    patch = adapters.apply_patch(Owner, "own", lambda self: "ours")
+    patch = adapter.apply_patch(Owner, "own", lambda self: "ours")
     Owner.own = lambda self: "theirs"  # type: ignore[method-assign]
-    assert adapters.restore_patches([patch]) == ["Owner.own"]
+    assert adapter.restore_patches([patch]) == ["Owner.own"]
     assert Owner().own() == "theirs"
 
 
 def test_one_report_per_kind_of_problem(capfd: pytest.CaptureFixture[str]) -> None:
-    log = adapters.ProblemLog("demo adapter")
+    log = adapter.ProblemLog("demo adapter")
     for _ in range(3):
         log("OSError: disk full")
         log("ValueError: bad")
@@ -265,20 +272,20 @@ def test_jsonable_keeps_the_evidence_readable() -> None:
 
     value = {"target": Target("cuda", 90), "libs": (("libdevice", Path("/x/l.bc")),),
              "raw": b"-O3", "other": range(2)}
-    assert adapters.jsonable(value) == {"target": {"backend": "cuda", "arch": 90},
+    assert adapter.jsonable(value) == {"target": {"backend": "cuda", "arch": 90},
                                         "libs": [["libdevice", "/x/l.bc"]], "raw": "-O3",
                                         "other": "range(0, 2)"}
-    json.dumps(adapters.jsonable(value))
+    json.dumps(adapter.jsonable(value))
 
 
 def test_an_environment_snapshot_is_shared_until_the_environment_changes(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    first = adapters.environ_snapshot()
-    assert adapters.environ_snapshot() is first
+    first = adapter.environ_snapshot()
+    assert adapter.environ_snapshot() is first
     monkeypatch.setenv("CACHEAUDIT_DISABLE", "1")
-    off = adapters.environ_snapshot()
+    off = adapter.environ_snapshot()
     assert off is not first and off.disabled and not first.disabled
     monkeypatch.setenv("CACHEAUDIT_DISABLE", "0")
-    assert not adapters.environ_snapshot().disabled
-    text, _compile_env = adapters.environ_text(adapters.environ_snapshot())
+    assert not adapter.environ_snapshot().disabled
+    text, _compile_env = adapter.environ_text(adapter.environ_snapshot())
     assert text["CACHEAUDIT_DISABLE"] == "0"

@@ -19,8 +19,9 @@ from cacheaudit.audit import AuditOptions, fails, keep, scan
 from cacheaudit.digest import StateCache
 from cacheaudit.ledger import Ledger, new_record_id
 from cacheaudit.model import ArgToken, CacheEntry, CompileRecord, CompilerIdentity, Finding
-from cacheaudit.policies import TrackedSet, policy_for
-from cacheaudit.readers import reader_for
+from cacheaudit.policy import TrackedSet
+from cacheaudit.runtimes import layout_for as reader_for
+from cacheaudit.runtimes import policy_for
 
 from support import NVCC, deadline
 from truth_table import SOURCE, Project, _write

@@ -90,7 +90,7 @@ def ledger_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def adapter(ledger_path: Path) -> Iterator[Any]:
-    from cacheaudit.adapters import cuda_core
+    from cacheaudit.runtimes.cuda_core import adapter as cuda_core
 
     cuda_core._RECORDER.contexts.clear()
     cuda_core._RECORDER.watch.clear()
@@ -129,9 +129,9 @@ def _compile(source: str, options: Any, cache: Any = None) -> bytes:
 
 
 def test_importing_the_modules_imports_no_cuda() -> None:
-    probe = ("import sys, cacheaudit.headers, cacheaudit.adapters.cuda_core, "
-             "cacheaudit.policies.cuda_core, cacheaudit.readers.cuda_core, "
-             "cacheaudit.policies.cupy, cacheaudit.readers.cupy; "
+    probe = ("import sys, cacheaudit.headers, cacheaudit.runtimes.cuda_core.adapter, "
+             "cacheaudit.runtimes.cuda_core.policy, cacheaudit.runtimes.cuda_core.layout, "
+             "cacheaudit.runtimes.cupy.policy, cacheaudit.runtimes.cupy.layout; "
              "print(' '.join(sorted(m for m in sys.modules "
              "if m.split('.')[0] in ('cuda', 'cupy', 'cupy_backends', 'torch', 'triton'))))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
@@ -282,7 +282,7 @@ def test_a_compile_then_a_disk_hit_with_the_same_key(adapter: Any, ledger_path: 
     assert inputs["nvrtc_version"].count(".") == 1
     assert compile_record.graph is None  # nothing included: nothing read
 
-    from cacheaudit.policies.cuda_core import recompute_key
+    from cacheaudit.runtimes.cuda_core.policy import recompute_key
 
     assert recompute_key(inputs, None) == key
 
@@ -306,7 +306,7 @@ def test_in_memory_cache_records_memory_hits(adapter: Any, ledger_path: Path) ->
 def test_audited_wrapper_records_a_users_own_backend(ledger_path: Path, tmp_path: Path) -> None:
     from cuda.core.utils import FileStreamProgramCache, ProgramCacheResource
 
-    from cacheaudit.adapters.cuda_core import ADAPTER, AuditedProgramCache
+    from cacheaudit.runtimes.cuda_core.adapter import ADAPTER, AuditedProgramCache
 
     class DictCache(ProgramCacheResource):
         def __init__(self) -> None:
@@ -551,11 +551,11 @@ def test_hits_of_one_key_from_many_threads_while_flushing_are_all_counted(
 
 _DRIVER = textwrap.dedent("""
     import hashlib, sys
-    from cacheaudit import adapters
-    adapters.activate(["cuda_core"])          # before cuda.core is imported: a post-import hook
+    from cacheaudit import adapter, runtimes
+    runtimes.activate(["cuda_core"])          # before cuda.core is imported: a post-import hook
     from cuda.core import Program, ProgramOptions
     from cuda.core.utils import FileStreamProgramCache
-    from cacheaudit.adapters.cuda_core import ADAPTER
+    from cacheaudit.runtimes.cuda_core.adapter import ADAPTER
     assert ADAPTER.installed()
     source = open(sys.argv[2]).read()
     options = ProgramOptions(arch="sm_90", name="kernel.cu")
@@ -758,7 +758,7 @@ def test_install_is_idempotent_and_uninstall_restores_the_originals(ledger_path:
     import cuda.core.utils._program_cache as package
     from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
 
-    from cacheaudit.adapters.cuda_core import ADAPTER
+    from cacheaudit.runtimes.cuda_core.adapter import ADAPTER
 
     def snapshot() -> list[object]:
         return [package.make_program_cache_key, utils.make_program_cache_key,
@@ -786,7 +786,7 @@ def test_fail_open_the_runtime_behaves_exactly_as_without(
         capfd: pytest.CaptureFixture[str]) -> None:
     from cuda.core.utils import FileStreamProgramCache, make_program_cache_key
 
-    from cacheaudit.adapters import cuda_core
+    from cacheaudit.runtimes.cuda_core import adapter as cuda_core
 
     # A ledger that cannot exist (its directory is a file), and a key observer that breaks.
     blocker = tmp_path / "not-a-dir"
@@ -827,7 +827,7 @@ def test_uninstall_leaves_what_someone_patched_over(ledger_path: Path,
                                                     capfd: pytest.CaptureFixture[str]) -> None:
     import cuda.core.utils._program_cache as package
 
-    from cacheaudit.adapters import cuda_core
+    from cacheaudit.runtimes.cuda_core import adapter as cuda_core
 
     cuda_core._RECORDER.problems.clear()
     cuda_core.ADAPTER.install()
@@ -865,7 +865,7 @@ def test_uninstall_leaves_what_someone_patched_over(ledger_path: Path,
 def test_reader_lists_entries_and_interrupted_writes(tmp_path: Path) -> None:
     from cacheaudit.digest import StateCache
     from cacheaudit.model import CacheEntry, CacheLeftover
-    from cacheaudit.readers.cuda_core import READER
+    from cacheaudit.runtimes.cuda_core.layout import LAYOUT
 
     root = tmp_path / "program-cache"
     name = hashlib.sha256(b"some key").hexdigest()
@@ -881,10 +881,10 @@ def test_reader_lists_entries_and_interrupted_writes(tmp_path: Path) -> None:
     dead = root / "tmp" / "entry-k2j3h4g5"
     dead.write_bytes(b"\x7fELF partial")
     _age(dead, 7200)
-    assert READER.is_root(str(root))
-    assert not READER.is_root(str(tmp_path))
+    assert LAYOUT.is_root(str(root))
+    assert not LAYOUT.is_root(str(tmp_path))
 
-    items = list(READER.read(str(root), StateCache()))
+    items = list(LAYOUT.read(str(root), StateCache()))
     entries = {i.path: i for i in items if isinstance(i, CacheEntry)}
     leftovers = {i.path: i for i in items if isinstance(i, CacheLeftover)}
     assert set(entries) == {str(entry), str(empty)}
@@ -897,13 +897,13 @@ def test_reader_lists_entries_and_interrupted_writes(tmp_path: Path) -> None:
 
 
 def test_reader_default_roots_follow_cuda_core() -> None:
-    from cacheaudit.readers.cuda_core import READER
+    from cacheaudit.runtimes.cuda_core.layout import LAYOUT
 
-    assert READER.default_roots({"XDG_CACHE_HOME": "/x", "HOME": "/h"}) == [
+    assert LAYOUT.default_roots({"XDG_CACHE_HOME": "/x", "HOME": "/h"}) == [
         "/x/cuda-python/program-cache"]
-    assert READER.default_roots({"XDG_CACHE_HOME": "", "HOME": "/h"}) == [
+    assert LAYOUT.default_roots({"XDG_CACHE_HOME": "", "HOME": "/h"}) == [
         "/h/.cache/cuda-python/program-cache"]
-    assert READER.default_roots({}) == []
+    assert LAYOUT.default_roots({}) == []
 
 
 @needs_cuda_core
@@ -912,14 +912,14 @@ def test_reader_matches_the_directory_cuda_core_writes(tmp_path: Path,
     from cuda.core.utils import FileStreamProgramCache
 
     from cacheaudit.digest import StateCache
-    from cacheaudit.readers.cuda_core import READER
+    from cacheaudit.runtimes.cuda_core.layout import LAYOUT
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     cache = FileStreamProgramCache()  # the default root, as cuda.core resolves it
     cache[b"k"] = b"payload"
-    (root,) = READER.default_roots(dict(os.environ))
-    assert READER.is_root(root)
-    (entry,) = READER.read(root, StateCache())
+    (root,) = LAYOUT.default_roots(dict(os.environ))
+    assert LAYOUT.is_root(root)
+    (entry,) = LAYOUT.read(root, StateCache())
     assert entry.key == hashlib.sha256(b"k").hexdigest()
     assert cache[b"k"] == Path(entry.path).read_bytes()
 
@@ -949,19 +949,19 @@ def test_headers_found_through_include_path_are_not_from_the_working_directory(
 def test_reader_names_a_directory_where_an_entry_file_belongs(tmp_path: Path) -> None:
     from cacheaudit.digest import StateCache
     from cacheaudit.model import CacheLeftover
-    from cacheaudit.readers.cuda_core import READER
+    from cacheaudit.runtimes.cuda_core.layout import LAYOUT
 
     name = hashlib.sha256(b"a key").hexdigest()
     (tmp_path / "entries" / name[:2] / name[2:]).mkdir(parents=True)
     (tmp_path / "tmp").mkdir()
-    [leftover] = list(READER.read(str(tmp_path), StateCache()))
+    [leftover] = list(LAYOUT.read(str(tmp_path), StateCache()))
     assert isinstance(leftover, CacheLeftover)
     assert leftover.reason.startswith("a directory with an entry's name")
     assert "IsADirectoryError" in leftover.reason
 
 
 def test_key_recomputation_takes_a_program_name_that_is_not_utf8() -> None:
-    from cacheaudit.policies.cuda_core import recompute_key
+    from cacheaudit.runtimes.cuda_core.policy import recompute_key
 
     inputs = {"code_type": "c++", "schema": 2, "code": "extern \"C\" __global__ void k() {}",
               "option_bytes": ["-arch=sm_90"], "nvrtc_version": "13.0", "target_type": "cubin",

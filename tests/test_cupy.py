@@ -17,7 +17,7 @@ import pytest
 
 from cacheaudit.digest import StateCache
 from cacheaudit.model import CacheEntry, CacheLeftover, content_digest
-from cacheaudit.readers.cupy import PAYLOAD_MAGIC, READER
+from cacheaudit.runtimes.cupy.layout import LAYOUT, PAYLOAD_MAGIC
 
 CUBIN = b"\x7fELF\x02\x01\x01" + bytes(range(64)) * 4
 SOURCE = 'extern "C" __global__ void scale(float* x) { x[0] *= 2; }\n'
@@ -53,7 +53,7 @@ def cache_dir(tmp_path: Path) -> Path:
 
 
 def read(root: Path) -> tuple[dict[str, CacheEntry], dict[str, CacheLeftover]]:
-    items = list(READER.read(str(root), StateCache()))
+    items = list(LAYOUT.read(str(root), StateCache()))
     return ({os.path.basename(i.path): i for i in items if isinstance(i, CacheEntry)},
             {os.path.basename(i.path): i for i in items if isinstance(i, CacheLeftover)})
 
@@ -85,7 +85,7 @@ def test_valid_entries_of_every_kind(cache_dir: Path) -> None:
     assert entries[named].meta["binary_xxh3"] == content_digest(CUBIN)
     assert entries[lto].meta["kind"] == "ltoir"
     assert entries[ptx].meta["format"] == "ptx"
-    assert READER.is_root(str(cache_dir))
+    assert LAYOUT.is_root(str(cache_dir))
 
 
 def test_corrupt_entries_are_ca402_evidence(cache_dir: Path) -> None:
@@ -125,9 +125,9 @@ def test_leftovers(cache_dir: Path) -> None:
 
 
 def test_roots() -> None:
-    assert READER.default_roots({"CUPY_CACHE_DIR": "/c", "HOME": "/h"}) == ["/c"]
-    assert READER.default_roots({"HOME": "/h"}) == ["/h/.cupy/kernel_cache"]
-    assert READER.default_roots({}) == []
+    assert LAYOUT.default_roots({"CUPY_CACHE_DIR": "/c", "HOME": "/h"}) == ["/c"]
+    assert LAYOUT.default_roots({"HOME": "/h"}) == ["/h/.cupy/kernel_cache"]
+    assert LAYOUT.default_roots({}) == []
 
 
 def test_scan_reports_corruption_and_unverifiable_entries(cache_dir: Path, tmp_path: Path) -> None:
@@ -148,7 +148,7 @@ def test_scan_reports_corruption_and_unverifiable_entries(cache_dir: Path, tmp_p
 
 
 def test_policy_tracks_no_header() -> None:
-    from cacheaudit.policies import policy_for
+    from cacheaudit.runtimes import policy_for
 
     policy = policy_for("cupy")
     entry = CacheEntry(runtime="cupy", layout="cupy", root="/r", path="/r/x.cubin",

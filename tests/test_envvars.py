@@ -684,10 +684,10 @@ def test_exact_registry_has_no_duplicates_and_is_read_only() -> None:
 
 def test_every_policy_flavour_is_a_known_flavour_or_none() -> None:
     from cacheaudit.envvars import FLAVOURS
-    from cacheaudit.policies import _MODULES, policy_for
+    from cacheaudit import runtimes
 
-    for runtime in _MODULES:
-        policy = policy_for(runtime)
+    for runtime in [s.name for s in runtimes.specs() if s.policy is not None]:
+        policy = runtimes.policy_for(runtime)
         if policy.env_prefixes:
             assert policy.flavour in FLAVOURS, runtime
         else:

@@ -104,7 +104,7 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def adapter(ledger: Path) -> Iterator[Any]:
-    from cacheaudit.adapters.nvrtc import ADAPTER
+    from cacheaudit.runtimes.nvrtc.adapter import ADAPTER
 
     ADAPTER.install()
     assert ADAPTER.installed()
@@ -155,7 +155,7 @@ def _only(records: list[CompileRecord]) -> CompileRecord:
 ], ids=["sm_90", "compute_90", "G", "lineinfo", "dlto"])
 def test_outputs_are_byte_identical_with_and_without_the_adapter(
         tree: Path, ledger: Path, extra: list[bytes]) -> None:
-    from cacheaudit.adapters.nvrtc import ADAPTER
+    from cacheaudit.runtimes.nvrtc.adapter import ADAPTER
 
     name = str(tree / "pd" / "k.cu").encode()
     options = [*extra, f"-I{tree / 'inc'}".encode()]
@@ -181,7 +181,7 @@ def test_outputs_are_byte_identical_with_and_without_the_adapter(
 @needs_nvrtc
 @needs_cuda_headers
 def test_cuda_headers_compile_identically_and_are_recorded(tree: Path, ledger: Path) -> None:
-    from cacheaudit.adapters.nvrtc import ADAPTER
+    from cacheaudit.runtimes.nvrtc.adapter import ADAPTER
 
     source = b'#include <cuda_fp16.h>\n' + SOURCE
     name = str(tree / "pd" / "k.cu").encode()
@@ -223,7 +223,7 @@ def test_a_failed_compile_fails_the_same_way_and_is_recorded(
 def test_an_ordinary_failing_compile_is_compiled_once(tree: Path, ledger: Path) -> None:
     from cuda.bindings import nvrtc
 
-    from cacheaudit.adapters.nvrtc import ADAPTER
+    from cacheaudit.runtimes.nvrtc.adapter import ADAPTER
 
     broken = b'extern "C" __global__ void k(float* o) { o[0] = NOPE; }\n'
     real = nvrtc.nvrtcCompileProgram
@@ -358,7 +358,7 @@ def test_a_program_created_before_installation_still_gets_its_graph(
         tree: Path, ledger: Path) -> None:
     from cuda.bindings import nvrtc
 
-    from cacheaudit.adapters.nvrtc import ADAPTER
+    from cacheaudit.runtimes.nvrtc.adapter import ADAPTER
 
     _, prog = nvrtc.nvrtcCreateProgram(SOURCE, str(tree / "pd" / "k.cu").encode(), 1,
                                        [MEMORY[0][1]], [MEMORY[0][0]])
@@ -384,7 +384,7 @@ _PCH_DRIVER = textwrap.dedent("""
     root, use_adapter = sys.argv[1], sys.argv[2] == "1"
     os.chdir(root)
     if use_adapter:
-        from cacheaudit.adapters.nvrtc import ADAPTER
+        from cacheaudit.runtimes.nvrtc.adapter import ADAPTER
         ADAPTER.install()
     from cuda.bindings import nvrtc
 
@@ -463,7 +463,7 @@ _LATE_DRIVER = textwrap.dedent("""
     root, mode = sys.argv[1], sys.argv[2]
     os.chdir(root)
     from cuda.bindings import nvrtc
-    from cacheaudit.adapters.nvrtc import ADAPTER
+    from cacheaudit.runtimes.nvrtc.adapter import ADAPTER
 
     def compile_():
         src = b'#include "big.h"\\nextern "C" __global__ void k(float* o) { o[0] = BIG; }\\n'
@@ -553,7 +553,7 @@ def test_explicit_pch_files_keep_their_command_line(
 def test_install_twice_is_a_no_op_and_uninstall_restores_the_originals(ledger: Path) -> None:
     from cuda.bindings import nvrtc
 
-    from cacheaudit.adapters.nvrtc import ADAPTER
+    from cacheaudit.runtimes.nvrtc.adapter import ADAPTER
 
     originals = {name: getattr(nvrtc, name) for name in _PATCHED}
     ADAPTER.install()
@@ -576,22 +576,22 @@ def test_install_twice_is_a_no_op_and_uninstall_restores_the_originals(ledger: P
 def test_activation_installs_the_nvrtc_adapter(ledger: Path) -> None:
     from cuda.bindings import nvrtc
 
-    from cacheaudit import adapters
-    from cacheaudit.adapters.nvrtc import ADAPTER
+    from cacheaudit import runtimes
+    from cacheaudit.runtimes.nvrtc.adapter import ADAPTER
 
     original = nvrtc.nvrtcCompileProgram
     try:
-        assert "nvrtc" in adapters.activate(["nvrtc"])
+        assert "nvrtc" in runtimes.activate(["nvrtc"])
         assert ADAPTER.installed()
     finally:
-        adapters.deactivate()
+        runtimes.deactivate()
     assert nvrtc.nvrtcCompileProgram is original
 
 
 @needs_nvrtc
 def test_a_broken_ledger_changes_nothing_for_the_caller(
         tree: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from cacheaudit.adapters.nvrtc import ADAPTER
+    from cacheaudit.runtimes.nvrtc.adapter import ADAPTER
 
     blocker = tree / "not-a-directory"
     blocker.write_text("")
@@ -612,7 +612,7 @@ def test_a_broken_ledger_changes_nothing_for_the_caller(
 
 
 def test_importing_the_adapter_and_policy_imports_no_runtime() -> None:
-    code = ("import sys, cacheaudit.adapters.nvrtc, cacheaudit.policies.nvrtc\n"
+    code = ("import sys, cacheaudit.runtimes.nvrtc.adapter, cacheaudit.runtimes.nvrtc.policy\n"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('cuda', 'torch', 'triton', "
             "'cupy')]\nassert not bad, bad\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -641,7 +641,7 @@ def _record(record_id: str, started_ns: int, **fields: Any) -> CompileRecord:
 
 def test_policy_keys_nothing() -> None:
     from cacheaudit.model import CacheEntry
-    from cacheaudit.policies import policy_for
+    from cacheaudit.runtimes import policy_for
 
     policy = policy_for("nvrtc")
     entry = CacheEntry(runtime="nvrtc", layout="none", root="/", path="/x", kernel="k", key=None)
@@ -683,8 +683,8 @@ def test_policy_reports_a_successful_compile_without_a_graph() -> None:
 
 
 def test_option_helpers() -> None:
-    from cacheaudit.adapters.nvrtc import has_option, memory_state, option_value
     from cacheaudit.graph import nvrtc_shadow_options as shadow_options
+    from cacheaudit.runtimes.nvrtc.adapter import has_option, memory_state, option_value
 
     options = ["--pch", "--pch-dir=/a", "-pch-dir=/b", "-I/x"]
     assert option_value(options, ("--pch-dir", "-pch-dir")) == "/b"

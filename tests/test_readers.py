@@ -16,16 +16,13 @@ import pytest
 import xxhash
 
 from cacheaudit.digest import NotARegularFile, StateCache, read_file
+from cacheaudit.layout import TMP_DIR_REASON, TMP_FILE_REASON, read_head
 from cacheaudit.model import CacheEntry, CacheLeftover
-from cacheaudit.readers import all_readers, reader_for
-from cacheaudit.readers._common import (
-    TMP_DIR_REASON,
-    TMP_FILE_REASON,
-    read_head,
-)
-from cacheaudit.readers.deepgemm import READER as DEEPGEMM
-from cacheaudit.readers.deepgemm import parse_head
-from cacheaudit.readers.deepjit import READER as DEEPJIT
+from cacheaudit.runtimes import layout_for as reader_for
+from cacheaudit.runtimes import layouts as all_readers
+from cacheaudit.runtimes.deepgemm.layout import LAYOUT as DEEPGEMM
+from cacheaudit.runtimes.deepgemm.layout import parse_head
+from cacheaudit.runtimes.deepjit.layout import LAYOUT as DEEPJIT
 
 from support import deadline
 
@@ -668,7 +665,7 @@ def test_fifo_source_is_evidence_not_a_hang(tmp_path):
 
 
 def test_fifo_triton_metadata_and_group_are_evidence_not_a_hang(tmp_path):
-    from cacheaudit.policies.triton import base32_name
+    from cacheaudit.runtimes.triton.policy import base32_name
 
     key = "ab" * 32
     directory = tmp_path / base32_name(key)

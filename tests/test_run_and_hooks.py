@@ -134,7 +134,7 @@ def test_start_up_hook_is_installed_gated_and_idempotent(tmp_path: Path):
 
 
 def test_child_python_processes_inherit_the_hook(tmp_path: Path):
-    child = ("import sys, os, json; print(json.dumps(['cacheaudit.adapters' in sys.modules, "
+    child = ("import sys, os, json; print(json.dumps(['cacheaudit.runtimes' in sys.modules, "
              "os.environ.get('CACHEAUDIT_RUN')]))")
     parent = textwrap.dedent(f"""
         import os, subprocess, sys, json

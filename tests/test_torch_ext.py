@@ -29,7 +29,7 @@ from cacheaudit.audit import audit_records, audit_run, scan
 from cacheaudit.digest import StateCache
 from cacheaudit.ledger import Ledger
 from cacheaudit.model import CacheEntry, CacheLeftover, CompileRecord, FileState, Finding
-from cacheaudit.policies import policy_for
+from cacheaudit.runtimes import policy_for
 
 from support import GXX, clean_env, deadline
 
@@ -46,8 +46,8 @@ DRIVER = r"""
 import ctypes, json, os, sys
 spec = json.loads(sys.argv[1])
 if spec.get("adapter", True):
-    from cacheaudit import adapters
-    adapters.activate(["torch_ext"])
+    from cacheaudit import adapter, runtimes
+    runtimes.activate(["torch_ext"])
 from torch.utils import cpp_extension
 out = []
 for step in spec["steps"]:
@@ -300,7 +300,7 @@ def test_install_is_idempotent_and_uninstall_restores_the_originals(project: Pro
     probe = r"""
 import json
 from torch.utils import cpp_extension as m
-from cacheaudit.adapters.torch_ext import ADAPTER
+from cacheaudit.runtimes.torch_ext.adapter import ADAPTER
 before = (m._jit_compile, m._run_ninja_build)
 ADAPTER.install(); first = (m._jit_compile, m._run_ninja_build)
 ADAPTER.install(); second = (m._jit_compile, m._run_ninja_build)
@@ -323,9 +323,9 @@ print(json.dumps({"wrapped": first[0] is not before[0] and first[1] is not befor
 def test_an_adapter_error_leaves_what_load_returns_and_raises_unchanged(project: Project):
     bare = project.run(project.load(), project.load_inline("syntax error", "bad"), adapter=False)
     probe = DRIVER.replace(
-        'adapters.activate(["torch_ext"])',
-        'adapters.activate(["torch_ext"])\n'
-        '    from cacheaudit.adapters import torch_ext\n'
+        'runtimes.activate(["torch_ext"])',
+        'runtimes.activate(["torch_ext"])\n'
+        '    from cacheaudit.runtimes.torch_ext import adapter as torch_ext\n'
         '    def boom(*args):\n'
         '        raise RuntimeError("injected adapter failure")\n'
         '    torch_ext.TorchExtAdapter._before_ninja = boom\n'
@@ -402,8 +402,8 @@ exec {GXX} "$@"
 
 
 def test_dependency_passes_share_one_deadline(tmp_path: Path):
-    from cacheaudit.adapters.torch_ext import _Pass, _Passes
     from cacheaudit.graph import start_dependency_pass
+    from cacheaudit.runtimes.torch_ext.adapter import _Pass, _Passes
 
     slow = tmp_path / "slow-c++"
     slow.write_text("#!/bin/sh\nexec sleep 20\n")
@@ -430,9 +430,9 @@ def test_a_torch_without_the_hooked_functions_is_left_alone(project: Project):
 import json
 from torch.utils import cpp_extension as m
 del m._run_ninja_build
-from cacheaudit import adapters
-adapters.activate(["torch_ext"])
-from cacheaudit.adapters.torch_ext import ADAPTER
+from cacheaudit import adapter, runtimes
+runtimes.activate(["torch_ext"])
+from cacheaudit.runtimes.torch_ext.adapter import ADAPTER
 ADAPTER.install()
 print(json.dumps({"installed": ADAPTER.installed(),
                   "untouched": not hasattr(m._jit_compile, "__wrapped__")}))
@@ -450,9 +450,9 @@ def test_a_wrapper_on_top_keeps_working_and_ours_under_it_goes_quiet(project: Pr
     probe = r"""
 import json
 from torch.utils import cpp_extension as m
-from cacheaudit import adapters
-from cacheaudit.adapters.torch_ext import ADAPTER
-adapters.activate(["torch_ext"])
+from cacheaudit import adapter, runtimes
+from cacheaudit.runtimes.torch_ext.adapter import ADAPTER
+runtimes.activate(["torch_ext"])
 ours = m._jit_compile
 calls = []
 def theirs(*args, **kwargs):
@@ -462,7 +462,7 @@ m._jit_compile = theirs
 ADAPTER.install()  # ours still runs under theirs: wrapping again would record twice
 again = m._jit_compile is theirs
 first = m.load(**json.loads(__import__("sys").argv[1]))
-adapters.deactivate()
+runtimes.deactivate()
 second = m.load(**json.loads(__import__("sys").argv[1]))
 print(json.dumps({"again": again, "calls": len(calls), "kept": m._jit_compile is theirs,
                   "same": first == second}))
@@ -478,9 +478,10 @@ print(json.dumps({"again": again, "calls": len(calls), "kept": m._jit_compile is
 
 
 def test_importing_the_torch_ext_modules_does_not_import_torch():
-    probe = ("import sys, cacheaudit.adapters.torch_ext, cacheaudit.policies.torch_ext, "
-             "cacheaudit.readers.torch_ext; from cacheaudit import adapters; "
-             "adapters.adapter('torch_ext'); "
+    probe = ("import sys, cacheaudit.runtimes.torch_ext.adapter, "
+             "cacheaudit.runtimes.torch_ext.policy, cacheaudit.runtimes.torch_ext.layout; "
+             "from cacheaudit import runtimes; "
+             "runtimes.adapter('torch_ext'); "
              "print(' '.join(m for m in ('torch', 'numpy') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           check=True)
@@ -503,7 +504,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Project:
 @needs_torch
 def test_build_file_and_deps_log_parsers_agree_with_ninja(built: Project):
     from cacheaudit.graph import parse_ninja_deps
-    from cacheaudit.readers.torch_ext import read_build_file, read_deps_log
+    from cacheaudit.runtimes.torch_ext.layout import read_build_file, read_deps_log
 
     build = read_build_file(str(built.build_dir / "build.ninja"))
     commands = subprocess.run([NINJA, "-t", "commands"], cwd=built.build_dir, check=True,
@@ -518,7 +519,7 @@ def test_build_file_and_deps_log_parsers_agree_with_ninja(built: Project):
 
 
 def test_build_file_parser_evaluates_ninja_escapes_and_scopes():
-    from cacheaudit.readers.torch_ext import parse_build_file, shell_escape
+    from cacheaudit.runtimes.torch_ext.layout import parse_build_file, shell_escape
 
     text = ("cxx = c++\nflags = -I/a$ b -DX=$$HOME\n"
             "rule compile\n  command = $cxx $flags -c $in -o $out $extra\n  depfile = $out.d\n"
@@ -538,26 +539,26 @@ def test_build_file_parser_evaluates_ninja_escapes_and_scopes():
 
 
 def test_default_roots_follow_torch():
-    from cacheaudit.readers.torch_ext import READER
+    from cacheaudit.runtimes.torch_ext.layout import LAYOUT
 
-    assert READER.default_roots({"TORCH_EXTENSIONS_DIR": "/x/ext", "HOME": "/h"}) == ["/x/ext"]
+    assert LAYOUT.default_roots({"TORCH_EXTENSIONS_DIR": "/x/ext", "HOME": "/h"}) == ["/x/ext"]
     if sys.platform.startswith("linux"):
-        assert READER.default_roots({"HOME": "/h", "XDG_CACHE_HOME": "/c"}) == [
+        assert LAYOUT.default_roots({"HOME": "/h", "XDG_CACHE_HOME": "/c"}) == [
             os.path.realpath("/c/torch_extensions")]
-        assert READER.default_roots({"HOME": "/h"}) == [
+        assert LAYOUT.default_roots({"HOME": "/h"}) == [
             os.path.realpath("/h/.cache/torch_extensions")]
 
 
 @needs_torch
 def test_reader_finds_the_entry_under_the_default_layout(built: Project, tmp_path: Path):
-    from cacheaudit.readers.torch_ext import READER
+    from cacheaudit.runtimes.torch_ext.layout import LAYOUT
 
     root = tmp_path / "torch_extensions"
     shutil.copytree(built.build_dir, root / "py311_cpu" / "kx")
-    assert READER.is_root(str(root)) and READER.is_root(str(root / "py311_cpu"))
-    assert READER.is_root(str(root / "py311_cpu" / "kx"))
-    assert not READER.is_root(str(tmp_path))
-    [entry] = [e for e in READER.read(str(root), StateCache()) if isinstance(e, CacheEntry)]
+    assert LAYOUT.is_root(str(root)) and LAYOUT.is_root(str(root / "py311_cpu"))
+    assert LAYOUT.is_root(str(root / "py311_cpu" / "kx"))
+    assert not LAYOUT.is_root(str(tmp_path))
+    [entry] = [e for e in LAYOUT.read(str(root), StateCache()) if isinstance(e, CacheEntry)]
     assert entry.kernel == "kx" and entry.path == str(root / "py311_cpu" / "kx")
     assert entry.binary is not None and entry.binary.path.endswith("/kx.so")
     assert entry.source is not None and entry.source.path == str(built.source)
@@ -569,7 +570,7 @@ def test_reader_finds_the_entry_under_the_default_layout(built: Project, tmp_pat
 @needs_torch
 def test_stale_lock_missing_library_and_old_versions_are_reported(built: Project,
                                                                    tmp_path: Path):
-    from cacheaudit.readers.torch_ext import READER
+    from cacheaudit.runtimes.torch_ext.layout import LAYOUT
 
     root = tmp_path / "ext"
     shutil.copytree(built.build_dir, root / "kx")
@@ -577,10 +578,10 @@ def test_stale_lock_missing_library_and_old_versions_are_reported(built: Project
     shutil.copy(root / "kx" / "kx.so", root / "kx" / "kx_v1.so")
     (root / "kx" / "kx.so").unlink()
     (root / "orphan").mkdir()
-    items = list(READER.read(str(root), StateCache()))
+    items = list(LAYOUT.read(str(root), StateCache()))
     [entry] = [e for e in items if isinstance(e, CacheEntry)]
     problems = " | ".join(entry.problems)
-    from cacheaudit.readers.torch_ext import lock_holders
+    from cacheaudit.runtimes.torch_ext.layout import lock_holders
 
     if lock_holders(str(root / "kx" / "lock")) is None:
         # Some process's descriptors are hidden from this user: "stale" cannot be claimed.
@@ -594,7 +595,7 @@ def test_stale_lock_missing_library_and_old_versions_are_reported(built: Project
     # A lock that a running build holds open is no problem.
     with open(root / "kx" / "lock") as held:
         assert held and not any("lock" in p for p in next(
-            e for e in READER.read(str(root), StateCache()) if isinstance(e, CacheEntry)
+            e for e in LAYOUT.read(str(root), StateCache()) if isinstance(e, CacheEntry)
         ).problems)
 
 
@@ -668,14 +669,14 @@ def test_dependency_command_reconstructs_a_cache_built_before_recording(project:
 
 @needs_torch
 def test_a_fifo_deps_log_is_evidence_not_a_hang(built: Project, tmp_path: Path):
-    from cacheaudit.readers.torch_ext import READER
+    from cacheaudit.runtimes.torch_ext.layout import LAYOUT
 
     build = tmp_path / "ext" / "kx"
     shutil.copytree(built.build_dir, build)
     (build / ".ninja_deps").unlink()
     os.mkfifo(build / ".ninja_deps")
     with deadline():
-        [entry] = [e for e in READER.read(str(build.parent), StateCache())
+        [entry] = [e for e in LAYOUT.read(str(build.parent), StateCache())
                    if isinstance(e, CacheEntry)]
         tracked = policy_for("torch-ext").tracked(entry, None)
     assert "not a regular file" in entry.meta["deps_error"]
@@ -685,9 +686,9 @@ def test_a_fifo_deps_log_is_evidence_not_a_hang(built: Project, tmp_path: Path):
 @needs_torch
 def test_check_key_asks_the_ninja_of_the_environment_it_is_given(built: Project,
                                                                  tmp_path: Path):
-    from cacheaudit.readers.torch_ext import READER
+    from cacheaudit.runtimes.torch_ext.layout import LAYOUT
 
-    [entry] = [e for e in READER.read(str(built.ext), StateCache()) if isinstance(e, CacheEntry)]
+    [entry] = [e for e in LAYOUT.read(str(built.ext), StateCache()) if isinstance(e, CacheEntry)]
     policy = policy_for("torch-ext")
     assert shutil.which("ninja", path=built.env["PATH"]) is not None
     without = policy.check_key(entry, None, env={"PATH": str(tmp_path)})
@@ -707,7 +708,7 @@ def _python_for_another_user() -> str | None:
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     for python in (sys.executable, f"/usr/bin/python{version}"):
         try:
-            done = subprocess.run([python, "-c", "import cacheaudit.readers.torch_ext"],
+            done = subprocess.run([python, "-c", "import cacheaudit.runtimes.torch_ext.layout"],
                                   env=_other_env(), user=_OTHER_UID, group=_OTHER_UID,
                                   extra_groups=[], cwd="/", capture_output=True, timeout=60)
         except OSError:
@@ -752,9 +753,9 @@ def shared_tmp() -> Iterator[Path]:
 _READ_AS_OTHER = """
 import json, sys
 from cacheaudit.digest import StateCache
-from cacheaudit.readers.torch_ext import READER
+from cacheaudit.runtimes.torch_ext.layout import LAYOUT
 print(json.dumps([[type(i).__name__, i.path, getattr(i, "reason", "")]
-                  for i in READER.read(sys.argv[1], StateCache())]))
+                  for i in LAYOUT.read(sys.argv[1], StateCache())]))
 """
 
 
@@ -797,7 +798,7 @@ def test_a_lock_held_where_descriptors_are_hidden_is_not_called_stale(shared_tmp
     lock.write_text("")
     _open_to_all(shared_tmp)
     probe = ("import json, sys\n"
-             "from cacheaudit.readers.torch_ext import lock_holders, lock_problem\n"
+             "from cacheaudit.runtimes.torch_ext.layout import lock_holders, lock_problem\n"
              "print(json.dumps([lock_holders(sys.argv[1]), lock_problem(sys.argv[1])]))\n")
     # This process holds the lock open, as another user's build would: user nobody cannot
     # read its descriptors, so it cannot tell that the lock is held.

@@ -31,14 +31,14 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from cacheaudit.adapters.triton import TritonAdapter  # noqa: E402
 from cacheaudit.audit import audit_records, scan  # noqa: E402
 from cacheaudit.digest import StateCache, hash_file  # noqa: E402
 from cacheaudit.ledger import Ledger, ingest_spool  # noqa: E402
 from cacheaudit.model import CacheEntry, CacheLeftover, CompileRecord, CompilerIdentity  # noqa: E402
-from cacheaudit.policies import policy_for  # noqa: E402
-from cacheaudit.policies import triton as recipe  # noqa: E402
-from cacheaudit.readers import reader_for  # noqa: E402
+from cacheaudit.runtimes import layout_for as reader_for  # noqa: E402
+from cacheaudit.runtimes import policy_for  # noqa: E402
+from cacheaudit.runtimes.triton import policy as recipe  # noqa: E402
+from cacheaudit.runtimes.triton.adapter import TritonAdapter  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 SIGNATURE = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
@@ -143,8 +143,8 @@ def warmup(fn: JITFunction, block: int = 1024) -> Any:
 # --------------------------------------------------------------------------------------------
 
 def test_importing_the_triton_modules_does_not_import_triton():
-    probe = ("import sys, cacheaudit.adapters.triton, cacheaudit.policies.triton, "
-             "cacheaudit.readers.triton; print('triton' in sys.modules)")
+    probe = ("import sys, cacheaudit.runtimes.triton.adapter, cacheaudit.runtimes.triton.policy, "
+             "cacheaudit.runtimes.triton.layout; print('triton' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "False"
@@ -227,7 +227,7 @@ def test_a_new_process_hits_the_disk_entry(env: Path):
     """Activation before triton's import, the atexit flush, and a disk hit in a new process."""
     script = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
-        "import cacheaudit.adapters as adapters; adapters.activate(['triton'])\n"
+        "from cacheaudit import runtimes; runtimes.activate(['triton'])\n"
         "import triton, test_triton as t\n"
         "print(triton.compile(t.source(), target=t.TARGET).hash)\n")
     tests = str(Path(__file__).parent)

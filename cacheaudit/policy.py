@@ -1,0 +1,164 @@
+"""Policies: what each runtime's cache key covers, and a recomputation of that key where possible.
+
+A policy turns "the runtime keys on X" from an assumption into a check: it computes the tracked set
+by the runtime's own rules (DeepJIT's prefix parser, DeepGEMM's include regex) and, where the
+entry carries enough, recomputes the runtime's digest from the files on disk now. The audit then
+compares: a tracked file that changed must change the key (else CA103), an untracked one that
+changed never does (CA101).
+
+A runtime package's `policy.py` subclasses `Policy` and exposes `POLICY`; the registry
+(`cacheaudit.runtimes`) finds it through the runtime's spec. Runtimes that share a recipe share a
+module (DeepEP's spec names DeepGEMM's policy module).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from cacheaudit.digest import is_settled, read_file
+from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
+
+
+@dataclass(frozen=True)
+class KeyComponent:
+    """One labelled part of a runtime's key, in the order the runtime hashes it."""
+
+    label: str
+    value: str
+    digest: str | None = None
+
+
+@dataclass(frozen=True)
+class TrackedSet:
+    """The inputs a runtime's key covers for one entry, found by the runtime's own rules."""
+
+    paths: frozenset[str]
+    names: Mapping[str, str] = field(default_factory=dict)
+    error: str | None = None
+    how: str = ""
+
+
+@dataclass(frozen=True)
+class KeyCheck:
+    """The runtime's key recomputed from the entry and the files on disk now."""
+
+    recomputed: str | None
+    components: tuple[KeyComponent, ...] = ()
+    note: str = ""
+
+    def matches(self, key: str | None) -> bool | None:
+        if self.recomputed is None or key is None:
+            return None
+        return self.recomputed == key
+
+
+class EnvFamilies(NamedTuple):
+    """The `<PREFIX>_JIT_*` families one entry's runtime reads, and the evidence for them."""
+
+    prefixes: tuple[str, ...]
+    """Empty when nothing says which of the policy's families the runtime read."""
+    how: str
+
+
+class Policy:
+    """What one runtime's key covers. A runtime package subclasses this in its `policy.py`; every
+    member but `runtime` and `tracked` has a default that holds for a runtime that keys nothing
+    beyond what `tracked` returns, as coverage.py's plugin base documents its no-op hooks."""
+
+    runtime: str = ""
+
+    env_prefixes: tuple[str, ...] = ()
+    """The `<PREFIX>_JIT_*` families this runtime reads (for CA203, CA204); none by default."""
+
+    flavour: str | None = None
+    """How it reads them: a flavour of the family's environment rules; required with
+    `env_prefixes`, None for a runtime that reads no such family."""
+
+    caches_header_digests: bool = True
+    """Whether the runtime's process keeps a header's digest from one lookup to the next (so a
+    live process that hashed a header before it changed is CA106). False for runtimes that hash
+    afresh on every lookup: the audit then never infers CA106 from a live process alone."""
+
+    def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
+        """Which files the entry's key covers, resolved against the disk now."""
+        raise NotImplementedError
+
+    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None,
+                  env: Mapping[str, str] | None = None) -> KeyCheck:
+        """Recompute the entry's key from the files on disk now (and the recorded compile, where
+        the entry alone does not carry the recipe); `recomputed` None when something the recipe
+        needs is missing (the note says what). `env` is the environment the audit judges
+        against (the process's own when None), for recipes that look anything up in it.
+        Default: the recipe is not reproducible."""
+        return KeyCheck(None, note=f"{self.runtime}'s key is not recomputed")
+
+    def compiler_change_in_key(self, recorded: CompilerIdentity,
+                               current: CompilerIdentity) -> bool:
+        """Whether this compiler change alters the runtime's key (so a hit is impossible).
+        Default: no compiler property is keyed."""
+        return False
+
+    def record_findings(self, record: CompileRecord,
+                        history: Sequence[CompileRecord]) -> list[Finding]:
+        """Findings a runtime's records carry on their own, with or without a cache entry on
+        disk (NVRTC's in-process PCH reuse, torch's in-process versioner), judged against the
+        earlier records of the same run (`history`, oldest first). Default: none."""
+        return []
+
+    def dependency_command(self, entry: CacheEntry) -> tuple[list[str], str] | None:
+        """(argv, cwd) that compiles the entry's source as the runtime did, for a dependency pass
+        over an entry built before recording started; None (the default) when the entry does
+        not say."""
+        return None
+
+    def env_families(self, entry: CacheEntry, env: Mapping[str, str]) -> EnvFamilies:
+        """Which of `env_prefixes` the runtime that built `entry` reads, judged from the entry
+        and `env` (the environment it was configured from). Default: all of them, with nothing
+        to say which."""
+        return EnvFamilies(self.env_prefixes, "")
+
+    def compiling_process(self, record: CompileRecord) -> int | None:
+        """The pid of the runtime process that asked for a compile, from what the runtime itself
+        put in the record. Default: unknown (the audit then knows a record's process only where
+        the run is that process, or the shim recorded it)."""
+        return None
+
+
+def read_input(path: str) -> str:
+    """A file a runtime hashes into its key, byte for byte as the runtime reads it, as text.
+
+    DeepJIT's `Parser` and DeepGEMM's `IncludeParser` read with `std::ifstream` and
+    `istreambuf_iterator`, which on POSIX translate nothing: a header saved with CRLF line ends
+    is hashed with its carriage returns (the reference runtime, fixtures/minijit, reads "rb" for
+    the same reason). Python's text mode would drop them and recompute another digest; this
+    decoding is lossless (encoding the text with ("utf-8", "surrogateescape") gives back exactly
+    the bytes), so what is hashed is what was read. Raises OSError; never waits on a FIFO.
+    """
+    return read_file(path).decode("utf-8", "surrogateescape")
+
+
+_HEADERS: dict[str, tuple[tuple[int, int, int, int], str]] = {}
+_HEADERS_KEPT = 4096
+
+
+def read_header(path: str) -> str:
+    """`read_input` for a header that thousands of entries include (a scan of a DeepGEMM cache
+    walks the same library headers for every kernel): kept for this process while its stat is
+    unchanged, and only once settled (digest's "too new" rule: a rewrite within the timestamp
+    granularity could leave every stat field equal)."""
+    st = os.stat(path)
+    key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    known = _HEADERS.get(path)
+    if known is not None and known[0] == key:
+        return known[1]
+    text = read_input(path)
+    if stat.S_ISREG(st.st_mode) and is_settled(st, time.time_ns()):
+        if len(_HEADERS) >= _HEADERS_KEPT:
+            _HEADERS.clear()
+        _HEADERS[path] = (key, text)
+    return text

@@ -1,0 +1,1 @@
+"""The cuda_core runtime: spec, layout, policy, adapter."""

@@ -1,0 +1,984 @@
+"""cuda.core's program cache (cuda-core >= 1.2), seen from the inside.
+
+`Program` is an immutable Cython type: `Program.compile` cannot be patched. What it does with
+`cache=` can be observed, though (cuda_core/cuda/core/_program.pyx, checked against 1.2.2):
+
+1. it derives the key by calling `cuda.core.utils._program_cache.make_program_cache_key(code=,
+   code_type=, options=, target_type=)`, looked up on that package at call time;
+2. it calls `cache.get(key)` (the ABC's `get` calls `__getitem__`, which raises KeyError on a
+   miss) and, on a hit, wraps the bytes in a new ObjectCode;
+3. on a miss it compiles and stores `cache[key] = object_code` (`__setitem__`).
+
+The cache must be a `ProgramCacheResource` instance (Program.compile checks). So this adapter:
+
+- observes keys: wraps `make_program_cache_key` in `cuda.core.utils._program_cache` and
+  `cuda.core.utils`, and remembers what each key was made from (source, options, target,
+  name expressions, `extra_digest`), without changing the key or any exception;
+- observes the two caches cuda.core ships: `FileStreamProgramCache.__getitem__`/`__setitem__`
+  (a hit is "disk-hit", the entry is `<root>/entries/<2>/<62>`) and `InMemoryProgramCache`'s
+  ("memory-hit", no entry on disk); a store is a "compile" record;
+- `AuditedProgramCache(inner)` wraps any other `ProgramCacheResource` (a user's own backend) and
+  records the same way; pass it as `cache=`.
+
+What a compile record carries (`extra["key_inputs"]`): what the key covered, field by field, so
+that the policy can recompute it; whether `extra_digest` was given and by whom (this process's
+`cacheaudit.headers`, whose files are then known, or the caller); and, in the case cuda.core's
+guard misses (a program name without a directory, a quoted `#include`, no `extra_digest`: NVRTC
+then reads the header from the process's working directory, and the key never sees it), the
+headers NVRTC read, from its own trace (`cacheaudit.headers`), as the record's include graph.
+
+Cost on a hit: the runtime's disk hit is ~55-70 µs; the adapter counts the hit in a buffer,
+grouped by key, cache, served bytes (an xxh3) and environment (a snapshot shared while it does
+not change, so that the test, the run, the ledger and the compile environment are those of the
+hit, not of the write; "does not change" is a generation that os._Environ's __setitem__ and
+__delitem__, wrapped while the adapter is installed, bump). A hit repeating the previous one is
+compared with the bytes that one served rather than hashed, which are held until the next
+write. Hits under `CACHEAUDIT_DISABLE` are not counted. The buffer is written,
+one record per group, in one transaction through the ledger the process keeps open: with every
+compile record, when 256 distinct groups are pending, at the first hit more than 5 s after the
+oldest pending one (the age is checked only when a hit comes: an idle process's buffer waits for
+the next compile, `flush()`, uninstall or exit). A file a record covers is re-checked at write
+time, and a hit served after it changed is marked (`extra["changed_before_hit"]`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import itertools
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import xxhash
+
+from cacheaudit.adapter import (
+    Environ,
+    Patch,
+    ProblemLog,
+    Switch,
+    apply_patch,
+    apply_patches,
+    environ_data,
+    environ_snapshot,
+    environ_text,
+    jsonable,
+    memory_state,
+    restore_patches,
+    run_for,
+)
+from cacheaudit.digest import StateCache
+from cacheaudit.model import CompileRecord, Event, FileState, IncludeGraph
+from cacheaudit.recorder import modified_since, test_id_from, write_held
+from cacheaudit.runtimes.cuda_core.headers import (
+    HeaderFingerprint,
+    fingerprint_headers,
+    header_digest,
+    issued,
+)
+
+if TYPE_CHECKING:
+    from cacheaudit.ledger import RunInfo
+
+__all__ = [
+    "ADAPTER",
+    "AuditedProgramCache",
+    "CudaCoreAdapter",
+    "HeaderFingerprint",
+    "describe_key",
+    "fingerprint_headers",
+    "header_digest",
+    "is_unguarded",
+]
+
+RUNTIME = "cuda-core"
+OBSERVER = "adapter:cuda_core"
+_ORIGINAL = "__cacheaudit_original__"
+_SWITCH = "__cacheaudit_switch__"
+
+_CONTEXTS_MAX = 4096
+_PENDING_MAX = 256
+"""Distinct (key, entry, bytes, test) hit groups kept before a write."""
+_PENDING_AGE_NS = 5_000_000_000
+_CODE_LIMIT = 256 * 1024
+"""Sources up to this size are kept in the compile record, so that the key can be recomputed."""
+
+_time_ns = time.time_ns
+_xxh3 = xxhash.xxh3_128_hexdigest
+_ENVIRON_DATA = environ_data()
+
+_QUOTED_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\r\n]+)"', re.MULTILINE)
+_MACRO_INCLUDE = re.compile(rb"^[ \t]*#[ \t]*include[ \t]+[A-Za-z_]", re.MULTILINE)
+
+
+class _Local(threading.local):
+    quiet = False
+    """Set while an AuditedProgramCache calls its inner cache. A class default, not
+    `getattr(local, "quiet", False)`: a missing attribute of a thread-local raises and catches
+    an AttributeError inside getattr, ~0.45 µs."""
+
+
+_LOCAL = _Local()
+_QUIETING: list[object] = []
+"""One token per `_quietly` section running in any thread (append and remove are atomic): while
+it is empty, which is always without an AuditedProgramCache, hooks skip the thread-local."""
+
+
+# ------------------------------------------------------------------------------ environment changes
+
+# Comparing the whole environment with the last snapshot (a C-level dict comparison) was half of
+# a hit's cost, ~10 ns per variable. While the adapter is installed, the two methods of
+# os._Environ that every change made through os.environ or os.environb goes through (setting,
+# deleting; update, pop, clear and monkeypatch use them) bump a generation, and a hit compares
+# one int. A change that bypasses them (`os.putenv`, C code) is invisible to os.environ, hence
+# to the full comparison too.
+
+_ENVIRON_CLASS: Any = getattr(os, "_Environ", None)
+if _ENVIRON_CLASS is None or not isinstance(os.environ, _ENVIRON_CLASS):
+    _ENVIRON_CLASS = type("_NoEnvironClass", (), {"__setitem__": None, "__delitem__": None})
+_NOT_WATCHING = object()
+_GENERATIONS = itertools.count(1)
+"""next() on it is atomic: two concurrent changes never publish the same generation."""
+_environ_generation = 0
+_environ_watch: tuple[object, object] = (_NOT_WATCHING, _NOT_WATCHING)
+"""Our os._Environ.__setitem__ and __delitem__; a hit trusts the generation only while both are
+in place (someone may restore an original they saved before we installed ours)."""
+
+
+def _next_environ_generation() -> None:
+    global _environ_generation
+    _environ_generation = next(_GENERATIONS)
+
+
+def _environ_watcher(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def method(self: Any, *args: Any) -> Any:
+        global _environ_generation
+        try:
+            return original(self, *args)
+        finally:
+            # After the change, never before it: a hit that reads the old generation keeps
+            # the old snapshot (right when that hit began); every hit after this line reads
+            # a new one, and snapshots the environment after reading it.
+            _environ_generation = next(_GENERATIONS)
+
+    setattr(method, _ORIGINAL, original)
+    return method
+
+
+def _environ_watched() -> bool:
+    return (_ENVIRON_CLASS.__setitem__ is _environ_watch[0]
+            and _ENVIRON_CLASS.__delitem__ is _environ_watch[1])
+
+
+# ------------------------------------------------------------------------------ key inputs
+
+
+def _code_bytes(code: object) -> bytes:
+    if isinstance(code, str):
+        return code.encode("utf-8")
+    if isinstance(code, (bytes, bytearray, memoryview)):
+        return bytes(code)
+    return str(code).encode("utf-8", "surrogateescape")
+
+
+def _options_summary(options: object) -> dict[str, object]:
+    if not dataclasses.is_dataclass(options):
+        return {"repr": repr(options)}
+    return {f.name: jsonable(getattr(options, f.name)) for f in dataclasses.fields(options)
+            if getattr(options, f.name, None) is not None}
+
+
+@functools.lru_cache(maxsize=1)
+def _nvrtc_version() -> str:
+    """The version probe cuda.core mixes into NVRTC keys ("13.0"), or its failure label."""
+    try:
+        from cuda.core.utils._program_cache import _keys
+
+        major, minor = _keys._nvrtc_version()
+        return f"{major}.{minor}"
+    except Exception as exc:  # noqa: BLE001 - cuda.core keys the failure's class name the same way
+        return f"probe_failed:{type(exc).__name__}"
+
+
+def _option_bytes(options: object, code_type: str, target_type: str) -> list[bytes] | None:
+    """The option bytes cuda.core's key hashes: `as_bytes("nvrtc")` for C++ (its
+    `_NvrtcBackend.option_fingerprint`), `as_bytes("nvvm")` for NVVM. PTX keys hash the linker's
+    view, which needs a driver probe: not repeated here (None)."""
+    backend = {"c++": "nvrtc", "nvvm": "nvvm"}.get(code_type)
+    if backend is None:
+        return None
+    try:
+        return [bytes(o) for o in options.as_bytes(backend, target_type)]  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - the key itself was made: this is evidence only
+        return None
+
+
+def _name_tags(name_expressions: object) -> list[str]:
+    tags = []
+    for name in name_expressions or ():  # type: ignore[attr-defined]
+        if isinstance(name, bytes):
+            tags.append("b:" + name.decode("utf-8", "surrogateescape"))
+        else:
+            tags.append("s:" + str(name))
+    return sorted(tags)
+
+
+def is_unguarded(code: object, options: object, extra_digest: object = None,
+                 code_type: str = "c++") -> bool:
+    """The case cuda.core's header guard misses: NVRTC, a program name without a directory
+    (NVRTC then resolves quoted includes against the process's working directory), a quoted
+    `#include` (or one through a macro) in the source, and no `extra_digest`."""
+    if str(code_type).lower() != "c++" or extra_digest is not None:
+        return False
+    if getattr(options, "no_source_include", False):
+        return False  # measured: NVRTC then no longer searches the working directory
+    name = getattr(options, "name", None)
+    if isinstance(name, str) and ("/" in name or "\\" in name):
+        return False  # refused by cuda.core without an extra_digest
+    raw = _code_bytes(code)
+    return bool(_QUOTED_INCLUDE.search(raw) or _MACRO_INCLUDE.search(raw))
+
+
+def describe_key(code: object, code_type: str, options: object, target_type: str,
+                 name_expressions: object = (), extra_digest: object = None,
+                 *, keep_code: bool = True) -> dict[str, Any]:
+    """What a cuda.core program-cache key covers, field by field (JSON-able): the compile
+    record's `extra["key_inputs"]`, from which the policy recomputes the key."""
+    code_type = str(code_type).lower()
+    target_type = str(target_type).lower()
+    raw = _code_bytes(code)
+    option_bytes = _option_bytes(options, code_type, target_type)
+    fingerprint = issued(extra_digest) if extra_digest is not None else None
+    digest_bytes: bytes | None = None
+    if extra_digest is not None:
+        with contextlib.suppress(TypeError, ValueError):
+            digest_bytes = bytes(extra_digest)  # type: ignore[call-overload]
+    try:
+        from cuda.core.utils._program_cache import _keys
+
+        schema: object = _keys._KEY_SCHEMA_VERSION
+    except Exception:  # noqa: BLE001
+        schema = None
+    name = getattr(options, "name", None)
+    inputs: dict[str, Any] = {
+        "schema": schema,
+        "code_type": code_type,
+        "target_type": target_type,
+        "code_sha256": hashlib.sha256(raw).hexdigest(),
+        "code_size": len(raw),
+        "name": name,
+        "options": _options_summary(options),
+        "option_bytes": None if option_bytes is None else [
+            o.decode("utf-8", "surrogateescape") for o in option_bytes],
+        "name_expressions": _name_tags(name_expressions),
+        "nvrtc_version": _nvrtc_version() if code_type == "c++" else None,
+        "extra_digest": digest_bytes.hex() if digest_bytes is not None else None,
+        "extra_digest_source": (None if extra_digest is None else
+                                "cacheaudit.headers" if fingerprint is not None else "caller"),
+        "unguarded": is_unguarded(raw, options, extra_digest, code_type),
+        "quoted_includes": sorted({m.decode("utf-8", "surrogateescape")
+                                   for m in _QUOTED_INCLUDE.findall(raw)}),
+    }
+    if fingerprint is not None:
+        inputs["fingerprint"] = fingerprint.to_dict()
+    if keep_code and len(raw) <= _CODE_LIMIT:
+        inputs["code"] = raw.decode("utf-8", "surrogateescape")
+    return inputs
+
+
+# ------------------------------------------------------------------------------ state
+
+
+@dataclasses.dataclass(slots=True)
+class _Hit:
+    """Hits of one key, served the same bytes from the same cache, under one environment (one
+    test), since the last write: one record however many there were (a hit costs ~60 µs, a
+    ledger record far more). The fields that group hits are dict keys: they must be hashable."""
+
+    ns: int
+    event: Event
+    key: Hashable
+    files: Hashable
+    """The FileStreamProgramCache that served the hit (its entry path is worked out at write
+    time), or None for a cache without files."""
+    digest: str
+    size: int
+    environ: Environ
+    count: int = 1
+    last_ns: int = 0
+
+
+@dataclasses.dataclass
+class _Watch:
+    """Files a key's binary was built from, as this process last saw them, and how they relate to
+    the key: "untracked" (read from the working directory, outside the key) or "extra-digest"
+    (covered by a cacheaudit.headers fingerprint the caller passed)."""
+
+    kind: str
+    states: tuple[FileState, ...]
+
+
+class _Recorder:
+    """The adapter's memory: keys and what they were made from, buffered hits, watched files."""
+
+    # Slots: a hit reads four of these, from the object itself rather than a separate values
+    # array (one memory fetch fewer on a path that pays for each).
+    __slots__ = ("contexts", "due_ns", "last", "lock", "pending", "problems", "seen", "states",
+                 "watch")
+
+    def __init__(self) -> None:
+        self.contexts: dict[bytes, tuple[int, dict[str, Any]]] = {}
+        self.watch: dict[bytes, _Watch] = {}
+        self.pending: dict[tuple[Hashable, ...], _Hit] = {}
+        self.last: tuple[_Hit, bytes] | None = None
+        """The group of the last hit (in `pending`) and the bytes it served, held until the next
+        write: the next hit is compared with them."""
+        self.due_ns = 0
+        """When the oldest pending hit is `_PENDING_AGE_NS` old: the buffer is written at the
+        first hit after it."""
+        self.lock = threading.Lock()
+        """Guards `pending` and `due_ns`: hits come from any thread, the write swaps them."""
+        self.problems = ProblemLog()
+        self.states = StateCache()
+        self.seen: tuple[int, Environ | None, bool] = (-1, None, False)
+        """(environment generation, snapshot, its `disabled`) at the last hit: the snapshot is
+        shared by the next hits while nothing changes. One attribute, so that a hit reads a
+        consistent triple; generation -1: not watched, compare the whole environment."""
+
+    # ---------------------------------------------------------------- hot paths
+
+    def trim(self) -> None:
+        contexts = self.contexts
+        while len(contexts) > _CONTEXTS_MAX:
+            try:
+                contexts.pop(next(iter(contexts)))
+            except (StopIteration, KeyError, RuntimeError):
+                return
+
+    def hit(self, key: Hashable, data: bytes, event: Event, files: Hashable) -> None:
+        """One served lookup: ~0.6 µs, kept lean on purpose (a disk hit costs ~55-70 µs)."""
+        generation, environ, disabled = self.seen
+        if (generation != _environ_generation
+                or _ENVIRON_CLASS.__setitem__ is not _environ_watch[0]
+                or _ENVIRON_CLASS.__delitem__ is not _environ_watch[1]):
+            environ, disabled = self.environ_now(environ)
+        if disabled:
+            return
+        now = _time_ns()
+        last = self.last
+        # Most hits repeat the previous one: same key, cache and environment, same bytes. Those
+        # are compared with the previous hit's bytes (the same object from a memory cache, a
+        # memcmp from a disk one) instead of hashed: on a disk hit the hash function's code,
+        # cold again after the runtime's system calls, cost more than all the rest.
+        if (last is not None and type(data) is bytes and last[0].environ is environ
+                and last[0].files is files and last[0].key == key and last[0].event == event
+                and (data is last[1] or data == last[1])):
+            group = last[0]
+            # acquire/release rather than `with`: the context-manager protocol costs twice
+            # as much.
+            lock = self.lock
+            lock.acquire()
+            try:
+                counted = self.last is last  # else its group was written meanwhile
+                if counted:
+                    group.count += 1
+                    group.last_ns = now
+                    due = now > self.due_ns
+            finally:
+                lock.release()
+            if counted:
+                if due:
+                    self.flush()
+                return
+        self.add(key, data, event, files, environ, now)
+
+    def add(self, key: Hashable, data: bytes, event: Event, files: Hashable, environ: Environ,
+            now: int) -> None:
+        """A hit that does not repeat the previous one: found by key, cache, environment and
+        the served bytes' hash."""
+        digest = _xxh3(data)
+        # The snapshot by id: it is one object while the environment does not change, and the
+        # group holds it, so that its id cannot be reused while the group is pending.
+        slot = (key, event, files, digest, id(environ))
+        with self.lock:
+            pending = self.pending
+            group = pending.get(slot)
+            if group is not None:
+                group.count += 1
+                group.last_ns = now
+            else:
+                if not pending:
+                    self.due_ns = now + _PENDING_AGE_NS
+                group = pending[slot] = _Hit(now, event, key, files, digest, len(data),
+                                             environ, last_ns=now)
+            # Only immutable bytes: a buffer the cache may change later must be hashed again.
+            self.last = (group, data) if type(data) is bytes else None
+            due = len(pending) >= _PENDING_MAX or now > self.due_ns
+        if due:
+            self.flush()
+
+    def environ_now(self, last: Environ | None) -> tuple[Environ, bool]:
+        """The environment of a hit when the generation says it may have changed (or is not
+        kept), and whether it disables recording: `last` again while it is equal, so that hits
+        keep sharing one snapshot."""
+        # The generation is read before the environment: a change after this line bumps it
+        # again, and the next hit looks again.
+        generation = _environ_generation if _environ_watched() else -1
+        if last is None or _ENVIRON_DATA is None or last != _ENVIRON_DATA:
+            last = environ_snapshot()
+        self.seen = (generation, last, last.disabled)
+        return last, last.disabled
+
+    # ---------------------------------------------------------------- problems
+
+    def problem(self, exc: BaseException, where: str) -> None:
+        self.problems(f"cuda.core adapter ({where}): {type(exc).__name__}: {exc}", kind=where)
+
+    # ---------------------------------------------------------------- compiles
+
+    def store(self, key: Hashable, value: object, event: Event, entry: str | None) -> None:
+        """A store after a compile: build the compile record now, write it with pending hits."""
+        environ = environ_snapshot()
+        if environ.disabled:
+            return
+        now = time.time_ns()
+        key_bytes = _key_bytes(key)
+        context = self.contexts.get(key_bytes)
+        cwd = os.getcwd()
+        notes: list[str] = []
+        extra: dict[str, Any] = {"cache": event.split("-")[0]}
+        graph: IncludeGraph | None = None
+        tracked: tuple[str, ...] | None = None
+        kernel = None
+        started_ns = now
+        if context is None:
+            notes.append("the key's inputs were not observed: cacheaudit's key observer was not "
+                         "installed when this key was made")
+        else:
+            started_ns, kwargs = context
+            options = kwargs.get("options")
+            kernel = getattr(options, "name", None)
+            inputs = describe_key(kwargs.get("code"), kwargs.get("code_type", "c++"), options,
+                                  kwargs.get("target_type", "cubin"),
+                                  kwargs.get("name_expressions", ()),
+                                  kwargs.get("extra_digest"))
+            extra["key_inputs"] = inputs
+            graph, tracked, watch_kind, graph_notes = self._reads(kwargs, inputs)
+            notes += graph_notes
+            if graph is not None and watch_kind is not None:
+                self.watch[key_bytes] = _Watch(watch_kind, tuple(f.state for f in graph.files))
+            if graph is not None:
+                late = modified_since([f.state for f in graph.files], started_ns)
+                if late:
+                    extra["modified_during_compile"] = [s.path for s in late]
+                working = [f.path for f in graph.files if not os.path.isabs(f.written)]
+                if working:
+                    extra["from_working_directory"] = working
+        outputs = (self._output(entry, key_bytes, value),)
+        record = CompileRecord(
+            record_id="", event="compile", started_ns=started_ns, runtime=RUNTIME,
+            kernel=kernel, key=key_bytes.hex(), entry=entry, cwd=cwd, graph=graph,
+            outputs=outputs, tracked=tracked, exit_code=0, duration_ns=max(0, now - started_ns),
+            observer=OBSERVER, notes=tuple(notes), extra=extra)
+        self.write([*self.hit_records(self.take()), (record, environ)])
+
+    def _reads(self, kwargs: Mapping[str, Any], inputs: Mapping[str, Any]
+               ) -> tuple[IncludeGraph | None, tuple[str, ...] | None, str | None, list[str]]:
+        """The files the compile read, as far as they can be known, and which the key covers."""
+        notes: list[str] = []
+        extra_digest = kwargs.get("extra_digest")
+        fingerprint = issued(extra_digest) if extra_digest is not None else None
+        if fingerprint is not None:
+            return fingerprint.graph(), fingerprint.paths, "extra-digest", notes
+        if inputs.get("code_type") != "c++":
+            return None, None, None, notes
+        raw = _code_bytes(kwargs.get("code"))
+        options = kwargs.get("options")
+        reads_files = (inputs.get("unguarded") or extra_digest is not None) and (
+            b"#" in raw or getattr(options, "pre_include", None))
+        if not reads_files:
+            return None, (), None, notes
+        try:
+            traced = fingerprint_headers(raw, options, target_type=inputs["target_type"])
+        except Exception as exc:  # noqa: BLE001 - evidence, not a failure
+            notes.append(f"the headers this compile read could not be found: "
+                         f"{type(exc).__name__}: {exc}")
+            return None, (() if extra_digest is None else None), None, notes
+        notes += [f"header trace: {n}" for n in traced.notes if not n.startswith("not files")]
+        if extra_digest is None:
+            # Nothing the compile read from disk is in the key.
+            return traced.graph(), (), "untracked", notes
+        notes.append("extra_digest came from the caller, not from cacheaudit.headers: whether "
+                     "it covers these headers is not known")
+        return traced.graph(), None, None, notes
+
+    def _output(self, entry: str | None, key: bytes, value: object) -> FileState:
+        if entry is not None:
+            state = self.states.capture(entry)
+            if state.exists:
+                return state
+        return memory_state(f"program-cache/{key.hex()}", _value_bytes(value))
+
+    # ---------------------------------------------------------------- hits, at flush time
+
+    def hit_records(self, hits: list[_Hit]) -> list[tuple[CompileRecord, Environ]]:
+        records = []
+        for hit in hits:
+            key_bytes = _key_bytes(hit.key)
+            # cuda.core names the entry, as it did for the store: one layout, never copied here.
+            entry = _entry_path(hit.files, hit.key) if hit.files is not None else None
+            context = self.contexts.get(key_bytes)
+            extra: dict[str, Any] = {"cache": hit.event.split("-")[0], "hits": hit.count}
+            if hit.count > 1:
+                extra["last_hit_ns"] = hit.last_ns
+            kernel = None
+            if context is not None:
+                kwargs = context[1]
+                options = kwargs.get("options")
+                kernel = getattr(options, "name", None)
+                digest = kwargs.get("extra_digest")
+                fingerprint = issued(digest) if digest is not None else None
+                extra["key_inputs"] = {
+                    "name": kernel,
+                    "extra_digest": None if digest is None else _digest_hex(digest),
+                    "extra_digest_source": (None if digest is None else "cacheaudit.headers"
+                                            if fingerprint is not None else "caller"),
+                    "unguarded": is_unguarded(kwargs.get("code"), options, digest,
+                                              kwargs.get("code_type", "c++")),
+                }
+                changes = self._changed_before(key_bytes, fingerprint, hit.last_ns)
+                if changes:
+                    extra["changed_before_hit"] = changes
+            records.append((CompileRecord(
+                record_id="", event=hit.event, started_ns=hit.ns,
+                duration_ns=hit.last_ns - hit.ns, runtime=RUNTIME, kernel=kernel,
+                key=key_bytes.hex(), entry=entry,
+                outputs=(FileState(path=entry, exists=True, size=hit.size, digest=hit.digest,
+                                   settled=False) if entry is not None else
+                         memory_state(f"program-cache/{key_bytes.hex()}", size=hit.size,
+                                      digest=hit.digest),),
+                observer=OBSERVER, extra=extra), hit.environ))
+        return records
+
+    def _changed_before(self, key: bytes, fingerprint: HeaderFingerprint | None,
+                        hit_ns: int) -> list[dict[str, Any]]:
+        """Watched files whose content differs now and whose change predates the hit: the hit
+        served a binary built from the old content."""
+        watched: list[tuple[str, tuple[FileState, ...]]] = []
+        watch = self.watch.get(key)
+        if watch is not None:
+            watched.append((watch.kind, watch.states))
+        if fingerprint is not None and (watch is None or watch.kind != "extra-digest"):
+            watched.append(("extra-digest", fingerprint.states))
+        changes = []
+        for kind, states in watched:
+            for old in states:
+                new = self.states.capture(old.path)
+                if new.same_content(old):
+                    continue
+                when = max(new.mtime_ns, new.ctime_ns) if new.exists else 0
+                if new.exists and when >= hit_ns:
+                    continue  # changed after this hit: no proof the hit was stale
+                changes.append({"kind": kind, "path": old.path, "recorded": old.to_dict(),
+                                "current": new.to_dict()})
+        return changes
+
+    # ---------------------------------------------------------------- writing
+
+    def take(self) -> list[_Hit]:
+        with self.lock:
+            pending, self.pending = self.pending, {}
+            self.last = None
+        return sorted(pending.values(), key=lambda h: h.ns)
+
+    def flush(self) -> None:
+        pending = self.take()
+        if pending:
+            self.write(self.hit_records(pending))
+
+    def write(self, records: Sequence[tuple[CompileRecord, Environ]]) -> None:
+        """Records with the environment each was observed under: its test, run, ledger and
+        compile environment. One transaction per ledger and run, through the ledger this
+        process keeps open (opening and closing one per batch would checkpoint the WAL every
+        time), which spools what it cannot take."""
+        if not records:
+            return
+        from cacheaudit.ledger import default_ledger_path, new_record_id
+
+        host = socket.gethostname()
+        pid = os.getpid()
+        batches: dict[tuple[str, str], tuple[RunInfo, list[CompileRecord]]] = {}
+        for record, environ in records:
+            env, compile_env = environ_text(environ)
+            run = run_for(env, OBSERVER)
+            batch = batches.setdefault((default_ledger_path(env), run.run_uuid), (run, []))
+            batch[1].append(dataclasses.replace(
+                record, record_id=new_record_id(), env=compile_env, host=host, pid=pid,
+                test_id=record.test_id or test_id_from(env)))
+        for (path, _), (run, batch_records) in batches.items():
+            problem = write_held(batch_records, run, path)
+            if problem:
+                self.problem(RuntimeError(problem), "ledger")
+
+    def after_fork(self) -> None:
+        # The parent writes what it buffered; a forked child must not write it again.
+        self.pending = {}
+        self.last = None
+        self.lock = threading.Lock()
+
+
+def _key_bytes(key: object) -> bytes:
+    # cuda.core's _as_key_bytes: str keys are UTF-8, "k" and b"k" are one entry.
+    if isinstance(key, (bytes, bytearray)):
+        return bytes(key)
+    if isinstance(key, str):
+        return key.encode("utf-8")
+    return repr(key).encode("utf-8", "surrogateescape")
+
+
+def _digest_hex(digest: object) -> str | None:
+    try:
+        return bytes(digest).hex()  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None
+
+
+def _value_bytes(value: object) -> bytes:
+    try:
+        from cuda.core.utils._program_cache._abc import _extract_bytes
+
+        return bytes(_extract_bytes(value))
+    except Exception:  # noqa: BLE001
+        code = getattr(value, "code", value)
+        return bytes(code) if isinstance(code, (bytes, bytearray, memoryview)) else b""
+
+
+_RECORDER = _Recorder()
+
+
+@contextlib.contextmanager
+def _quietly() -> Iterator[None]:
+    """While an AuditedProgramCache calls its inner cache, the class hooks stay silent: one
+    lookup, one record."""
+    token = object()
+    _QUIETING.append(token)
+    previous = _LOCAL.quiet
+    _LOCAL.quiet = True
+    try:
+        yield
+    finally:
+        _LOCAL.quiet = previous
+        _QUIETING.remove(token)
+
+
+# ------------------------------------------------------------------------------ the hooks
+
+
+def _key_observer(original: Callable[..., bytes], switch: Switch) -> Callable[..., bytes]:
+    contexts = _RECORDER.contexts  # never rebound: captured once, for the hit path's sake
+
+    @functools.wraps(original)
+    def make_program_cache_key(*args: Any, **kwargs: Any) -> bytes:
+        key = original(*args, **kwargs)
+        if switch.on:
+            try:
+                contexts[key if type(key) is bytes else _key_bytes(key)] = (_time_ns(), kwargs)
+                if len(contexts) > _CONTEXTS_MAX:
+                    _RECORDER.trim()
+            except Exception as exc:  # noqa: BLE001 - fail open
+                _RECORDER.problem(exc, "key")
+        return key
+
+    setattr(make_program_cache_key, _ORIGINAL, original)
+    setattr(make_program_cache_key, _SWITCH, switch)
+    return make_program_cache_key
+
+
+def _getitem_hook(original: Callable[[Any, Any], bytes], event: Event, switch: Switch
+                  ) -> Callable[[Any, Any], bytes]:
+    disk = event == "disk-hit"
+    hit = _RECORDER.hit
+
+    @functools.wraps(original)
+    def __getitem__(self: Any, key: Any) -> bytes:
+        data = original(self, key)
+        if switch.on and not (_QUIETING and _LOCAL.quiet):
+            try:
+                hit(key, data, event, self if disk else None)
+            except Exception as exc:  # noqa: BLE001 - fail open
+                _RECORDER.problem(exc, "hit")
+        return data
+
+    setattr(__getitem__, _ORIGINAL, original)
+    return __getitem__
+
+
+def _entry_path(cache: object, key: object) -> str | None:
+    path_for_key = getattr(cache, "_path_for_key", None)
+    if path_for_key is None:
+        return None
+    return os.fspath(path_for_key(key))
+
+
+def _setitem_hook(original: Callable[[Any, Any, Any], None], event: Event, switch: Switch
+                  ) -> Callable[[Any, Any, Any], None]:
+    disk = event == "disk-hit"
+
+    @functools.wraps(original)
+    def __setitem__(self: Any, key: Any, value: Any) -> None:
+        original(self, key, value)
+        if switch.on and not (_QUIETING and _LOCAL.quiet):
+            try:
+                _RECORDER.store(key, value, event, _entry_path(self, key) if disk else None)
+            except Exception as exc:  # noqa: BLE001 - fail open
+                _RECORDER.problem(exc, "store")
+
+    setattr(__setitem__, _ORIGINAL, original)
+    return __setitem__
+
+
+class CudaCoreAdapter:
+    """Installs the key observer and the hooks on cuda.core's two program caches."""
+
+    runtime = RUNTIME
+    module = "cuda.core"
+
+    def __init__(self) -> None:
+        self._key_patches: list[Patch] = []
+        self._class_patches: list[Patch] = []
+        self._environ_patches: list[Patch] = []
+        self._switch = Switch(on=False)
+        self._lock = threading.RLock()
+        self._exit_hooks = False
+
+    # ---------------------------------------------------------------- protocol
+
+    def installed(self) -> bool:
+        """Whether anything of cuda.core is hooked (the key observer alone, when only an
+        AuditedProgramCache asked for it)."""
+        return bool(self._class_patches or self._key_patches)
+
+    def install(self) -> None:
+        """Observe keys and both built-in caches. Idempotent; fails open (one line on stderr,
+        cuda.core left as it was)."""
+        with self._lock:
+            if self._class_patches:
+                return
+            try:
+                from cuda.core.utils._program_cache import (
+                    FileStreamProgramCache,
+                    InMemoryProgramCache,
+                )
+
+                self.observe_keys()
+                switch = self._live_switch()
+                self._class_patches = apply_patches(
+                    (cls, name, hook(getattr(cls, name), event, switch))
+                    for cls, event in ((FileStreamProgramCache, "disk-hit"),
+                                       (InMemoryProgramCache, "memory-hit"))
+                    for name, hook in (("__getitem__", _getitem_hook),
+                                       ("__setitem__", _setitem_hook)))
+            except Exception as exc:  # noqa: BLE001 - fail open
+                _RECORDER.problem(exc, "install")
+                with contextlib.suppress(Exception):
+                    self.uninstall()
+                return
+            self._arm_exit_hooks()
+
+    def uninstall(self) -> None:
+        """Write what is buffered, then restore every patched object exactly. A hook someone
+        wrapped or replaced since stays, and passes every call through."""
+        with self._lock:
+            with contextlib.suppress(Exception):
+                _RECORDER.flush()
+            self._switch.on = False
+            for group in (self._class_patches, self._key_patches, self._environ_patches):
+                left = restore_patches(group)
+                if left:
+                    _RECORDER.problem(RuntimeError(
+                        f"{', '.join(left)} replaced by someone else after cacheaudit: left "
+                        "as found, passing every call through"), "uninstall")
+                group.clear()
+
+    # ---------------------------------------------------------------- extras
+
+    def observe_keys(self) -> None:
+        """Wrap `make_program_cache_key` where Program.compile and users find it. Part of
+        install(); AuditedProgramCache calls it on its own."""
+        with self._lock:
+            self._watch_environ()
+            if self._key_patches:
+                return
+            import cuda.core.utils as utils
+            import cuda.core.utils._program_cache as package
+
+            original = package.make_program_cache_key
+            live = getattr(original, _SWITCH, None)
+            if isinstance(live, Switch) and live.on:
+                return  # observed already, by another copy of this module (a reload)
+            observer = _key_observer(original, self._live_switch())
+            patches = [apply_patch(package, "make_program_cache_key", observer)]
+            if getattr(utils, "make_program_cache_key", None) is original:
+                patches.append(apply_patch(utils, "make_program_cache_key", observer))
+            self._key_patches = patches
+            self._arm_exit_hooks()
+
+    def _watch_environ(self) -> None:
+        """Count changes made through os.environ, so that a hit need not compare the whole
+        environment (see `_environ_watcher`). Without it hits still compare; fails open."""
+        global _environ_watch
+        if self._environ_patches or _ENVIRON_CLASS is not getattr(os, "_Environ", None):
+            return
+        try:
+            patches = apply_patches((_ENVIRON_CLASS, name, _environ_watcher(
+                getattr(_ENVIRON_CLASS, name))) for name in ("__setitem__", "__delitem__"))
+        except Exception as exc:  # noqa: BLE001 - fail open: hits compare the environment
+            _RECORDER.problem(exc, "environment watch")
+            return
+        self._environ_patches = patches
+        # Nonzero from now on, and not what a hit saw before the watch: the next hit looks.
+        _next_environ_generation()
+        _environ_watch = (patches[0].replacement, patches[1].replacement)
+
+    def flush(self) -> None:
+        """Write the buffered hit records now (the pytest plugin and tests call this before
+        reading the ledger)."""
+        try:
+            _RECORDER.flush()
+        except Exception as exc:  # noqa: BLE001 - fail open
+            _RECORDER.problem(exc, "flush")
+
+    def _live_switch(self) -> Switch:
+        # One switch for the key observer and the class hooks of one installation; a new one
+        # after an uninstall, which turned the old one off for good.
+        if not self._switch.on:
+            self._switch = Switch()
+        return self._switch
+
+    def _arm_exit_hooks(self) -> None:
+        if not self._exit_hooks:
+            self._exit_hooks = True
+            atexit.register(self.flush)
+
+    def _after_fork(self) -> None:
+        # Locks another thread held at fork() would stay held in the child forever; the
+        # buffered hits are the parent's to write.
+        self._lock = threading.RLock()
+        _RECORDER.after_fork()
+
+
+ADAPTER = CudaCoreAdapter()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=ADAPTER._after_fork)
+
+
+# ------------------------------------------------------------------------------ the wrapper
+
+_MISSING = object()
+_AUDITED: type | None = None
+
+
+def _audited_class() -> type:
+    """Built on first use: it must subclass cuda.core's ProgramCacheResource (Program.compile
+    checks), and importing cuda.core at module import is not allowed."""
+    global _AUDITED
+    if _AUDITED is not None:
+        return _AUDITED
+    from cuda.core.utils._program_cache import (
+        FileStreamProgramCache,
+        InMemoryProgramCache,
+        ProgramCacheResource,
+    )
+
+    class _AuditedProgramCache(ProgramCacheResource):
+        """Any ProgramCacheResource, with its lookups and stores recorded."""
+
+        def __init__(self, inner: Any, *, event: str | None = None) -> None:
+            if not isinstance(inner, ProgramCacheResource):
+                raise TypeError("AuditedProgramCache wraps a cuda.core ProgramCacheResource, "
+                                f"not {type(inner).__name__}")
+            if event is None:
+                event = "memory-hit" if isinstance(inner, InMemoryProgramCache) else "disk-hit"
+            if event not in ("disk-hit", "memory-hit"):
+                raise ValueError("event must be 'disk-hit' or 'memory-hit'")
+            self._inner = inner
+            self._event: Event = "memory-hit" if event == "memory-hit" else "disk-hit"
+            self._files = isinstance(inner, FileStreamProgramCache)
+            try:
+                ADAPTER.observe_keys()
+            except Exception as exc:  # noqa: BLE001 - fail open: records without key inputs
+                _RECORDER.problem(exc, "observe keys")
+
+        @property
+        def inner(self) -> Any:
+            return self._inner
+
+        def _hit(self, key: Any, data: bytes) -> None:
+            try:
+                _RECORDER.hit(key, data, self._event,
+                              self._inner if self._files else None)
+            except Exception as exc:  # noqa: BLE001 - fail open
+                _RECORDER.problem(exc, "hit")
+
+        def __getitem__(self, key: Any) -> bytes:
+            with _quietly():
+                data = self._inner[key]
+            self._hit(key, data)
+            return data  # type: ignore[no-any-return]
+
+        def get(self, key: Any, default: bytes | None = None) -> bytes | None:
+            with _quietly():
+                data = self._inner.get(key, _MISSING)
+            if data is _MISSING:
+                return default
+            self._hit(key, data)
+            return data  # type: ignore[no-any-return]
+
+        def __setitem__(self, key: Any, value: Any) -> None:
+            with _quietly():
+                self._inner[key] = value
+            try:
+                _RECORDER.store(key, value, self._event,
+                                _entry_path(self._inner, key) if self._files else None)
+            except Exception as exc:  # noqa: BLE001 - fail open
+                _RECORDER.problem(exc, "store")
+
+        def __delitem__(self, key: Any) -> None:
+            with _quietly():
+                del self._inner[key]
+
+        def __len__(self) -> int:
+            return len(self._inner)
+
+        def clear(self) -> None:
+            self._inner.clear()
+
+        def close(self) -> None:
+            self._inner.close()
+
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("__") or name in ("_inner", "_event", "_files"):
+                raise AttributeError(name)
+            return getattr(self._inner, name)
+
+        def __repr__(self) -> str:
+            return f"AuditedProgramCache({self._inner!r})"
+
+    _AuditedProgramCache.__name__ = _AuditedProgramCache.__qualname__ = "AuditedProgramCache"
+    _AUDITED = _AuditedProgramCache
+    return _AUDITED
+
+
+def AuditedProgramCache(inner: Any, *, event: str | None = None) -> Any:
+    """Wrap a cuda.core `ProgramCacheResource` so that its lookups and stores are recorded; pass
+    the result as `Program.compile(..., cache=...)`. `event` says what a hit is ("disk-hit" by
+    default, "memory-hit" for an InMemoryProgramCache)."""
+    return _audited_class()(inner, event=event)

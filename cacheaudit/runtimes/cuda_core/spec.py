@@ -1,0 +1,15 @@
+"""cuda.core: `Program` and its persistent program cache."""
+
+from cacheaudit.spec import RuntimeSpec
+
+SPEC = RuntimeSpec(
+    name="cuda-core",
+    title="cuda.core",
+    layout="layout",
+    policy="policy",
+    adapter="adapter",
+    adapter_imports="cuda.core",
+    cache_variables=("XDG_CACHE_HOME",),
+    packages=("cuda-core",),
+    docs="runtimes/cuda-core.md",
+)

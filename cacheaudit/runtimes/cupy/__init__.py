@@ -1,0 +1,1 @@
+"""The cupy runtime: spec, layout, policy."""

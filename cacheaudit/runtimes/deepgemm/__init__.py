@@ -1,0 +1,1 @@
+"""The deepgemm runtime: spec, layout, policy."""

@@ -1,0 +1,336 @@
+"""DeepGEMM's key up to 2.6 (the C++ JIT), and DeepEP's near-copy of it: what it covers.
+
+Source: deepseek-ai/DeepGEMM `csrc/jit/compiler.hpp` (`Compiler::build`),
+`csrc/jit/include_parser.hpp` (`IncludeParser`), `csrc/jit/kernel_runtime.hpp`
+(`LaunchRuntime::generate`), `csrc/utils/hash.hpp` (`get_hex_digest`), at v2.6.1.
+
+The entry directory is `kernel.<name>.<get_hex_digest(name$$signature$$flags$$code)>`, where
+`signature` is `NVCC<major>.<minor>` (the nvcc path and patch version are not in it), `flags` the
+one flag string (with `-I<library include>`), and `code` the generated source, whose first line
+`// Includes' hash value: <h>` carries the digest of the headers reached through
+`#include <deep_gemm...>` (name prefix without a slash), resolved only in the library's include
+directory. That include hash is a per-kernel-class static computed once per process, and header
+digests are cached per path for the process lifetime.
+
+DeepEP (`csrc/jit/`, EPv2) is the same design with the prefix `deep_ep` (7 characters, no slash)
+and `EP_JIT_*` settings; its flags add `-I<nccl>/include`, so NCCL's path is keyed, its headers not.
+
+Not covered: CUTLASS/CuTe, CUDA and host headers, CPATH, NVCC_*_FLAGS, the host compiler, the nvcc
+patch version. Later revisions also fold a digest of the whole library include tree into the
+include hash; an entry built that way does not match the 2.6.1 recipe, which the recomputation
+reports instead of guessing.
+
+Older entries in the same layout follow other recipes, and are not recomputed (the key check
+says which; the tracked set follows their own rules):
+
+- the Python JIT (`kernel.<name>.<md5[:12]>`, deep_gemm/jit/compiler.py, 2025-02 to 2025-07):
+  at 8dfa329 the md5 of `name$$get_deep_gemm_version()$$signature$$flags$$enable_sass_opt$$code`,
+  where `get_deep_gemm_version()` hashes the top-level `include/deep_gemm/*.cuh` files and
+  `jit/interleave_ffma.py`, nothing else, and `signature` is the compiler's
+  (`NVCCCompiler.signature()`: `{nvcc path}+{(major, minor)}`; `nvrtc+(major, minor)` under
+  NVRTC). The first commit, a6d97a1, hashed the same parts in another order, with the compiler
+  as the (path, version) pair `get_nvcc_compiler()` returned then;
+- the C++ JIT before 7f2a703 (no include-hash line in kernel.cu):
+  `name$$get_library_version()$$signature$$flags$$code`, the library version hashing every
+  `.cuh` under `include/deep_gemm`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from collections.abc import Mapping
+
+from cacheaudit.envvars import FLAVOUR_NAMES
+from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity
+from cacheaudit.policy import (
+    EnvFamilies,
+    KeyCheck,
+    KeyComponent,
+    Policy,
+    TrackedSet,
+    read_header,
+    read_input,
+)
+from cacheaudit.runtimes._deepseek.recipe import build_directory_pid, split_mix
+from cacheaudit.runtimes.deepgemm.layout import INCLUDE_HASH_PREFIX, PYTHON_HASH_LEN
+
+_MASK = (1 << 64) - 1
+_PRIME = 0x100000001B3
+_SEEDS = (0xC6A4A7935BD1E995, 0x9E3779B97F4A7C15)
+_INCLUDE = re.compile(r'#\s*include\s*[<"][^>"]+[>"]')
+_HASH_LINE = INCLUDE_HASH_PREFIX.decode()
+_RELEASE = re.compile(r"release (\d+)\.(\d+)")
+_FIRST_VERSION = re.compile(r"(\d+)\.(\d+)")
+
+PYTHON_JIT_NOTE = ("a Python JIT entry (md5[:12] key): its signature holds "
+                   "get_deep_gemm_version() and the compiler's path and version, in an order "
+                   "that changed between releases, so it is not recomputed")
+PRE_INCLUDE_HASH_NOTE = ("kernel.cu has no include-hash line: built by DeepGEMM before 7f2a703, "
+                         "whose key held get_library_version() (every .cuh under "
+                         "include/deep_gemm) instead; not recomputed")
+
+
+def hex_digest(data: str | bytes) -> str:
+    """DeepGEMM's `get_hex_digest`: two seeded FNV-1a-64 passes, no length prefix, split-mixed."""
+    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    lanes = []
+    for seed in _SEEDS:
+        state = seed
+        for byte in raw:
+            state = ((state ^ byte) * _PRIME) & _MASK
+        lanes.append(split_mix(state))
+    return f"{lanes[0]:016x}{lanes[1]:016x}"
+
+
+class NonStandardInclude(ValueError):
+    """DeepGEMM's `DG_HOST_UNREACHABLE("Non-standard include: ...")`."""
+
+
+def tracked_includes(code: str, prefix: str = "deep_gemm") -> list[str]:
+    """`IncludeParser::get_includes`: the regex runs over the whole text, comments included."""
+    names = []
+    for match in _INCLUDE.finditer(code):
+        text = match.group(0)
+        if not (text.startswith("#include <") and text.endswith(">") and text[10] != " "
+                and text[-2] != " "):
+            raise NonStandardInclude(f"Non-standard include: {text}")
+        name = text[10:-1]
+        if name.startswith(prefix):
+            names.append(name)
+    return names
+
+
+class _IncludeHasher:
+    def __init__(self, include_dir: str, prefix: str) -> None:
+        self.include_dir = include_dir
+        self.prefix = prefix
+        self.by_path: dict[str, str] = {}
+        self._visiting: set[str] = set()
+
+    def code_hash(self, code: str, exclude_code: bool = True) -> str:
+        parts = "".join(self.path_hash(os.path.join(self.include_dir, name)) + "$"
+                        for name in tracked_includes(code, self.prefix))
+        if not exclude_code:
+            parts += "#" + hex_digest(code)
+        return hex_digest(parts)
+
+    def path_hash(self, path: str) -> str:
+        if path in self.by_path:
+            return self.by_path[path]
+        if path in self._visiting:
+            raise NonStandardInclude(f"Circular include may occur: {path}")
+        self._visiting.add(path)
+        try:
+            digest = self.code_hash(read_header(path), exclude_code=False)
+        finally:
+            self._visiting.discard(path)
+        self.by_path[path] = digest
+        return digest
+
+
+def _source_name(entry: CacheEntry) -> str:
+    return os.path.basename(entry.source.path) if entry.source is not None else "kernel.cu"
+
+
+def _split_source(entry: CacheEntry) -> tuple[str, str] | str:
+    """(include hash line value, generated code after it) of an entry's kernel.cu, read byte for
+    byte; "" for the value when there is no such line. A str alone says why it cannot be had."""
+    source = entry.source
+    name = _source_name(entry)
+    if source is None or not source.exists:
+        return f"{name} is missing"
+    if source.digest is None and source.error:
+        return f"{name} cannot be read: {source.error}"
+    try:
+        text = read_input(source.path)
+    except OSError as exc:
+        return f"{name} cannot be read: {type(exc).__name__}: {exc.strerror or exc}"
+    if not text.startswith(_HASH_LINE):
+        return "", text
+    first, _, rest = text.partition("\n")
+    return first[len(_HASH_LINE):], rest
+
+
+def _python_jit(entry: CacheEntry) -> bool:
+    return entry.key is not None and len(entry.key) == PYTHON_HASH_LEN
+
+
+def _library_include(record: CompileRecord | None, package: str) -> str | None:
+    """The library's include directory: the `-I` of the recorded compile that holds the
+    package's header directory, else the installed package's (found, not imported)."""
+    if record is not None:
+        for token in record.effective_argv:
+            if token.text.startswith("-I") and os.path.isdir(os.path.join(token.text[2:],
+                                                                          package)):
+                return token.text[2:]
+    spec = importlib.util.find_spec(package)
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            include = os.path.join(location, "include")
+            if os.path.isdir(include):
+                return include
+    return None
+
+
+def compiler_signature(compiler: CompilerIdentity) -> str | None:
+    """The compiler part of the key: "NVCC<major>.<minor>" from nvcc's release line, or for the
+    reference runtime's CPU stand-in (fixtures/minijit) "GXX<major>.<minor>", the first version
+    number on the first line of `g++ --version`; None when the version text has neither."""
+    if compiler.kind == "gcc":
+        first_line = compiler.version_text.split("\n", 1)[0]
+        match = _FIRST_VERSION.search(first_line)
+        return f"GXX{match.group(1)}.{match.group(2)}" if match else None
+    match = _RELEASE.search(compiler.version_text)
+    return f"NVCC{match.group(1)}.{match.group(2)}" if match else None
+
+
+def _flags_and_signature(record: CompileRecord | None) -> tuple[str, str] | None:
+    """The flag string and signature of the recorded compile: `cd tmp && nvcc <src> -cubin -o
+    <cubin> <flags>` reaches the compiler as argv split on blanks, so the tokens after the output
+    file, joined by single spaces, are the flag string."""
+    if record is None or record.compiler is None:
+        return None
+    argv = [t.text for t in record.effective_argv if t.origin == "argv"]
+    if "-o" not in argv:
+        return None
+    signature = compiler_signature(record.compiler)
+    if signature is None:
+        return None
+    return " ".join(argv[argv.index("-o") + 2:]), signature
+
+
+def _python_jit_tracked(include_dir: str) -> dict[str, str]:
+    """What `get_deep_gemm_version()` hashes: the top-level include/deep_gemm/*.cuh (os.listdir,
+    not recursive) and jit/interleave_ffma.py beside the package's include directory."""
+    names: dict[str, str] = {}
+    top = os.path.join(include_dir, "deep_gemm")
+    for name in sorted(os.listdir(top)):
+        if name.endswith(".cuh"):
+            names[f"deep_gemm/{name}"] = os.path.realpath(os.path.join(top, name))
+    ffma = os.path.join(os.path.dirname(include_dir), "jit", "interleave_ffma.py")
+    if os.path.isfile(ffma):
+        names["jit/interleave_ffma.py"] = os.path.realpath(ffma)
+    return names
+
+
+def _library_version_tracked(include_dir: str) -> dict[str, str]:
+    """What the C++ JIT's `get_library_version()` hashed before 7f2a703: every .cuh under
+    include/deep_gemm, recursively (.h and .hpp left out)."""
+    names: dict[str, str] = {}
+    top = os.path.join(include_dir, "deep_gemm")
+    if not os.path.isdir(top):
+        raise FileNotFoundError(f"{top} is not a directory")
+    for directory, dirs, files in os.walk(top):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".cuh"):
+                path = os.path.join(directory, name)
+                names[os.path.relpath(path, include_dir)] = os.path.realpath(path)
+    return names
+
+
+class DeepGemmPolicy(Policy):
+    def __init__(self, runtime: str, prefix: str, env_prefix: str) -> None:
+        self.runtime = runtime
+        self.prefix = prefix
+        self.env_prefixes = (env_prefix,)
+        self.flavour: str | None = runtime  # "deepgemm", "deepep": envvars.FLAVOURS names
+        # Since 7f2a703 the build directory is `<root>/tmp/<get_uuid()>`, named after the pid.
+        self.compiling_process = build_directory_pid
+
+    def env_families(self, entry: CacheEntry, env: Mapping[str, str]) -> EnvFamilies:
+        prefix = self.env_prefixes[0]
+        return EnvFamilies(self.env_prefixes,
+                           f"{FLAVOUR_NAMES[self.runtime]} reads only {prefix}_ variables")
+
+    def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
+        include_dir = _library_include(record, self.prefix)
+        name = _source_name(entry)
+        how = (f"{self.runtime}'s include regex over {name}: <{self.prefix}...> in the library "
+               f"include dir")
+        paths = {entry.source.path} if entry.source is not None else set()
+        split = _split_source(entry)
+        if isinstance(split, str):
+            return TrackedSet(frozenset(paths), error=split, how=how)
+        if include_dir is None:
+            return TrackedSet(frozenset(paths), error="the library include directory is unknown "
+                              f"(no recorded compile, {self.prefix} not installed)", how=how)
+        legacy = None
+        if _python_jit(entry):
+            legacy = (_python_jit_tracked, "the Python JIT's get_deep_gemm_version(): the "
+                      "top-level include/deep_gemm/*.cuh and jit/interleave_ffma.py")
+        elif not split[0] and self.prefix == "deep_gemm":
+            legacy = (_library_version_tracked, "the C++ JIT's get_library_version() before "
+                      "7f2a703: every .cuh under include/deep_gemm")
+        if legacy is not None:
+            collect, legacy_how = legacy
+            try:
+                names = collect(include_dir)
+            except OSError as exc:
+                return TrackedSet(frozenset(paths), error=str(exc), how=legacy_how)
+            return TrackedSet(frozenset(paths | set(names.values())), names, how=legacy_how)
+        names = {}
+        pending = [split[1]]
+        try:
+            while pending:
+                for include in tracked_includes(pending.pop(), self.prefix):
+                    path = os.path.join(include_dir, include)
+                    if include in names:
+                        continue
+                    names[include] = os.path.realpath(path)
+                    pending.append(read_header(path))
+        except (NonStandardInclude, OSError) as exc:
+            return TrackedSet(frozenset(paths | set(names.values())), names, str(exc), how)
+        return TrackedSet(frozenset(paths | set(names.values())), names, how=how)
+
+    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None,
+                  env: Mapping[str, str] | None = None) -> KeyCheck:
+        # The entry holds only kernel.cu and the binary; the recorded compile supplies the flags,
+        # the signature and the library include directory.
+        components = [KeyComponent("name", entry.kernel, None)]
+        if _python_jit(entry):
+            return KeyCheck(None, tuple(components), PYTHON_JIT_NOTE)
+        split = _split_source(entry)
+        if isinstance(split, str):
+            return KeyCheck(None, tuple(components), split)
+        recorded_hash, generated = split
+        if not recorded_hash:
+            return KeyCheck(None, tuple(components), PRE_INCLUDE_HASH_NOTE)
+        include_dir = _library_include(record, self.prefix)
+        if include_dir is None:
+            return KeyCheck(None, tuple(components), "the library include directory is unknown")
+        try:
+            include_hash = _IncludeHasher(include_dir, self.prefix).code_hash(generated)
+        except (NonStandardInclude, OSError) as exc:
+            return KeyCheck(None, tuple(components), f"the tracked headers cannot be hashed: {exc}")
+        components.append(KeyComponent("include hash (recorded in kernel.cu)", recorded_hash,
+                                       include_hash))
+        shape = _flags_and_signature(record)
+        if shape is None:
+            return KeyCheck(None, tuple(components),
+                            "flags and signature are not in the entry; no recorded compile")
+        flags, signature = shape
+        code = f"{_HASH_LINE}{include_hash}\n{generated}"
+        components += [KeyComponent("signature", signature, None),
+                       KeyComponent("flags", flags, hex_digest(flags)),
+                       KeyComponent("code", f"kernel.cu ({len(code)} bytes)", hex_digest(code))]
+        return KeyCheck(hex_digest(f"{entry.kernel}$${signature}$${flags}$${code}"),
+                        tuple(components))
+
+    def compiler_change_in_key(self, recorded: CompilerIdentity,
+                               current: CompilerIdentity) -> bool:
+        # Only the signature ("NVCC<major>.<minor>", or the stand-in's "GXX<major>.<minor>")
+        # enters the key: a patch release or another binary of the same release at the same
+        # path does not.
+        return compiler_signature(recorded) != compiler_signature(current)
+
+    def dependency_command(self, entry: CacheEntry) -> tuple[list[str], str] | None:
+        # DeepGEMM writes no command into the entry, and without a recorded compile the flags
+        # (arch, C++ standard, include directory) are unknown.
+        return None
+
+
+POLICIES = {"deepgemm": DeepGemmPolicy("deepgemm", "deep_gemm", "DG"),
+            "deepep": DeepGemmPolicy("deepep", "deep_ep", "EP")}

@@ -1,0 +1,1 @@
+"""The deepjit runtime: spec, layout, policy."""

@@ -1,0 +1,419 @@
+"""DeepJIT's key (DeepJIT itself, DeepGEMM 2.8+, DeepEP): what it covers, recomputed.
+
+Source: deepseek-ai/DeepJIT, `runtime/runtime.hpp` (`Runtime::cache_key`), `utils/hash.hpp`
+(`FNV1a`), `utils/parser.hpp` (`Parser`), `backend/cuda/backend.hpp` (`CompilerInfo`, the compile
+command, meta.json). The key is an FNV-1a chain, each update prefixed with its length:
+
+1. `Config::extra_signature`
+2. the digest of the full `nvcc --version` text (the nvcc *path* is not hashed)
+3. the compile flags joined by single spaces
+4. the post-hook digest ("" without a post hook)
+5. `Parser::parse_into_hash(source)`: the source, then recursively each header reached through a
+   literal `#include <...>` line whose name starts with one of `include_prefixes`
+
+Not covered, by design (DeepJIT's README says so): `NVCC_PREPEND_FLAGS`, `NVCC_APPEND_FLAGS`,
+`CPATH`, the host compiler, every header outside the prefixes (CUTLASS, CuTe, CUDA, libstdc++),
+`include_dirs` themselves. Header digests are cached by include name for the runtime's lifetime,
+and the configuration is read once when the runtime is built.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cacheaudit import envvars
+from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity
+from cacheaudit.policy import (
+    EnvFamilies,
+    KeyCheck,
+    KeyComponent,
+    Policy,
+    TrackedSet,
+    read_header,
+    read_input,
+)
+from cacheaudit.runtimes._deepseek.recipe import build_directory_pid, split_mix
+from cacheaudit.runtimes.deepjit.layout import mistyped, prefix_roots
+
+_MASK = (1 << 64) - 1
+_PRIME_0 = 0x100000001B3
+_PRIME_1 = 0x9E3779B97F4A7C15
+_SEED_0 = 0xC6A4A7935BD1E995
+_SEED_1 = 0xFF51AFD7ED558CCD
+
+
+class FNV1a:
+    """DeepJIT's `hash::FNV1a`: two 64-bit FNV-1a lanes, every update length-prefixed."""
+
+    __slots__ = ("state_0", "state_1")
+
+    def __init__(self) -> None:
+        self.state_0 = _SEED_0
+        self.state_1 = _SEED_1
+
+    def update(self, data: str | bytes) -> FNV1a:
+        raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+        s0, s1 = self.state_0, self.state_1
+        for byte in len(raw).to_bytes(8, "little") + raw:
+            s0 = ((s0 ^ byte) * _PRIME_0) & _MASK
+            s1 = ((s1 ^ byte) * _PRIME_1) & _MASK
+        self.state_0, self.state_1 = s0, s1
+        return self
+
+    def hexdigest(self) -> str:
+        return f"{split_mix(self.state_0):016x}{split_mix(self.state_1):016x}"
+
+
+def hex_digest(data: str | bytes) -> str:
+    return FNV1a().update(data).hexdigest()
+
+
+_DIRECTIVE = re.compile(r"^[ \t\f\v]*#[ \t\f\v]*include[^\n]*", re.MULTILINE)
+
+
+class NonStandardInclude(ValueError):
+    """DeepJIT's `DJ_PANIC("non-standard include: ...")`: the runtime refuses the source."""
+
+
+_BLANKS = " \t\f\v"
+
+
+def tracked_include(line: str, prefixes: Sequence[str]) -> str | None:
+    """The include name a line contributes to the key, by `Parser::parse_include`'s rules."""
+    line = line.lstrip(_BLANKS)
+    if not line.startswith("#"):
+        return None
+    line = line[1:].lstrip(_BLANKS)
+    if not line.startswith("include"):
+        return None
+    line = line[len("include"):].lstrip(_BLANKS)
+    if not line or line[0] not in "<\"":
+        return None
+    closing = min((i for i in (line.find(">", 1), line.find('"', 1)) if i != -1), default=-1)
+    if closing == -1:
+        return None
+    name = line[1:closing]
+    if (line[0] != "<" or line[closing] != ">" or not name or name[0] in _BLANKS
+            or name[-1] in _BLANKS):
+        raise NonStandardInclude(f"non-standard include: {line[:closing + 1]}")
+    return name if any(name.startswith(p) for p in prefixes) else None
+
+
+class _Parser:
+    """`Parser` with a fresh cache: what a new runtime object would compute from disk now."""
+
+    def __init__(self, include_dirs: Sequence[str], prefixes: Sequence[str]) -> None:
+        self.include_dirs = list(include_dirs)
+        self.prefixes = list(prefixes)
+        self.digests: dict[str, str] = {}
+        self.resolved: dict[str, str] = {}
+        self._visiting: set[str] = set()
+
+    def names_in(self, code: str) -> list[str]:
+        # Only lines that can be include directives are looked at; the rules are
+        # `tracked_include`'s, applied to exactly the lines the runtime would act on.
+        return [name for match in _DIRECTIVE.finditer(code)
+                if (name := tracked_include(match.group(0), self.prefixes)) is not None]
+
+    def resolve(self, name: str) -> str:
+        for directory in self.include_dirs:
+            candidate = os.path.join(directory, name)
+            if os.path.exists(candidate):
+                return candidate
+        raise FileNotFoundError(f"tracked include <{name}> is in none of the include dirs")
+
+    def header_digest(self, name: str) -> str:
+        if name in self.digests:
+            return self.digests[name]
+        if name in self._visiting:
+            raise NonStandardInclude(f"circular include may occur: {name}")
+        self._visiting.add(name)
+        try:
+            path = self.resolve(name)
+            digest = self.parse_into_hash(read_header(path))
+        finally:
+            self._visiting.discard(name)
+        self.resolved[name] = os.path.realpath(path)
+        self.digests[name] = digest
+        return digest
+
+    def parse_into_hash(self, code: str) -> str:
+        hasher = FNV1a().update(code)
+        for name in self.names_in(code):
+            hasher.update(self.header_digest(name))
+        return hasher.hexdigest()
+
+    def walk(self, code: str) -> None:
+        """Resolve every tracked header reachable from `code` without hashing anything."""
+        for name in self.names_in(code):
+            if name in self.resolved or name in self._visiting:
+                continue
+            self._visiting.add(name)
+            try:
+                path = self.resolve(name)
+                self.resolved[name] = os.path.realpath(path)
+                self.walk(read_header(path))
+            finally:
+                self._visiting.discard(name)
+
+
+def _config(entry: CacheEntry) -> dict[str, Any]:
+    config = entry.meta.get("config")
+    return config if isinstance(config, dict) else {}
+
+
+_PARSER_FIELDS = ("config.include_dirs", "config.include_prefixes")
+_KEY_FIELDS = (*_PARSER_FIELDS, "config.extra_signature", "compiler_info.version", "command",
+               "compiler_options")
+
+
+def _mistyped(entry: CacheEntry, fields: Sequence[str]) -> str | None:
+    """Why meta.json's recipe fields cannot be used as DeepJIT's, or None. A value DeepJIT
+    cannot have written is no recipe: fed to the parser it would crash the scan or compute
+    another key (a string of prefixes read as one prefix per character)."""
+    bad = [why for name in fields if (why := mistyped(entry.meta, name)) is not None]
+    if not bad:
+        return None
+    return f"meta.json has {'; '.join(bad)}: not what DeepJIT writes, so it cannot be used"
+
+
+def _source_name(entry: CacheEntry) -> str:
+    return os.path.basename(entry.source.path) if entry.source is not None else "the source"
+
+
+def _read_source(entry: CacheEntry) -> tuple[str | None, str]:
+    """(the entry's source as text, "") or (None, why it cannot be had, naming the file)."""
+    source = entry.source
+    if source is None:
+        return None, "the entry has no source file"
+    name = _source_name(entry)
+    if not source.exists:
+        return None, f"{name} is missing"
+    if source.digest is None and source.error:
+        return None, f"{name} cannot be read: {source.error}"
+    try:
+        return read_input(source.path), ""
+    except OSError as exc:
+        return None, f"{name} cannot be read: {type(exc).__name__}: {exc.strerror or exc}"
+
+
+def options_flags(options: dict[str, Any]) -> list[str] | None:
+    """`CompilerOptions::get_flags` (backend/cuda/options.hpp) from the options meta.json holds:
+    the flag list the key hashes, whatever command the backend built from it."""
+    try:
+        flags = [f"--gpu-architecture=sm_{options['arch']}", f"-O{options['optimize_level']}",
+                 f"--compiler-options=-O{options['optimize_level']}"]
+        if options.get("use_fast_math"):
+            flags.append("--use_fast_math")
+        if options.get("ptxas_verbose"):
+            flags.append("--ptxas-options=--verbose")
+        flags.append("--ptxas-options=--register-usage-level="
+                     f"{options['ptxas_register_usage_level']}")
+        if options.get("check_no_spills"):
+            flags.append("--ptxas-options=--warn-on-spills")
+        if options.get("check_no_local_memory"):
+            flags.append("--ptxas-options=--warn-on-local-memory-usage")
+        if options.get("with_line_info"):
+            flags.append("--generate-line-info")
+        for name in ("nvcc_flags", "extra_nvcc_flags"):
+            extra = options.get(name) or []
+            if not isinstance(extra, list):
+                raise TypeError(f"{name} is not a list")  # a string would split into chars
+            flags += [str(f) for f in extra]
+    except (KeyError, TypeError):
+        return None
+    return flags
+
+
+_OUTPUT_OPTIONS = ("--output-file", "-o")
+_INCLUDE_OPTIONS = ("--include-path", "-I")
+
+
+def command_flags(command: str, include_dirs: Sequence[str]) -> list[str] | None:
+    """The flags part of DeepJIT's compile command: between the output file and the trailing
+    include-path pairs (`backend.hpp` joins `[nvcc, src, --cubin, --output-file, cubin, *flags,
+    (--include-path, dir)*]` with single spaces)."""
+    tokens = command.split(" ")
+    output = next((i for i, t in enumerate(tokens) if t in _OUTPUT_OPTIONS), None)
+    if output is None:
+        return None
+    end = len(tokens) - 2 * len(include_dirs)
+    tail = tokens[end:]
+    if end < output + 2 or any(tail[2 * i] not in _INCLUDE_OPTIONS or tail[2 * i + 1] != d
+                               for i, d in enumerate(include_dirs)):
+        return None
+    return tokens[output + 2:end]
+
+
+# The libraries built on DeepJIT, by the include prefix they configure: (env prefix, name).
+# DeepGEMM 2.8 constructs `deep_jit::Config(root, "DG", ..., {"deep_gemm/"})`; DeepEP-Ascend
+# reads EP_, and its include prefix is taken to be `deep_ep/` like DeepEP's own (`deep_ep`): the
+# reference does not give it. The env prefix itself is not in meta.json (`Config::to_json`
+# leaves it out).
+_LIBRARIES = {"deep_gemm": ("DG", "DeepGEMM 2.8+"), "deep_ep": ("EP", "DeepEP-Ascend")}
+
+
+@functools.lru_cache(maxsize=256)
+def _real_directory(path: str) -> str:
+    # Thousands of entries share a handful of roots: resolve each once.
+    return os.path.realpath(path)
+
+
+def _same_directory(first: str, second: str) -> bool:
+    return _real_directory(first) == _real_directory(second)
+
+
+class DeepJitPolicy(Policy):
+    runtime = "deepjit"
+    env_prefixes = ("DG", "EP")
+    flavour = "deepjit"
+    compiling_process = staticmethod(build_directory_pid)
+
+    def env_families(self, entry: CacheEntry, env: Mapping[str, str]) -> EnvFamilies:
+        """Which of DG_ and EP_ the runtime that built `entry` reads, by the strongest evidence
+        there is: the library its include prefixes belong to (meta.json); else the cache root
+        the entry lies in, when only some families' `<P>_JIT_CACHE_DIR` in `env` lead there
+        (a build goes to the first root); else the families with a variable of their own set
+        in `env`. None of them: nothing says, and the result is empty."""
+        include_prefixes = _config(entry).get("include_prefixes")
+        if isinstance(include_prefixes, list):
+            libraries = {_LIBRARIES[library] for p in include_prefixes if isinstance(p, str)
+                         and (library := p.split("/", 1)[0]) in _LIBRARIES}
+            if libraries:
+                named = " and ".join(f"{name}'s (env prefix {prefix})"
+                                     for prefix, name in sorted(libraries))
+                return EnvFamilies(tuple(sorted(prefix for prefix, _ in libraries)),
+                                   f"meta.json's include_prefixes {include_prefixes} are "
+                                   f"{named}")
+        root = os.path.dirname(os.path.dirname(entry.path))
+        by_root = tuple(p for p in self.env_prefixes
+                        if (roots := prefix_roots(env, p)) and _same_directory(roots[0], root))
+        if 0 < len(by_root) < len(self.env_prefixes):
+            return EnvFamilies(by_root, f"the entry was built in {root}, the cache root that "
+                                        f"{' and '.join(p + '_JIT_CACHE_DIR' for p in by_root)} "
+                                        f"named")
+        # A value every family resolves to alike tells them apart no more than an unset one:
+        # a cacheaudit session points each family's compiler setting at the same shim.
+        settings = {p: {s.suffix: s for s in envvars.resolve_jit_settings(p, env)}
+                    for p in self.env_prefixes}
+        in_use = tuple(p for p in self.env_prefixes if any(
+            own.origin == "prefixed" and any(
+                (other := settings[q].get(suffix)) is None or other.value != own.value
+                for q in self.env_prefixes if q != p)
+            for suffix, own in settings[p].items()))
+        if in_use:
+            return EnvFamilies(in_use, f"{' and '.join(p + '_JIT_*' for p in in_use)} "
+                                       f"variables set in the runtime's environment give values "
+                                       f"the other family does not share")
+        return EnvFamilies((), "meta.json does not record the env prefix, the cache root does "
+                               "not tell, and no DG_JIT_* or EP_JIT_* variable set in the "
+                               "runtime's environment sets the two families apart")
+
+    def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
+        paths = {entry.source.path} if entry.source is not None else set()
+        name = _source_name(entry)
+        if (bad := _mistyped(entry, _PARSER_FIELDS)) is not None:
+            return TrackedSet(frozenset(paths), error=bad,
+                              how=f"DeepJIT's parser over {name}: no usable include_dirs and "
+                                  "include_prefixes")
+        config = _config(entry)
+        parser = _Parser(config.get("include_dirs") or [], config.get("include_prefixes") or [])
+        how = (f"DeepJIT's parser over {name}: literal #include <...> lines with prefixes "
+               f"{parser.prefixes or '(none)'}, resolved in {parser.include_dirs or '(none)'}")
+        source, why = _read_source(entry)
+        if source is None:
+            return TrackedSet(frozenset(paths), error=why, how=how)
+        try:
+            parser.walk(source)
+        except (NonStandardInclude, FileNotFoundError, OSError) as exc:
+            return TrackedSet(frozenset(paths | set(parser.resolved.values())),
+                              dict(parser.resolved), error=str(exc), how=how)
+        return TrackedSet(frozenset(paths | set(parser.resolved.values())), dict(parser.resolved),
+                          how=how)
+
+    def key_components(self, entry: CacheEntry) -> tuple[list[KeyComponent], str | None, str]:
+        """The labelled parts of the key as a new runtime would compute them now."""
+        name = _source_name(entry)
+        backend = entry.meta.get("backend")
+        other_source = entry.source is not None and name != "kernel.cu"
+        if other_source or (isinstance(backend, str) and backend.upper() != "CUDA"):
+            # ROCm's CompilerInfo hashes the hipcc path, its version and HIP/ROCm variables,
+            # Ascend's its own toolchain: only the CUDA recipe is known here.
+            which = f"{name}, backend {backend}" if isinstance(backend, str) else name
+            return [], None, (f"an entry of another backend ({which}): only DeepJIT's CUDA key "
+                              "recipe is recomputed")
+        if (bad := _mistyped(entry, _KEY_FIELDS)) is not None:
+            return [], None, bad
+        config = _config(entry)
+        info = entry.meta.get("compiler_info") or {}
+        command = entry.meta.get("command")
+        include_dirs = config.get("include_dirs") or []
+        if not isinstance(info, dict) or "version" not in info or not isinstance(command, str):
+            return [], None, "meta.json lacks compiler_info.version or command"
+        options = entry.meta.get("compiler_options")
+        flags = options_flags(options) if isinstance(options, dict) else None
+        if flags is None:
+            flags = command_flags(command, include_dirs)
+        if flags is None:
+            return [], None, "meta.json holds neither compiler options nor a command of " \
+                             "DeepJIT's shape"
+        source, why = _read_source(entry)
+        if source is None:
+            return [], None, why
+        if isinstance(options, dict) and options.get("post_hook"):
+            return [], None, "entries with a post hook are not recomputed"
+        parser = _Parser(include_dirs, config.get("include_prefixes") or [])
+        try:
+            code_digest = parser.parse_into_hash(source)
+        except (NonStandardInclude, FileNotFoundError, OSError) as exc:
+            return [], None, f"the tracked headers cannot be hashed now: {exc}"
+        extra = config.get("extra_signature", "")
+        version = info["version"]
+        nvcc = str(info.get("path") or "nvcc")
+        telling = CompilerIdentity(invoked=nvcc, path=nvcc, resolved=nvcc, kind="nvcc",
+                                   version_text=version, digest=None).version_line
+        components = [
+            KeyComponent("extra_signature", extra, hex_digest(extra)),
+            KeyComponent("compiler version (nvcc --version)", telling, hex_digest(version)),
+            KeyComponent("flags", " ".join(flags), hex_digest(" ".join(flags))),
+            KeyComponent("post hook", "(none)", hex_digest("")),
+            KeyComponent("source + tracked headers", f"{name} + {len(parser.digests)} tracked",
+                         code_digest),
+        ]
+        components += [KeyComponent(f"  <{include}>", parser.resolved.get(include, "?"), digest)
+                       for include, digest in parser.digests.items()]
+        key = (FNV1a().update(extra).update(hex_digest(version)).update(" ".join(flags))
+               .update("").update(code_digest).hexdigest())
+        return components, key, ""
+
+    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None,
+                  env: Mapping[str, str] | None = None) -> KeyCheck:
+        # meta.json carries every part of the recipe; the recorded compile and the environment
+        # add nothing.
+        components, key, note = self.key_components(entry)
+        return KeyCheck(key, tuple(components), note)
+
+    def compiler_change_in_key(self, recorded: CompilerIdentity,
+                               current: CompilerIdentity) -> bool:
+        # CompilerInfo::get_hash hashes the whole `--version` text, nothing else.
+        return recorded.version_text != current.version_text
+
+    def dependency_command(self, entry: CacheEntry) -> tuple[list[str], str] | None:
+        command = entry.meta.get("command")
+        if not isinstance(command, str) or entry.source is None:
+            return None
+        tokens = command.split(" ")
+        built_in = next((os.path.dirname(t) for t in tokens if t.endswith("/kernel.cu")), None)
+        if built_in is None:
+            return None
+        # The build ran in <root>/tmp/<uuid>/, renamed into the entry afterwards.
+        moved = [entry.path + t[len(built_in):] if t.startswith(built_in + "/") else t
+                 for t in tokens]
+        return moved, entry.path
+
+
+POLICIES = {"deepjit": DeepJitPolicy()}

@@ -1,0 +1,16 @@
+"""DeepJIT (deepseek-ai/DeepJIT), and DeepGEMM 2.8+ and DeepEP-Ascend built on it."""
+
+from cacheaudit.spec import CompilerSetting, RuntimeSpec
+
+SPEC = RuntimeSpec(
+    name="deepjit",
+    title="DeepJIT",
+    layout="layout",
+    policy="policy",
+    cache_variables=("DJ_JIT_CACHE_DIR", "DG_JIT_CACHE_DIR", "EP_JIT_CACHE_DIR"),
+    compiler_settings=(
+        CompilerSetting("DJ_JIT_NVCC_COMPILER", "nvcc", session_fills=True),
+    ),
+    variants=("cuda", "rocm", "ascend"),
+    docs="runtimes/deepjit.md",
+)

@@ -1,0 +1,1 @@
+"""The nvrtc runtime: spec, layout, policy, adapter."""

@@ -1,0 +1,1 @@
+"""The torch_ext runtime: spec, layout, policy, adapter."""

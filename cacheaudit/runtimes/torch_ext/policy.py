@@ -1,0 +1,172 @@
+"""torch.utils.cpp_extension's key: what it covers, and ninja's decision rerun to check it.
+
+Source: torch 2.13 `torch/utils/cpp_extension.py` (`_jit_compile`, `_write_ninja_file`,
+`_run_ninja_build`) and `torch/utils/_cpp_extension_versioner.py` (`ExtensionVersioner`).
+torch keys a build twice, and neither key is a digest on disk:
+
+1. In one process, `JIT_EXTENSION_VERSIONER.bump_version_if_changed` hashes the source files'
+   contents, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths, the build
+   directory, with_cuda, with_sycl, is_python_module and is_standalone. Unchanged: ninja is not
+   even run (a memory hit). Headers, the environment and the compiler are not in it.
+2. Across processes (and after a version bump), ninja decides: an output is rebuilt when its
+   command line differs from the one in .ninja_log, or when an input is newer than it. Its inputs
+   are the sources and the headers `-MMD` listed into .ninja_deps: headers reached through
+   `-isystem` (torch's own, Python's, any the user adds) or C/CPLUS_INCLUDE_PATH are not among
+   them, and the environment (CPATH, ...) and the compiler behind the name `c++` never are.
+
+So "the key" of an entry here is the pair (build.ninja's commands, ninja's mtime verdict): the
+commands are digested into the entry's key; the verdict is asked of ninja itself (`ninja -n`),
+which is the recomputation: a tracked file that changed while ninja still says "no work to do"
+(an edit that kept an older mtime: `cp -p`, `tar x`, `git stash` within the same second) is a
+tracked input the key did not see (CA103).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from collections.abc import Mapping, Sequence
+
+from cacheaudit.findings import make_finding, state_text
+from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
+from cacheaudit.policy import KeyCheck, KeyComponent, Policy, TrackedSet
+
+OBSERVER = "adapter:torch_ext"
+TRACKED_HOW = ("ninja's deps log (-MMD: no -isystem or C/CPLUS_INCLUDE_PATH header) plus the "
+               "sources; build.ninja's commands")
+
+
+class TorchExtPolicy(Policy):
+    runtime = "torch-ext"
+    env_prefixes: tuple[str, ...] = ()
+    flavour: str | None = None  # torch reads no <PREFIX>_JIT_* family
+
+    def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
+        """The record's tracked set (what ninja's deps log held right after that build), else
+        the deps log and build.ninja in the entry now."""
+        if record is not None and record.tracked is not None:
+            return TrackedSet(frozenset(record.tracked), how=TRACKED_HOW)
+        from cacheaudit.graph import NinjaDepsLogError
+        from cacheaudit.runtimes.torch_ext.layout import (
+            BUILD_FILE,
+            NinjaSyntaxError,
+            read_build_file,
+            read_deps_log,
+            tracked_paths,
+        )
+
+        try:
+            build = read_build_file(os.path.join(entry.path, BUILD_FILE))
+            deps = read_deps_log(entry.path)
+        except (OSError, NinjaSyntaxError, NinjaDepsLogError) as exc:
+            sources = {entry.source.path} if entry.source is not None else set()
+            return TrackedSet(frozenset(sources), error=str(exc), how=TRACKED_HOW)
+        return TrackedSet(tracked_paths(build, deps), how=TRACKED_HOW + " (read now)")
+
+    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None,
+                  env: Mapping[str, str] | None = None) -> KeyCheck:
+        """The key as ninja would see it now: build.ninja's commands (the entry's key) and ninja's
+        verdict. "No work to do" recomputes the same key (a hit would be served); work to do
+        recomputes another (the next load() in a new process rebuilds). ninja runs in `env` (the
+        audit's environment, else this process's), with the recorded build's PATH."""
+        from cacheaudit.runtimes.torch_ext.layout import ninja_dry_run
+
+        if entry.key is None:
+            return KeyCheck(None, note="build.ninja cannot be read")
+        # The ninja the build ran (torch runs `ninja` from PATH): another version may not read
+        # its logs (ninja 1.11 starts over on a 1.12+ build log) and would claim a rebuild.
+        run_env = dict(os.environ if env is None else env)
+        if record is not None and record.env.get("PATH"):
+            run_env["PATH"] = record.env["PATH"]
+        ninja = shutil.which("ninja", path=run_env.get("PATH", ""))
+        if ninja is None:
+            return KeyCheck(None, note="ninja is not on PATH: its decision cannot be asked")
+        dry = ninja_dry_run(entry.path, run_env)
+        commands = KeyComponent("build.ninja commands", f"{len(entry.meta.get('commands', []))} "
+                                f"edges", entry.key)
+        if dry.work is None:
+            return KeyCheck(None, (commands,), note=dry.error or "ninja -n failed")
+        if not dry.work:
+            verdict = KeyComponent(f"ninja's decision ({ninja} -n)", "no work to do")
+            return KeyCheck(entry.key, (commands, verdict))
+        reasons = "; ".join(dry.explain[:5]) or f"{len(dry.commands)} commands to run"
+        verdict = KeyComponent(f"ninja's decision ({ninja} -n)", f"would rebuild: {reasons}")
+        return KeyCheck(f"{entry.key}+rebuild", (commands, verdict))
+
+    def compiler_change_in_key(self, recorded: CompilerIdentity,
+                               current: CompilerIdentity) -> bool:
+        # build.ninja holds the compiler's name (CXX, or `c++`), so naming another one rebuilds;
+        # the binary behind an unchanged name and its version are in no part of the key, and the
+        # audit compares exactly that: the identity behind the recorded path.
+        return False
+
+    def dependency_command(self, entry: CacheEntry) -> tuple[list[str], str] | None:
+        """The first compile edge of build.ninja, with the compiler resolved on PATH (ninja runs
+        it through the shell, in the build directory)."""
+        from cacheaudit.runtimes.torch_ext.layout import strip_wrapper
+
+        for command in entry.meta.get("commands", []):
+            if command.get("rule") not in ("compile", "cuda_compile"):
+                continue
+            try:
+                tokens, _ = strip_wrapper(shlex.split(command.get("command", "")))
+            except ValueError:
+                return None
+            if not tokens:
+                return None
+            found = tokens[0] if "/" in tokens[0] else shutil.which(tokens[0])
+            return [found or tokens[0], *tokens[1:]], entry.path
+        return None
+
+    def record_findings(self, record: CompileRecord,
+                        history: Sequence[CompileRecord]) -> list[Finding]:
+        """CA106 from the records of one process: a memory hit (torch's versioner skipped ninja)
+        that found a tracked file changed since the process's ninja run for the same build
+        directory. Each changed file is reported once, at the first hit that shows it.
+
+        The entry audit of a scan finds the same staleness from the entry (a tracked file that
+        differs now, and a memory hit after its mtime); both name the same file and the same
+        memory-hit record, so a report that merges the two keys them by (code, subject,
+        record). Only this check sees a header edited and restored in between, or one whose
+        build directory is gone; only the scan sees a process that never recorded a hit.
+        """
+        if record.event != "memory-hit" or record.runtime != self.runtime or not record.entry:
+            return []
+        baseline: CompileRecord | None = None
+        earlier_hits: list[CompileRecord] = []
+        for previous in history:
+            # Only the adapter's records carry the tracked files' states (the shim's link record
+            # of the same library, once a scan attributes it, carries objects).
+            if previous.entry != record.entry or previous.observer != OBSERVER:
+                continue
+            if previous.event in ("compile", "disk-hit"):
+                baseline, earlier_hits = previous, []
+            elif previous.event == "memory-hit":
+                earlier_hits.append(previous)
+        if baseline is None:
+            return []
+        then = {s.path: s for s in baseline.sources}
+        if baseline.graph is not None:
+            then.update((f.path, f.state) for f in baseline.graph.files)
+        tracked = set(baseline.tracked or ())
+        reported = {s.path: s.digest for hit in earlier_hits for s in hit.sources}
+        findings = []
+        for now in record.sources:
+            old = then.get(now.path)
+            if old is None or (tracked and now.path not in tracked) or old.same_content(now):
+                continue
+            if now.path in reported and reported[now.path] == now.digest:
+                continue  # an earlier hit of this run already showed this change
+            findings.append(make_finding(
+                "CA106", subject=now.path, record=record,
+                message=f"torch's in-process versioner served {record.kernel} from memory "
+                        f"(pid {record.pid}) after this header changed; ninja would rebuild it "
+                        f"in a new process, but the versioner never looks at headers",
+                recorded=state_text(old), current=state_text(now),
+                how="states of ninja's tracked files recorded by the adapter at the process's "
+                    "ninja run and at this memory hit"))
+        return findings
+
+
+POLICIES = {"torch-ext": TorchExtPolicy()}

@@ -1,0 +1,1 @@
+"""The triton runtime: spec, layout, policy, adapter."""

@@ -1,0 +1,16 @@
+"""Triton: `@triton.jit` and `triton.compile`, with its on-disk kernel cache."""
+
+from cacheaudit.spec import RuntimeSpec
+
+SPEC = RuntimeSpec(
+    name="triton",
+    title="Triton",
+    layout="layout",
+    policy="policy",
+    adapter="adapter",
+    adapter_imports="triton",
+    cache_variables=("TRITON_CACHE_DIR", "TRITON_HOME"),
+    packages=("triton",),
+    snapshot="snapshot",
+    docs="runtimes/triton.md",
+)
