@@ -683,8 +683,8 @@ def test_exact_registry_has_no_duplicates_and_is_read_only() -> None:
 
 
 def test_every_policy_flavour_is_a_known_flavour_or_none() -> None:
-    from cacheaudit.envvars import FLAVOURS
     from cacheaudit import runtimes
+    from cacheaudit.envvars import FLAVOURS
 
     for runtime in [s.name for s in runtimes.specs() if s.policy is not None]:
         policy = runtimes.policy_for(runtime)

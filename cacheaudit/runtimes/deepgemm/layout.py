@@ -152,8 +152,8 @@ class DeepGemmReader(Layout):
                 or has_tmp_named(tmp_dir, TMP_NAME_RE, dirs=True))
 
     def read(self, root: str, cache: StateCache) -> Iterator[CacheEntry | CacheLeftover]:
-        return read_cache_root(root, cache, runtime=RUNTIME, layout=LAYOUT_NAME, own=DEEPGEMM_ENTRY_RE,
-                               other=DEEPJIT_ENTRY_RE, read_entry=read_entry,
+        return read_cache_root(root, cache, runtime=RUNTIME, layout=LAYOUT_NAME,
+                               own=DEEPGEMM_ENTRY_RE, other=DEEPJIT_ENTRY_RE, read_entry=read_entry,
                                odd_name_reason=ODD_NAME_REASON,
                                file_reason=_TMP_FILE_REASONS)
 

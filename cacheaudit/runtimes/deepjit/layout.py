@@ -129,8 +129,8 @@ class DeepJitReader(Layout):
         return has_tmp_named(os.path.join(path, "tmp"), TMP_NAME_RE, dirs=True)
 
     def read(self, root: str, cache: StateCache) -> Iterator[CacheEntry | CacheLeftover]:
-        return read_cache_root(root, cache, runtime=RUNTIME, layout=LAYOUT_NAME, own=DEEPJIT_ENTRY_RE,
-                               other=DEEPGEMM_ENTRY_RE, read_entry=read_entry,
+        return read_cache_root(root, cache, runtime=RUNTIME, layout=LAYOUT_NAME,
+                               own=DEEPJIT_ENTRY_RE, other=DEEPGEMM_ENTRY_RE, read_entry=read_entry,
                                odd_name_reason=ODD_NAME_REASON)
 
 

@@ -599,8 +599,8 @@ class TorchExtReader(Layout):
             return
         lock = os.path.join(path, LOCK)
         if LOCK in names and (why := lock_problem(lock)) is not None:
-            yield CacheLeftover(runtime=RUNTIME, layout=LAYOUT_NAME, root=root, path=lock, reason=why,
-                                mtime_ns=_mtime(lock))
+            yield CacheLeftover(runtime=RUNTIME, layout=LAYOUT_NAME, root=root, path=lock,
+                                reason=why, mtime_ns=_mtime(lock))
         elif not names:
             yield CacheLeftover(
                 runtime=RUNTIME, layout=LAYOUT_NAME, root=root, path=path, mtime_ns=_mtime(path),
@@ -687,7 +687,8 @@ def read_build_dir(root: str, path: str, cache: StateCache
                 and name != current:
             leftover = os.path.join(real, name)
             yield CacheLeftover(
-                runtime=RUNTIME, layout=LAYOUT_NAME, root=root, path=leftover, mtime_ns=_mtime(leftover),
+                runtime=RUNTIME, layout=LAYOUT_NAME, root=root, path=leftover,
+                mtime_ns=_mtime(leftover),
                 reason=f"library of in-process rebuild {match.group('version')} of {kernel}: "
                        f"torch's versioner names rebuilds within one process {kernel}_v<N>, and "
                        f"a new process starts again at {kernel}{suffix}, so no load() uses it "
