@@ -373,7 +373,7 @@ def demo(
     import shutil
 
     from cacheaudit import output
-    from cacheaudit.demo import result_json, run_demo
+    from cacheaudit.demo import render, result_json, run_demo
 
     if compiler not in ("auto", "nvcc", "g++"):
         raise UsageError(f"--compiler must be auto, nvcc or g++, not {compiler!r}")
@@ -384,7 +384,7 @@ def demo(
         if json_output:
             sys.stdout.write(json.dumps(result_json(result), indent=2) + "\n")
             return
-        output.render_demo(result, console)
+        render(result, console)
     finally:
         if keep:
             console.print(output.escape_markup(

@@ -16,13 +16,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cacheaudit.audit import ScanResult, scan
 from cacheaudit.exceptions import UsageError
 from cacheaudit.ledger import Ledger
-from cacheaudit.output import escape_markup
+from cacheaudit.output import escape_markup, render_findings, summary_line
 from cacheaudit.shim import ShimError, find_real_compiler, install_masquerade
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 KERNEL = """\
 #include <mylib/gemm.cuh>
@@ -228,3 +231,18 @@ def result_json(result: DemoResult) -> dict[str, Any]:
                   for s in result.steps],
         "findings": [f.to_dict() for f in result.scan.findings] if result.scan else [],
     }
+
+
+def render(result: DemoResult, console: Console) -> None:
+    """The demo's findings and what they show, for a person."""
+    scan = result.scan
+    if scan is None:
+        return
+    summary = summary_line(len(scan.entries), len(scan.roots), scan.matched, scan.reconstructed,
+                           scan.findings)
+    render_findings(scan.findings, console, summary)
+    console.print(escape_markup(
+        "The runtime served the same binary three times while the code it was built from "
+        f"changed twice: its key covers neither the edited header nor "
+        f"{result.changed_variable}. Each finding names the input, its recorded and current "
+        "value, and how that was established."))

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from cacheaudit.audit import RunReport
-    from cacheaudit.demo import DemoResult
     from cacheaudit.explain import Explanation
 
 ENV_ORIGIN_PREFIX = "env:"
@@ -405,23 +404,6 @@ def render_run_report(report: RunReport, console: Console) -> None:
     if report.findings:
         render_findings(report.findings, console,
                         f"{len(report.findings)} finding(s) about this run")
-
-
-# ------------------------------------------------------------------------------------ demo
-
-
-def render_demo(result: DemoResult, console: Console) -> None:
-    scan = result.scan
-    if scan is None:
-        return
-    summary = summary_line(len(scan.entries), len(scan.roots), scan.matched, scan.reconstructed,
-                           scan.findings)
-    render_findings(scan.findings, console, summary)
-    console.print(
-        "The runtime served the same binary three times while the code it was built from "
-        f"changed twice: its key covers neither the edited header nor "
-        f"{_e(result.changed_variable)}. Each finding names the input, its recorded and current "
-        "value, and how that was established.")
 
 
 # ------------------------------------------------------------------------------------ snapshots
