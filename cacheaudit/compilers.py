@@ -29,6 +29,7 @@ from typing import Protocol
 from cacheaudit.digest import hash_file, is_settled
 from cacheaudit.exceptions import TokenizeError
 from cacheaudit.model import ArgToken, CompilerIdentity, json_digest
+from cacheaudit.programs import find_program, is_executable_file
 
 __all__ = [
     "RAW_SUFFIX",
@@ -80,38 +81,6 @@ def compiler_kind(name: str) -> str:
 
 # ----------------------------------------------------------------------------------------------
 # PATH lookup and wrapper resolution
-
-
-def _is_executable_file(path: str) -> bool:
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return False
-    return stat_module.S_ISREG(st.st_mode) and os.access(path, os.X_OK)
-
-
-def find_program(name: str, path: str | None,
-                 skip: Callable[[str], bool] | None = None) -> str | None:
-    """The first executable regular file called `name` along `path`, as execvp would find it.
-
-    `skip(directory)` jumps over PATH entries (the shim passes its own masquerade directory, as
-    ccache does, so that looking up `nvcc` from inside the shim never finds the shim again). The
-    directory is given as written in PATH, with an empty entry meaning ".". `path=None` means the
-    default search path of a process without PATH (`os.defpath`). A name containing a slash is not
-    searched: it is returned unchanged when it names an executable file.
-    """
-    if not name:
-        return None
-    if "/" in name:
-        return name if _is_executable_file(name) else None
-    for directory in (os.defpath if path is None else path).split(os.pathsep):
-        directory = directory or "."
-        if skip is not None and skip(directory):
-            continue
-        candidate = os.path.join(directory, name)
-        if _is_executable_file(candidate):
-            return os.path.abspath(candidate)
-    return None
 
 
 _MAX_HOPS = 40
@@ -1226,10 +1195,10 @@ def host_compiler_path(argv_tokens: Sequence[str], env: Mapping[str, str], cwd: 
     if os.path.isdir(candidate):
         name = os.path.join(ccbin, "gcc")
         full = os.path.abspath(os.path.join(cwd, name))
-        return name, full if _is_executable_file(full) else None
+        return name, full if is_executable_file(full) else None
     if "/" in ccbin:
         full = os.path.abspath(candidate)
-        return ccbin, full if _is_executable_file(full) else None
+        return ccbin, full if is_executable_file(full) else None
     return ccbin, find_program(ccbin, search_path, skip)
 
 
@@ -1266,11 +1235,11 @@ def _identify(invoked: str, *, env: Mapping[str, str], skip: Callable[[str], boo
     search_path = env.get("PATH")
     if found is not None:
         where = f"at {found}"
-        found = found if _is_executable_file(found) else None
+        found = found if is_executable_file(found) else None
     elif "/" in invoked:
         where = "as a path"
         candidate = os.path.abspath(os.path.join(cwd, invoked))
-        found = candidate if _is_executable_file(candidate) else None
+        found = candidate if is_executable_file(candidate) else None
     else:
         where = "on PATH"
         found = find_program(invoked, search_path, skip)

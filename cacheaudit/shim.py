@@ -101,7 +101,7 @@ def real_variable(name: str) -> str:
 
 def find_real_compiler(name: str, env: Mapping[str, str]) -> str:
     """The compiler this shim stands in for: CACHEAUDIT_REAL_<NAME>, else `name` on PATH past us."""
-    from cacheaudit.compilers import find_program
+    from cacheaudit.programs import find_program
 
     own = _shim_targets()
     explicit = env.get(real_variable(name))

@@ -133,6 +133,20 @@ def test_version_is_byte_identical_and_not_recorded(shim_env: ShimEnv, tmp_path:
     assert not shim_env.ledger.exists()
 
 
+def test_a_query_imports_nothing_of_cacheaudit_but_the_lookup(shim_env: ShimEnv, tmp_path: Path):
+    """`nvcc --version` runs for every DeepJIT key: it reaches the compiler with no module of
+    cacheaudit beyond the shim, its switches and the PATH lookup (no compilers, digest, model,
+    xxhash)."""
+    shimmed = shim_env.run(["g++", "--version"], cwd=tmp_path,
+                           env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert shimmed.returncode == 0, shimmed.stderr
+    imported = {line.rsplit("|", 1)[-1].strip()
+                for line in shimmed.stderr.decode().splitlines() if line.startswith("import time")}
+    ours = sorted(m for m in imported if m.startswith("cacheaudit") or m == "xxhash")
+    assert ours == ["cacheaudit", "cacheaudit.programs", "cacheaudit.shim",
+                    "cacheaudit.switches"]
+
+
 def test_stdout_stderr_bytes_and_exit_status_pass_through(shim_env: ShimEnv, tmp_path: Path):
     (tmp_path / "x.c").write_text("int x;\n")
     fake = _script(tmp_path / "fake-gcc", r"""

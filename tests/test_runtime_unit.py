@@ -1,0 +1,132 @@
+"""The runtime is the unit: a runtime added from outside cacheaudit (tests/toyjit: one package, one
+registry line, `CACHEAUDIT_RUNTIMES=toyjit`) is picked up by the scan, explain, the audit, the
+environment registry and the snapshot, with nothing else in cacheaudit changed.
+
+Ground truth comes from the toy runtime itself and a fresh compile into an empty cache: after an
+edit of a header its key does not cover, the runtime hits the old object, a fresh compile gives
+another, and the scan names that header.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cacheaudit import runtimes
+from cacheaudit.digest import hash_file
+
+TESTS = Path(__file__).parent
+SOURCE = '#include "tile.h"\nint scaled(int x) { return x * TILE; }\n'
+
+
+def _env(tmp_path: Path, cache: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DG_", "EP_", "DJ_"))}
+    env.update({"CACHEAUDIT_RUNTIMES": "toyjit", "TOYJIT_CACHE_DIR": str(cache),
+                "HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+                "CACHEAUDIT_LEDGER": str(tmp_path / "ledger.db"),
+                "PYTHONPATH": os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])})
+    return env
+
+
+def _cacheaudit(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cacheaudit", *args], capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+def _toy(env: dict[str, str], include: Path) -> tuple[str, str]:
+    from toyjit import runtime
+
+    return runtime.compile("scaled", SOURCE, str(include), env)
+
+
+@pytest.fixture()
+def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("CACHEAUDIT_RUNTIMES", "toyjit")
+    monkeypatch.syspath_prepend(str(TESTS))
+    for cached in (runtimes.specs, runtimes.layouts, runtimes.policy_for):
+        cached.cache_clear()
+    runtimes._by_name.cache_clear()
+    include = tmp_path / "include"
+    include.mkdir()
+    (include / "tile.h").write_text("#define TILE 4\n")
+    cache = tmp_path / "cache"
+    (tmp_path / "home").mkdir()
+    yield _env(tmp_path, cache), include, cache
+    for cached in (runtimes.specs, runtimes.layouts, runtimes.policy_for):
+        cached.cache_clear()
+    runtimes._by_name.cache_clear()
+
+
+def test_the_registry_reads_a_runtime_package_from_outside(toy) -> None:
+    assert "toyjit" in runtimes.names()
+    assert runtimes.spec("toyjit").title == "ToyJIT"
+    assert runtimes.layout_for("toyjit").runtime == "toyjit"
+    assert runtimes.policy_for("toyjit").runtime == "toyjit"
+
+
+def test_a_stale_hit_of_the_toy_runtime_is_named_by_scan_and_explain(toy, tmp_path: Path) -> None:
+    env, include, cache = toy
+    entry, event = _toy(env, include)
+    assert event == "compile"
+    built = hash_file(os.path.join(entry, "kernel.o"))
+
+    clean = _cacheaudit(env, "scan", "--json")
+    assert clean.returncode == 0, clean.stderr
+    report = json.loads(clean.stdout)
+    assert report["roots"] == [{"layout": "toyjit", "root": str(cache)}]
+    assert report["entries"] == 1
+    assert not [f for f in report["findings"] if f["severity"] == "error"], report["findings"]
+
+    time.sleep(0.05)
+    (include / "tile.h").write_text("#define TILE 8\n")
+    again, event = _toy(env, include)
+    assert (again, event) == (entry, "hit")
+    fresh, event = _toy(dict(env, TOYJIT_CACHE_DIR=str(tmp_path / "empty")), include)
+    assert event == "compile"
+    assert hash_file(os.path.join(fresh, "kernel.o")) != built  # ground truth: it is stale
+
+    stale = _cacheaudit(env, "scan", "--json", "--fail-on", "error")
+    assert stale.returncode == 1, stale.stderr
+    found = json.loads(stale.stdout)["findings"]
+    assert [(f["code"], f["subject"]) for f in found if f["code"] == "CA101"] == [
+        ("CA101", str(include / "tile.h"))]
+    assert all(f["runtime"] == "toyjit" for f in found if f["entry"])
+
+    explained = _cacheaudit(env, "explain", entry)
+    assert explained.returncode == 0, explained.stderr
+    assert "toyjit" in explained.stdout and "tile.h" in explained.stdout
+
+
+def test_the_environment_registry_and_the_snapshot_know_the_toy_runtime(toy) -> None:
+    from cacheaudit import envvars
+
+    env, include, cache = toy
+    registry = envvars.registry()
+    assert registry.classify("TOYJIT_FLAGS", "toyjit") == envvars.KeyStatus.IN_KEY
+    assert registry.classify("CPATH", "toyjit") == envvars.KeyStatus.NOT_IN_KEY
+    kept = registry.compile_environment({"TOYJIT_FLAGS": "-O2", "TOYJIT_SECRET_TOKEN": "x",
+                                         "HOME": "/h"})
+    assert kept == {"TOYJIT_FLAGS": "-O2"}
+    assert registry.selects_compiler("TOYJIT_CXX")
+
+    _toy(env, include)
+    shot = _cacheaudit(env, "snapshot", "--json")
+    assert shot.returncode == 0, shot.stderr
+    data = json.loads(shot.stdout)
+    assert str(cache) in json.dumps(data["caches"])
+    assert "TOYJIT_CACHE_DIR" in data["environment"]["variables"]
+
+
+def test_an_implicit_input_of_the_toy_runtime_is_reported(toy) -> None:
+    env, include, _cache = toy
+    _toy(env, include)
+    scanned = _cacheaudit(dict(env, CPATH=str(include)), "scan", "--json")
+    assert scanned.returncode == 0, scanned.stderr
+    found = json.loads(scanned.stdout)["findings"]
+    assert ("CA201", "CPATH") in [(f["code"], f["subject"]) for f in found]
