@@ -612,7 +612,7 @@ def test_a_session_compile_without_a_pid_named_build_directory_is_judged_by_the_
     the process the shim recorded tells whether the runtime that hashed the headers lives."""
     import socket
 
-    from cacheaudit.audit import Auditor
+    from cacheaudit.audit import live_process
     from cacheaudit.processes import RUNTIME_PROCESS, process_stat
 
     policy = policy_for("deepjit")
@@ -626,8 +626,7 @@ def test_a_session_compile_without_a_pid_named_build_directory_is_judged_by_the_
                              extra={"run_uuid": "session-2",
                                     RUNTIME_PROCESS: f"{host}:{pid}:{stat[2]}"})
 
-    auditor = Auditor(env={})
-    live = auditor._live_process(record_from(os.getpid()), policy)
+    live = live_process(record_from(os.getpid()), policy)
     assert live is not None and live[0] == os.getpid() and "shim recorded" in live[1]
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -635,4 +634,4 @@ def test_a_session_compile_without_a_pid_named_build_directory_is_judged_by_the_
     finally:
         child.kill()
         child.wait()
-    assert auditor._live_process(gone, policy) is None
+    assert live_process(gone, policy) is None
