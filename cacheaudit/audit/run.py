@@ -173,7 +173,8 @@ def _with_tests(finding: Finding, records: Sequence[CompileRecord], windows: Seq
     entry = next((e for e in (result.entries if result else []) if e.path == finding.entry),
                  None)
     if entry is not None and entry.committed_ns is not None:
-        # DeepJIT touches .committed on every disk hit: the test running then caused it.
+        # A runtime that marks every disk hit on the entry (DeepJIT touches `.committed`, for
+        # example) says when it was hit: the test running then caused it.
         tests += [w.nodeid for w in windows
                   if w.started_ns <= entry.committed_ns <= w.finished_ns]
     unique = tuple(dict.fromkeys(tests))
