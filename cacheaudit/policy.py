@@ -57,6 +57,21 @@ class KeyCheck:
         return self.recomputed == key
 
 
+@dataclass(frozen=True)
+class ConfigurationChange:
+    """One setting a runtime read when it was constructed and that differs in a later compile
+    of the same process (CA204): the runtime went on with the first value."""
+
+    setting: str
+    """The variable or setting that changed, as the finding's subject."""
+    recorded: str
+    """Its value at construction, in words (where it came from and what it was)."""
+    current: str
+    """Its value for the later compile, in words."""
+    how: str = ""
+    """How the policy knows which settings the runtime read."""
+
+
 class EnvFamilies(NamedTuple):
     """The `<PREFIX>_JIT_*` families one entry's runtime reads, and the evidence for them."""
 
@@ -83,6 +98,17 @@ class Policy:
     """Whether the runtime's process keeps a header's digest from one lookup to the next (so a
     live process that hashed a header before it changed is CA106). False for runtimes that hash
     afresh on every lookup: the audit then never infers CA106 from a live process alone."""
+
+    reads_configuration_once: bool = False
+    """Whether the runtime reads its settings once, when it is constructed, and keeps them for
+    its lifetime (DeepJIT's `Config`, for example). When True, the audit finds the first compile
+    of each record's runtime process and asks `configuration_changes` what differs (CA204)."""
+
+    scan_family: str = ""
+    """Policies with the same non-empty `scan_family` judge the scan's environment together (the
+    DeepSeek runtimes share their `<PREFIX>_JIT_*` settings): the audit calls `scan_findings`
+    once per family, on its first policy, with the entries of all its runtimes, so that a
+    setting they share is reported once. Empty: the runtime is a family of its own."""
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         """Which files the entry's key covers, resolved against the disk now."""
@@ -121,6 +147,21 @@ class Policy:
         and `env` (the environment it was configured from). Default: all of them, with nothing
         to say which."""
         return EnvFamilies(self.env_prefixes, "")
+
+    def configuration_changes(self, entry: CacheEntry, first_env: Mapping[str, str],
+                              env: Mapping[str, str]) -> list[ConfigurationChange]:
+        """The settings a runtime constructed under `first_env` (the environment of its
+        process's first compile) read then and that `env` (a later compile's) gives another
+        value; the runtime kept the first one. Asked only when `reads_configuration_once`.
+        Default: none."""
+        return []
+
+    def scan_findings(self, entries: Sequence[CacheEntry],
+                      env: Mapping[str, str]) -> list[Finding]:
+        """Findings about the scan's environment `env` for these scanned `entries` (this
+        runtime's, or those of every runtime of its `scan_family`), once per scan rather than
+        once per entry: how a setting the runtime reads resolves now. Default: none."""
+        return []
 
     def compiling_process(self, record: CompileRecord) -> int | None:
         """The pid of the runtime process that asked for a compile, from what the runtime itself

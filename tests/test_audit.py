@@ -612,7 +612,7 @@ def test_a_session_compile_without_a_pid_named_build_directory_is_judged_by_the_
     the process the shim recorded tells whether the runtime that hashed the headers lives."""
     import socket
 
-    from cacheaudit.audit import Auditor
+    from cacheaudit.audit import live_process
     from cacheaudit.processes import RUNTIME_PROCESS, process_stat
 
     policy = policy_for("deepjit")
@@ -626,8 +626,7 @@ def test_a_session_compile_without_a_pid_named_build_directory_is_judged_by_the_
                              extra={"run_uuid": "session-2",
                                     RUNTIME_PROCESS: f"{host}:{pid}:{stat[2]}"})
 
-    auditor = Auditor(env={})
-    live = auditor._live_process(record_from(os.getpid()), policy)
+    live = live_process(record_from(os.getpid()), policy)
     assert live is not None and live[0] == os.getpid() and "shim recorded" in live[1]
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -635,4 +634,128 @@ def test_a_session_compile_without_a_pid_named_build_directory_is_judged_by_the_
     finally:
         child.kill()
         child.wait()
-    assert auditor._live_process(gone, policy) is None
+    assert live_process(gone, policy) is None
+
+
+# ------------------------------------------------------------------------------ unknown runtimes
+
+_TOY_LAYOUT = '''
+import os
+
+from cacheaudit.layout import Layout
+from cacheaudit.model import CacheEntry
+
+
+class ToyLayout(Layout):
+    """<root>/TOYCACHE marks a root; each directory under it is an entry: kernel.cu, kernel.bin."""
+
+    layout = runtime = {runtime!r}
+
+    def default_roots(self, env):
+        return []
+
+    def is_root(self, path):
+        return os.path.isfile(os.path.join(path, "TOYCACHE"))
+
+    def read(self, root, cache):
+        for name in sorted(os.listdir(root)):
+            path = os.path.join(root, name)
+            if os.path.isdir(path):
+                yield CacheEntry(runtime=self.runtime, layout=self.layout, root=root, path=path,
+                                 kernel=name, key=name,
+                                 binary=cache.capture(os.path.join(path, "kernel.bin")),
+                                 source=cache.capture(os.path.join(path, "kernel.cu")))
+
+
+LAYOUT = ToyLayout()
+'''
+
+_TOY_POLICY = '''
+from cacheaudit.policy import Policy, TrackedSet
+
+
+class ToyPolicy(Policy):
+    runtime = {runtime!r}
+
+    def tracked(self, entry, record):
+        return TrackedSet(frozenset({{entry.source.path}}), how="the toy's key: its source")
+
+
+POLICIES = {{{runtime!r}: ToyPolicy()}}
+'''
+
+
+@pytest.fixture
+def toy_runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Adds a runtime from outside cacheaudit (a package named in CACHEAUDIT_RUNTIMES) whose
+    cache holds two real entries; returns a function (runtime id, with a policy?) -> the root."""
+    from cacheaudit import runtimes
+
+    def forget() -> None:
+        for cached in (runtimes.specs, runtimes._by_name, runtimes.layouts, runtimes.policy_for):
+            cached.cache_clear()
+        for name in [m for m in sys.modules if m.startswith("toy_audit_runtime")]:
+            del sys.modules[name]
+
+    def install(runtime: str, *, policy: bool) -> Path:
+        package = tmp_path / "plugins" / "toy_audit_runtime"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "spec.py").write_text(
+            "from cacheaudit.spec import RuntimeSpec\n"
+            f"SPEC = RuntimeSpec(name={runtime!r}, title='Toy JIT', layout='layout', "
+            f"policy={'policy' if policy else None!r})\n")
+        (package / "layout.py").write_text(_TOY_LAYOUT.format(runtime=runtime))
+        if policy:
+            (package / "policy.py").write_text(_TOY_POLICY.format(runtime=runtime))
+        monkeypatch.syspath_prepend(str(tmp_path / "plugins"))
+        monkeypatch.setenv("CACHEAUDIT_RUNTIMES", "toy_audit_runtime")
+        forget()
+        root = tmp_path / "toycache"
+        root.mkdir()
+        (root / "TOYCACHE").write_text("")
+        for kernel in ("gemm", "scale"):
+            (root / kernel).mkdir()
+            (root / kernel / "kernel.cu").write_text(f"__global__ void {kernel}() {{}}\n")
+            (root / kernel / "kernel.bin").write_bytes(f"binary of {kernel}".encode())
+        return root
+
+    yield install
+    forget()
+
+
+def test_an_entry_whose_runtime_has_no_policy_is_unverified_and_the_scan_goes_on(
+        toy_runtime: Callable[..., Path], tmp_path: Path):
+    root = toy_runtime("toy-without-policy", policy=False)
+    # CPATH set: the scan-wide environment check asks the registry about every scanned runtime.
+    with Ledger.open(str(tmp_path / "ledger.db")) as ledger:
+        result = scan([str(root)], {"CPATH": str(tmp_path / "inc")}, ledger=ledger)
+    assert sorted(e.kernel for e in result.entries) == ["gemm", "scale"]
+    unverified = [f for f in result.findings if f.code == "CA501"]
+    assert sorted(f.entry for f in unverified) == [str(root / "gemm"), str(root / "scale")]
+    assert all("no policy for runtime 'toy-without-policy'" in f.message for f in unverified)
+    assert not any(f.code == "CA201" for f in result.findings)
+
+
+def test_an_entry_the_environment_registry_does_not_know_is_unverified(
+        toy_runtime: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from cacheaudit import envvars
+
+    root = toy_runtime("toy-unregistered", policy=True)
+    real = envvars.is_implicit_input
+
+    def registry_lookup(name: str, runtime: str, variant: str | None = None) -> bool:
+        # Stands for any registry that does not know the runtime: today's table raises for
+        # every runtime outside it; one that learns runtimes from their specs need not.
+        if runtime == "toy-unregistered":
+            raise ValueError(f"unknown runtime {runtime!r}")
+        return real(name, runtime, variant)
+
+    monkeypatch.setattr(envvars, "is_implicit_input", registry_lookup)
+    result = scan([str(root)], {"CPATH": str(tmp_path / "inc")})
+    registry = [f for f in result.findings if f.code == "CA501" and "registry" in f.message]
+    assert sorted(f.entry for f in registry) == [str(root / "gemm"), str(root / "scale")]
+    assert all("ValueError: unknown runtime 'toy-unregistered'" in f.message for f in registry)
+    # Judged as far as the rest goes: no ledger, so no recorded compile to verify either.
+    assert sum(1 for f in result.findings if "no recorded compile" in f.message) == 2
+    assert not any(f.code == "CA201" for f in result.findings)

@@ -40,11 +40,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from cacheaudit.envvars import FLAVOUR_NAMES
-from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity
+from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import (
+    ConfigurationChange,
     EnvFamilies,
     KeyCheck,
     KeyComponent,
@@ -53,6 +54,7 @@ from cacheaudit.policy import (
     read_header,
     read_input,
 )
+from cacheaudit.runtimes._deepseek import checks as family_checks
 from cacheaudit.runtimes._deepseek.recipe import build_directory_pid, split_mix
 from cacheaudit.runtimes.deepgemm.layout import INCLUDE_HASH_PREFIX, PYTHON_HASH_LEN
 
@@ -232,6 +234,9 @@ def _library_version_tracked(include_dir: str) -> dict[str, str]:
 
 
 class DeepGemmPolicy(Policy):
+    reads_configuration_once = True  # the JIT's settings are read once per process
+    scan_family = family_checks.SCAN_FAMILY
+
     def __init__(self, runtime: str, prefix: str, env_prefix: str) -> None:
         self.runtime = runtime
         self.prefix = prefix
@@ -244,6 +249,14 @@ class DeepGemmPolicy(Policy):
         prefix = self.env_prefixes[0]
         return EnvFamilies(self.env_prefixes,
                            f"{FLAVOUR_NAMES[self.runtime]} reads only {prefix}_ variables")
+
+    def configuration_changes(self, entry: CacheEntry, first_env: Mapping[str, str],
+                              env: Mapping[str, str]) -> list[ConfigurationChange]:
+        return family_checks.configuration_changes(self, entry, first_env, env)
+
+    def scan_findings(self, entries: Sequence[CacheEntry],
+                      env: Mapping[str, str]) -> list[Finding]:
+        return family_checks.prefix_fallback_findings(entries, env)
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         include_dir = _library_include(record, self.prefix)

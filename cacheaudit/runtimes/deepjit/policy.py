@@ -26,8 +26,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cacheaudit import envvars
-from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity
+from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import (
+    ConfigurationChange,
     EnvFamilies,
     KeyCheck,
     KeyComponent,
@@ -36,6 +37,7 @@ from cacheaudit.policy import (
     read_header,
     read_input,
 )
+from cacheaudit.runtimes._deepseek import checks as family_checks
 from cacheaudit.runtimes._deepseek.recipe import build_directory_pid, split_mix
 from cacheaudit.runtimes.deepjit.layout import mistyped, prefix_roots
 
@@ -271,7 +273,17 @@ class DeepJitPolicy(Policy):
     runtime = "deepjit"
     env_prefixes = ("DG", "EP")
     flavour = "deepjit"
+    reads_configuration_once = True  # `Config` is read when the runtime is built
+    scan_family = family_checks.SCAN_FAMILY
     compiling_process = staticmethod(build_directory_pid)
+
+    def configuration_changes(self, entry: CacheEntry, first_env: Mapping[str, str],
+                              env: Mapping[str, str]) -> list[ConfigurationChange]:
+        return family_checks.configuration_changes(self, entry, first_env, env)
+
+    def scan_findings(self, entries: Sequence[CacheEntry],
+                      env: Mapping[str, str]) -> list[Finding]:
+        return family_checks.prefix_fallback_findings(entries, env)
 
     def env_families(self, entry: CacheEntry, env: Mapping[str, str]) -> EnvFamilies:
         """Which of DG_ and EP_ the runtime that built `entry` reads, by the strongest evidence

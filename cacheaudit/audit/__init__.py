@@ -1,0 +1,38 @@
+"""The judge: cache entries and compile records, checked against the disk and environment now.
+
+- `context`: what a judgement needs (the loaded records, the environment now, the file-state
+  cache, compiler identities, memos), one typed object
+- `checks`: pure functions over the context, per concern (inputs, environment, compiler, entry)
+- `scan`: all the I/O around them (roots, records, reconstruction, compilers, attributions)
+- `run`: the audit of one run (`audit_run`, `audit_records`)
+
+Reads the ledger and the disk; writes nothing but reconstructed records and attributions back to
+the ledger (so that the next scan need not repeat the work).
+"""
+
+from cacheaudit.audit.checks import modified_during_compile, search_directories
+from cacheaudit.audit.context import AuditContext, CompilerNow, live_process, runtime_process
+from cacheaudit.audit.options import AuditOptions, fails, keep
+from cacheaudit.audit.run import RunReport, audit_records, audit_run, roots_of
+from cacheaudit.audit.scan import Auditor, ScanResult, discover, identify_compiler, scan
+
+__all__ = [
+    "AuditContext",
+    "AuditOptions",
+    "Auditor",
+    "CompilerNow",
+    "RunReport",
+    "ScanResult",
+    "audit_records",
+    "audit_run",
+    "discover",
+    "fails",
+    "identify_compiler",
+    "keep",
+    "live_process",
+    "modified_during_compile",
+    "roots_of",
+    "runtime_process",
+    "scan",
+    "search_directories",
+]

@@ -1,0 +1,48 @@
+"""Checks of the compiler that built an entry against the one at the same path now: compiler
+drift the key does not see (CA301), host compiler drift behind nvcc (CA302), and a compiler that
+is gone (CA501). The identities now are taken by the scan (`AuditContext.compilers`)."""
+
+from __future__ import annotations
+
+from cacheaudit.audit.context import AuditContext
+from cacheaudit.findings import make_finding
+from cacheaudit.model import CacheEntry, CompileRecord, Finding
+from cacheaudit.policy import Policy
+
+
+def compiler_findings(context: AuditContext, entry: CacheEntry, record: CompileRecord,
+                      policy: Policy) -> list[Finding]:
+    recorded = record.compiler
+    if recorded is None or record.extra.get("reconstructed"):
+        return []
+    found = context.compilers[recorded.path]  # identified by the scan before judging
+    if found.identity is None:
+        return [make_finding("CA501", subject=recorded.path, entry=entry, record=record,
+                             message=f"the compiler that built this entry is gone: {found.error}",
+                             recorded=recorded.version_line, current="absent",
+                             how="stat of the recorded compiler path")]
+    now = found.identity
+    findings = []
+    if (now.digest != recorded.digest or now.version_text != recorded.version_text
+            or now.resolved != recorded.resolved) and not policy.compiler_change_in_key(
+                recorded, now):
+        findings.append(make_finding(
+            "CA301", subject=recorded.path, entry=entry, record=record,
+            message=f"the compiler at {recorded.path} is not the one that built this entry, "
+                    f"and {entry.runtime}'s key does not change with it",
+            recorded=f"{recorded.resolved} xxh3 {(recorded.digest or '-')[:16]} "
+                     f"({recorded.version_line})",
+            current=f"{now.resolved} xxh3 {(now.digest or '-')[:16]} ({now.version_line})",
+            how="content hash and --version of the compiler now"))
+    old_host, new_host = recorded.host, now.host
+    if old_host is not None and new_host is not None and (
+            old_host.digest != new_host.digest or old_host.version_text
+            != new_host.version_text or old_host.resolved != new_host.resolved):
+        findings.append(make_finding(
+            "CA302", subject=old_host.path, entry=entry, record=record,
+            message=f"nvcc's host compiler changed; it preprocesses and compiles part of "
+                    f"every kernel, and {entry.runtime}'s key never covers it",
+            recorded=f"{old_host.resolved} ({old_host.version_line})",
+            current=f"{new_host.resolved} ({new_host.version_line})",
+            how="identity of the host compiler nvcc would use now"))
+    return findings

@@ -1,0 +1,327 @@
+"""All the audit's I/O, around the pure checks: finding cache roots, reading them, loading what
+the ledger knows about their entries, reconstructing entries built before recording started
+(a dependency pass with the entry's own command), identifying compilers, and writing back what
+the audit learnt (reconstructed records, the entries compiles built).
+
+Each entry a reader found is tied to the compile that built it (by the binary's bytes), the
+runtime's policy says which inputs its key covers, and the checks (`checks/`) turn every
+difference between what the compile read then and what is there now into a finding. An entry
+whose runtime has no policy, or that the environment registry does not know, is reported
+unverified (CA501) and the scan goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import tempfile
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from cacheaudit import compilers
+from cacheaudit.audit.checks import (
+    compiler_findings,
+    configuration_findings,
+    environment_findings,
+    input_findings,
+    internal_error_finding,
+    leftover_finding,
+    modified_during_compile,
+    no_policy_finding,
+    no_record_finding,
+    problem_findings,
+    registry_finding,
+    scan_environment_findings,
+    shadow_findings,
+    tracked_set_findings,
+)
+from cacheaudit.audit.context import AuditContext, CompilerNow, LoadedRecords
+from cacheaudit.audit.options import AuditOptions, keep
+from cacheaudit.digest import StateCache
+from cacheaudit.findings import make_finding
+from cacheaudit.layout import Layout
+from cacheaudit.ledger import Attribution, Ledger, RunInfo, new_record_id
+from cacheaudit.model import CacheEntry, CacheLeftover, CompileRecord, FileState, Finding
+from cacheaudit.policy import Policy
+from cacheaudit.runtimes import layouts as all_layouts
+from cacheaudit.runtimes import policy_for
+from cacheaudit.switches import is_masquerade_dir
+
+
+@dataclass
+class ScanResult:
+    roots: list[tuple[str, str]]
+    entries: list[CacheEntry]
+    leftovers: list[CacheLeftover]
+    findings: list[Finding]
+    matched: int = 0
+    reconstructed: int = 0
+    ledger: str | None = None
+
+
+def policy_of(entry: CacheEntry) -> tuple[Policy | None, str]:
+    """The policy that judges `entry`, or None and why there is none."""
+    try:
+        return policy_for(entry.runtime), ""
+    except KeyError as exc:
+        return None, str(exc.args[0]) if exc.args else f"no policy for {entry.runtime!r}"
+
+
+def identify_compiler(context: AuditContext, path: str) -> CompilerNow:
+    """The compiler at `path` now, identified once per scan (runs its `--version`)."""
+    if path not in context.compilers:
+        if not os.path.exists(path):
+            context.compilers[path] = CompilerNow(None, f"{path} no longer exists")
+        else:
+            now = compilers.identify(path, env=context.env, skip=is_masquerade_dir, path=path)
+            context.compilers[path] = CompilerNow(now, now.error)
+    return context.compilers[path]
+
+
+@dataclass
+class Auditor:
+    """Judges entries one at a time: does the I/O an entry needs, then runs the checks over the
+    context, which remembers what entries share (graphs, compilers)."""
+
+    env: Mapping[str, str]
+    ledger: Ledger | None = None
+    options: AuditOptions = field(default_factory=AuditOptions)
+    cache: StateCache = field(default_factory=StateCache)
+    full_records: bool = False
+    """Load each record's own sources and outputs too (explain shows them; a scan needs only
+    the shared include graph)."""
+    attributions: list[Attribution] = field(default_factory=list)
+    """Records this auditor tied to their entries, for `save_attributions`."""
+    reconstructed: int = 0
+    matched: int = 0
+    context: AuditContext = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.context = AuditContext(env=self.env, options=self.options, cache=self.cache)
+
+    # ---------------------------------------------------------------- the ledger side
+
+    def load(self, entries: Sequence[CacheEntry]) -> None:
+        """Tie entries to their compile records, in a few queries for the whole scan."""
+        ledger = self.ledger
+        if ledger is None:
+            return
+        by_output = ledger.compiles_by_output()
+        wanted = sorted({by_output[e.binary.digest] for e in entries
+                         if e.binary is not None and e.binary.digest in by_output})
+        records = ledger.records_by_uuid(wanted, with_files=self.full_records)
+        # A few entries (explain) are looked up by path; a whole scan reads every hit at once,
+        # which costs less than thousands of paths in IN lists.
+        few = len(entries) <= 500
+        lookups = ledger.lookups_by_entry([e.path for e in entries] if few else None)
+        first_envs = ledger.first_compile_environments(
+            str(r.extra["run_uuid"]) for r in records.values() if "run_uuid" in r.extra)
+
+        def compiles_of_run(run_uuid: str) -> list[CompileRecord]:
+            return ledger.records(where="runs.run_uuid = ? AND r.event = 'compile'",
+                                  params=(run_uuid,), order="r.started_ns, r.id",
+                                  with_graphs=False)
+
+        self.context.loaded = LoadedRecords(by_output=by_output, records=records,
+                                            lookups=lookups, first_envs=first_envs,
+                                            compiles_of_run=compiles_of_run)
+        # Known file states let an unchanged header be verified by one stat.
+        remembered: set[str] = set()
+        for record in records.values():
+            if record.graph is not None and record.graph.digest not in remembered:
+                remembered.add(record.graph.digest)
+                self.cache.remember(f.state for f in record.graph.files)
+
+    def save_attributions(self) -> None:
+        """Write what the audit learnt about its records (their entries) into the ledger. A
+        ledger that cannot be written only loses it until the next audit finds it again."""
+        if self.ledger is not None:
+            with contextlib.suppress(Exception):
+                self.ledger.attribute(self.attributions)
+        self.attributions.clear()
+
+    def record_for(self, entry: CacheEntry) -> CompileRecord | None:
+        return self.context.record_for(entry)
+
+    def lookups_for(self, entry: CacheEntry) -> list[CompileRecord]:
+        """Hits an in-process observer saw for this entry, oldest first."""
+        return self.context.lookups_for(entry)
+
+    # ---------------------------------------------------------------- per entry
+
+    def audit_leftover(self, leftover: CacheLeftover) -> Finding:
+        return leftover_finding(leftover)
+
+    def audit_entry(self, entry: CacheEntry) -> list[Finding]:
+        """Every finding about one entry. Fails open: an error while judging it (a cache holding
+        what no runtime wrote, a policy meeting a case it does not know) becomes a CA501 finding
+        for this entry, naming the error, and the scan goes on to the next one."""
+        findings = problem_findings(entry)
+        try:
+            return self._judge(entry, findings)
+        except Exception as exc:  # noqa: BLE001 - reported as a finding, never swallowed
+            return [*findings, internal_error_finding(entry, exc)]
+
+    def _judge(self, entry: CacheEntry, findings: list[Finding]) -> list[Finding]:
+        findings = list(findings)
+        context = self.context
+        policy, missing = policy_of(entry)
+        if policy is None:
+            findings.append(no_policy_finding(entry, missing))
+            return findings
+        registry_problem = context.registry(entry.runtime).problem
+        if registry_problem is not None:
+            findings.append(registry_finding(entry, registry_problem))
+        record = context.record_for(entry)
+        if record is None and self.options.reconstruct:
+            record = self._reconstruct(entry, policy, findings)
+        if record is None:
+            findings.append(no_record_finding(entry))
+            return findings
+        self.matched += 1
+        if not record.entry:
+            self.attributions.append(Attribution(record.record_id, entry.runtime, entry.kernel,
+                                                 entry.key, entry.path))
+        tracked = policy.tracked(entry, record)
+        findings += tracked_set_findings(entry, record, tracked)
+        findings += input_findings(context, entry, record, policy, tracked)
+        findings += shadow_findings(context, entry, record, policy, tracked)
+        if registry_problem is None:
+            findings += environment_findings(context, entry, record, policy)
+        findings += configuration_findings(context, entry, record, policy)
+        if record.compiler is not None and not record.extra.get("reconstructed"):
+            identify_compiler(context, record.compiler.path)
+        findings += compiler_findings(context, entry, record, policy)
+        findings += modified_during_compile(record, entry)
+        return findings
+
+    # ---------------------------------------------------------------- reconstruction
+
+    def _reconstruct(self, entry: CacheEntry, policy: Policy,
+                     findings: list[Finding]) -> CompileRecord | None:
+        """A record for an entry built before recording: the compiler's dependency pass over
+        the entry's own command, run now. Kept in the ledger for the next scan."""
+        command = policy.dependency_command(entry)
+        if command is None or entry.source is None:
+            return None
+        argv, cwd = command
+        if not argv or not os.path.exists(argv[0]):
+            findings.append(make_finding(
+                "CA501", subject=argv[0] if argv else entry.path, entry=entry,
+                message="the entry predates recording and its compiler is gone: its inputs "
+                        "cannot be reconstructed", how="the compile command in the entry"))
+            return None
+        from cacheaudit import graph as graph_module
+
+        kind = compilers.compiler_kind(argv[0])
+        command_line = compilers.parse_command(kind, argv[1:])
+        with tempfile.TemporaryDirectory(prefix="cacheaudit-scan-") as workdir:
+            depfile = os.path.join(workdir, "deps.d")
+            result = graph_module.start_dependency_pass(
+                argv[0], command_line.dependency_argv(depfile), cwd, self.env).wait(timeout=300)
+        if not result.ok or result.depfile_text is None:
+            findings.append(make_finding(
+                "CA501", subject=entry.path, entry=entry,
+                message=f"the entry predates recording and the dependency pass over its "
+                        f"recorded command failed: {result.error or result.stderr.strip()[:300]}",
+                how="the compile command in the entry, run with -M"))
+            return None
+        sources, include_graph = graph_module.graph_from_depfile(
+            result.depfile_text, cwd, [entry.source.path], self.cache, f"{kind} -M (reconstructed)")
+        record = CompileRecord(
+            record_id=new_record_id(), event="compile", started_ns=entry.built_ns or 0,
+            runtime=entry.runtime, kernel=entry.kernel, key=entry.key, entry=entry.path,
+            compiler=identify_compiler(self.context, argv[0]).identity,
+            argv=tuple(argv[1:]), cwd=cwd, sources=sources, graph=include_graph,
+            outputs=(entry.binary,) if entry.binary is not None else (), exit_code=0,
+            pid=os.getpid(), host=socket.gethostname(), observer=f"reconstructed:{entry.layout}",
+            notes=("reconstructed after the fact: the graph is what the compiler reads now",),
+            extra={"reconstructed": True})
+        self.reconstructed += 1
+        if self.ledger is not None:
+            # Kept so that the next scan need not run the pass again; a scan that cannot write
+            # still reports.
+            with contextlib.suppress(Exception):
+                self.ledger.add_records([record], RunInfo(run_uuid=f"scan:{uuid.uuid4().hex}",
+                                                          label="scan"))
+        return record
+
+    # ---------------------------------------------------------------- environment, once
+
+    def environment_findings(self, entries: Sequence[CacheEntry]) -> list[Finding]:
+        """The scan's environment, judged once for the runtimes of `entries` (CA201, and each
+        runtime policy's `scan_findings`)."""
+        judged = [(entry, policy) for entry in entries
+                  if (policy := policy_of(entry)[0]) is not None]
+        return scan_environment_findings(self.context, entries, judged)
+
+
+# ------------------------------------------------------------------------------ scanning
+
+
+def discover(paths: Sequence[str], env: Mapping[str, str]) -> list[tuple[Layout, str]]:
+    """Cache roots to scan: the given paths (each matched to the layout it has), or with none,
+    every existing default root of every known runtime."""
+    layouts = all_layouts()
+    found: list[tuple[Layout, str]] = []
+    if paths:
+        for path in paths:
+            absolute = os.path.abspath(os.path.expanduser(path))
+            matching = [r for r in layouts if r.is_root(absolute)]
+            found.extend((r, absolute) for r in matching)
+            if not matching:
+                from cacheaudit.exceptions import UsageError
+
+                if not os.path.exists(absolute):
+                    raise UsageError(f"{path}: no such directory")
+                raise UsageError(f"{path}: not a cache root of any known runtime "
+                                 f"({', '.join(r.layout for r in layouts)})")
+        return found
+    for layout in layouts:
+        for root in layout.default_roots(env):
+            if os.path.isdir(root) and layout.is_root(root):
+                found.append((layout, root))
+    return found
+
+
+def scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None = None,
+         options: AuditOptions | None = None,
+         progress: Callable[[int, int], None] | None = None) -> ScanResult:
+    """Read every root, tie entries to their compiles, judge them, filter by select/ignore."""
+    options = options or AuditOptions()
+    roots = discover(paths, env)
+    auditor = Auditor(env=env, ledger=ledger, options=options)
+    seen: set[FileState] = set()
+    if ledger is not None:
+        seen = set(ledger.seen_states())
+        auditor.cache.remember(seen)
+    entries: list[CacheEntry] = []
+    leftovers: list[CacheLeftover] = []
+    read: set[str] = set()
+    for layout, root in roots:
+        for item in layout.read(root, auditor.cache):
+            # A root may hold entries of two runtimes (one cache directory serving two
+            # generations of a runtime): each layout then reports the shared tmp/ leftovers.
+            if item.path in read:
+                continue
+            read.add(item.path)
+            (entries if isinstance(item, CacheEntry) else leftovers).append(item)
+    auditor.load(entries)
+    findings: list[Finding] = [auditor.audit_leftover(left) for left in leftovers]
+    for done, entry in enumerate(entries, 1):
+        findings += auditor.audit_entry(entry)
+        if progress is not None:
+            progress(done, len(entries))
+    findings += auditor.environment_findings(entries)
+    auditor.save_attributions()
+    if ledger is not None:
+        with contextlib.suppress(Exception):  # a read-only ledger only costs the next scan time
+            ledger.remember_states(s for e in entries for s in (e.binary, e.source)
+                                   if s is not None and s not in seen)
+            ledger.remember_roots((r.layout, root) for r, root in roots)
+    return ScanResult(roots=[(r.layout, root) for r, root in roots], entries=entries,
+                      leftovers=leftovers, findings=keep(findings, options),
+                      matched=auditor.matched, reconstructed=auditor.reconstructed,
+                      ledger=ledger.path if ledger else None)
