@@ -42,7 +42,7 @@ from cacheaudit.model import (
     Severity,
 )
 from cacheaudit.policy import EnvFamilies, Policy, TrackedSet
-from cacheaudit.processes import RUNTIME_PROCESS, alive_since, process_run, run_process_alive
+from cacheaudit.processes import alive_since, process_run, run_process_alive
 from cacheaudit.runtimes import layouts as all_readers
 from cacheaudit.runtimes import policy_for
 from cacheaudit.switches import is_masquerade_dir
@@ -118,7 +118,7 @@ def _runtime_process(record: CompileRecord, policy: Policy) -> tuple[str, ...] |
     pid = find(record) if find is not None else None
     if pid is not None:
         return (record.host, str(pid))
-    recorded = process_run(record.extra.get(RUNTIME_PROCESS))
+    recorded = process_run(record.runtime_process)
     return None if recorded is None else (recorded[0], str(recorded[1]), recorded[2])
 
 
@@ -183,7 +183,7 @@ class Auditor:
         few = len(entries) <= 500
         self._lookups = self.ledger.lookups_by_entry([e.path for e in entries] if few else None)
         self._first_envs = self.ledger.first_compile_environments(
-            str(r.extra["run_uuid"]) for r in self._records.values() if "run_uuid" in r.extra)
+            r.run_uuid for r in self._records.values() if r.run_uuid is not None)
         # Known file states let an unchanged header be verified by one stat.
         remembered: set[str] = set()
         for record in self._records.values():
@@ -261,7 +261,7 @@ class Auditor:
                 how=tracked.how))
         findings += self._inputs(entry, record, policy, tracked)
         findings += self._shadowing(entry, record, policy, tracked)
-        if not record.extra.get("reconstructed"):
+        if not record.reconstructed:
             # A reconstruction knows the files, not the environment of the original compile.
             findings += self._environment(entry, record)
         findings += self._configuration(entry, record, policy)
@@ -276,7 +276,7 @@ class Auditor:
         if graph is None:
             return findings
         changes = self._changes(graph)
-        inferred = bool(record.extra.get("reconstructed"))
+        inferred = record.reconstructed
         if inferred and entry.built_ns:
             changes = changes + [(f.state, f.state) for f in graph.files
                                  if f.state.exists and f.state.mtime_ns > entry.built_ns]
@@ -396,7 +396,7 @@ class Auditor:
     def _live_process(self, record: CompileRecord, policy: Policy) -> tuple[int, str] | None:
         """(pid, how it was found) of the runtime process that asked for this compile, when it
         still runs; None when it is gone or the record does not say which it was."""
-        pid = run_process_alive(record.extra.get("run_uuid"))
+        pid = run_process_alive(record.run_uuid)
         if pid is not None:
             return pid, f"the compiling process {pid}, whose pid and start time are the run id, " \
                         f"still runs"
@@ -407,7 +407,7 @@ class Auditor:
                 return pid, (f"process {pid}, which named the build directory after itself, "
                              f"still runs and started before the compile")
             return None
-        pid = run_process_alive(record.extra.get(RUNTIME_PROCESS))
+        pid = run_process_alive(record.runtime_process)
         if pid is not None:
             return pid, (f"the runtime process {pid} the shim recorded (its pid and start time) "
                          f"still runs")
@@ -545,7 +545,7 @@ class Auditor:
         A bare shim's run is one process. A session's run (`cacheaudit run`, pytest) is shared
         by every process below it; there the runtime's pid comes from the policy (DeepJIT and
         DeepGEMM name their build directories after it)."""
-        run_uuid = str(record.extra.get("run_uuid", ""))
+        run_uuid = record.run_uuid or ""
         bare = process_run(run_uuid)
         if bare is not None:
             first = self._first_envs.get(run_uuid)
@@ -594,7 +594,7 @@ class Auditor:
     def _compiler(self, entry: CacheEntry, record: CompileRecord,
                   policy: Policy) -> list[Finding]:
         recorded = record.compiler
-        if recorded is None or record.extra.get("reconstructed"):
+        if recorded is None or record.reconstructed:
             return []
         found = self._identify(recorded.path)
         if found.identity is None:
@@ -667,7 +667,7 @@ class Auditor:
             outputs=(entry.binary,) if entry.binary is not None else (), exit_code=0,
             pid=os.getpid(), host=socket.gethostname(), observer=f"reconstructed:{entry.layout}",
             notes=("reconstructed after the fact: the graph is what the compiler reads now",),
-            extra={"reconstructed": True})
+            reconstructed=True)
         self.reconstructed += 1
         if self.ledger is not None:
             # Kept so that the next scan need not run the pass again; a scan that cannot write
@@ -785,7 +785,7 @@ def modified_during_compile(record: CompileRecord,
         recorded=f"compile started {ns_text(record.started_ns)}",
         current="mtime or ctime after the start",
         how="timestamps at the end of the compile (ccache's too-new rule)")
-        for path in record.extra.get("modified_during_compile", [])]
+        for path in record.modified_during_compile]
 
 
 def audit_records(records: Sequence[CompileRecord],
@@ -797,7 +797,7 @@ def audit_records(records: Sequence[CompileRecord],
     entry audit already covered)."""
     runs: dict[str, list[CompileRecord]] = {}
     for record in sorted(records, key=lambda r: (r.started_ns, r.record_id)):
-        runs.setdefault(str(record.extra.get("run_uuid", "")), []).append(record)
+        runs.setdefault(record.run_uuid or "", []).append(record)
     findings: list[Finding] = []
     for run in runs.values():
         for index, record in enumerate(run):

@@ -14,7 +14,6 @@ helpers go through sqlite-utils on the same connection.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import random
@@ -37,6 +36,7 @@ from cacheaudit.model import (
     GraphFile,
     IncludeGraph,
     content_digest,
+    split_stored_extra,
 )
 
 if TYPE_CHECKING:
@@ -338,6 +338,59 @@ def _texts(row: Sequence[Any]) -> Sequence[Any]:
     return row
 
 
+Row = sqlite3.Row | dict[str, Any]
+"""A row read by column name (the `AS` name where the query gives one), never by position: an
+`sqlite3.Row`, or a dict where an undecodable path had to be turned back into the str it was
+stored from."""
+
+
+def _rows(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+    cursor = conn.cursor()
+    cursor.row_factory = sqlite3.Row
+    rows = cursor.execute(sql, params).fetchall()
+    if not rows or not any(type(v) is bytes for row in rows for v in row):
+        return rows
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, _texts(row), strict=True)) for row in rows]
+
+
+def _row(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Row | None:
+    found = _rows(conn, sql, params)
+    return found[0] if found else None
+
+
+def _named_params(row: Row) -> Row:
+    """A row read back as the named parameters of a statement that stores it again."""
+    # An sqlite3.Row iterates over its values: its names come from keys().
+    return {name: _storable(row[name]) for name in row.keys()}  # noqa: SIM118
+
+
+def _select_list(*columns: str) -> str:
+    """`t.name AS name, ...`: each column named for `Row` access (an explicit `AS` kept), since
+    SQLite leaves a result column's name unspecified without one."""
+    return ", ".join(c if " AS " in c else f"{c} AS {c.rsplit('.', 1)[-1]}" for c in columns)
+
+
+_STATE_COLUMNS = _select_list("f.path", "s.present", "s.size", "s.mtime_ns", "s.ctime_ns",
+                              "s.inode", "s.digest", "s.settled", "s.error")
+"""A file state's columns, from `file_states s JOIN files f`."""
+
+
+def _state_from_row(row: Row) -> FileState:
+    return FileState(row["path"], bool(row["present"]), row["size"], row["mtime_ns"],
+                     row["ctime_ns"], row["inode"], row["digest"] or None, bool(row["settled"]),
+                     row["error"] or None)
+
+
+def _value(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
+    """The one column of the first row of `sql`, None when there is no row."""
+    row = _row(conn, sql, params)
+    if row is None:
+        return None
+    (name,) = row.keys()
+    return row[name]
+
+
 
 def _chunks(values: Iterable[Any], size: int = 500) -> Iterator[list[Any]]:
     """`values` without repeats, sorted, in lists short enough for one `IN (...)` each (SQLite
@@ -418,19 +471,19 @@ class Ledger:
 
     def _schema_version(self) -> int | None:
         """The schema version, None for an empty file; LedgerError for a foreign database."""
-        tables = {row[0] for row in self.conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        tables = {row["name"] for row in _rows(
+            self.conn, "SELECT name FROM sqlite_master WHERE type = 'table'")}
         if not tables:
             return None
-        application_id = self.conn.execute("PRAGMA application_id").fetchone()[0]
+        application_id = _value(self.conn, "PRAGMA application_id")
         if "meta" not in tables or application_id != APPLICATION_ID:
             raise LedgerError(
                 f"{self.path} is an SQLite database but not a cacheaudit ledger "
                 f"(tables: {', '.join(sorted(tables)[:5])})")
-        row = self.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is None:
+        version = _value(self.conn, "SELECT value FROM meta WHERE key = 'schema_version'")
+        if version is None:
             raise LedgerError(f"{self.path} is a damaged cacheaudit ledger: no schema version")
-        return int(row[0])
+        return int(version)
 
     def _migrate(self) -> None:
         """Create or upgrade the schema under one write lock, so racing shims do it once."""
@@ -482,7 +535,7 @@ class Ledger:
         if cursor.rowcount == 1 and cursor.lastrowid:
             row_id = int(cursor.lastrowid)
         else:
-            row_id = int(self.conn.execute(select, stored[:key_params]).fetchone()[0])
+            row_id = int(_value(self.conn, select, stored[:key_params]))
         self._ids[(kind, memo_key)] = row_id
         return row_id
 
@@ -510,10 +563,10 @@ class Ledger:
         cached = self._ids.get(("graph", digest))
         if cached is not None:
             return cached
-        row = self.conn.execute("SELECT id FROM graphs WHERE digest = ?", (digest,)).fetchone()
-        if row is not None:
-            self._ids[("graph", digest)] = int(row[0])
-            return int(row[0])
+        stored_id = _value(self.conn, "SELECT id FROM graphs WHERE digest = ?", (digest,))
+        if stored_id is not None:
+            self._ids[("graph", digest)] = int(stored_id)
+            return int(stored_id)
         cursor = self.conn.execute(
             "INSERT INTO graphs (digest, method, file_count) VALUES (?, ?, ?)",
             (digest, graph.method, len(graph.files)))
@@ -555,8 +608,7 @@ class Ledger:
             _params((digest, compiler.invoked, compiler.path, compiler.resolved,
              _blob_json(list(compiler.wrappers)), compiler.kind, compiler.version_text,
              compiler.digest, compiler.size, compiler.mtime_ns, host_id, compiler.error)))
-        row_id = int(self.conn.execute("SELECT id FROM compilers WHERE digest = ?",
-                                       (digest,)).fetchone()[0])
+        row_id = int(_value(self.conn, "SELECT id FROM compilers WHERE digest = ?", (digest,)))
         self._ids[("compiler", digest)] = row_id
         return row_id
 
@@ -570,8 +622,8 @@ class Ledger:
             _params((run.run_uuid, run.started_ns, run.host, run.pid, run.label,
                      None if run.command is None else _blob_json(list(run.command)),
                      __version__)))
-        row_id = int(self.conn.execute("SELECT id FROM runs WHERE run_uuid = ?",
-                                       (run.run_uuid,)).fetchone()[0])
+        row_id = int(_value(self.conn, "SELECT id FROM runs WHERE run_uuid = ?",
+                            (run.run_uuid,)))
         self._ids[("run", run.run_uuid)] = row_id
         return row_id
 
@@ -592,6 +644,7 @@ class Ledger:
         return _retrying(write)
 
     def _insert_record(self, record: CompileRecord, run_id: int) -> int:
+        stored_extra = record.stored_extra()
         cursor = self.conn.execute(
             "INSERT INTO records (record_uuid, run_id, event, runtime, kernel, key,"
             " entry_id, compiler_id, argv_id, effective_argv_id, env_id, cwd_id, sources_id,"
@@ -616,7 +669,7 @@ class Ledger:
                 record.exit_code, record.signal, record.started_ns, record.duration_ns,
                 record.pid, record.host, record.test_id, record.observer,
                 self._blob_id(list(record.notes)) if record.notes else None,
-                self._blob_id(dict(record.extra)) if record.extra else None,
+                self._blob_id(stored_extra) if stored_extra else None,
             )))
         return cursor.rowcount
 
@@ -643,10 +696,11 @@ class Ledger:
     def count(self, table: str = "records") -> int:
         if table not in _TABLES:
             raise ValueError(f"unknown ledger table {table!r}")
-        return int(self.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+        return int(_value(self.conn, f"SELECT count(*) AS count FROM {table}"))
 
     def integrity_check(self) -> str:
-        return "; ".join(row[0] for row in self.conn.execute("PRAGMA integrity_check"))
+        return "; ".join(row["integrity_check"]
+                         for row in _rows(self.conn, "PRAGMA integrity_check"))
 
     def load_graph(self, graph_id: int | None) -> IncludeGraph | None:
         """A stored graph, loaded once per ledger object (shared graphs are read once)."""
@@ -660,19 +714,18 @@ class Ledger:
         """Load many graphs in a few queries: a scan ties thousands of records at once."""
         for part in _chunks({g for g in graph_ids if g is not None and g not in self._graph_cache}):
             marks = ", ".join("?" * len(part))
-            methods = dict(self.conn.execute(
-                f"SELECT id, method FROM graphs WHERE id IN ({marks})", part).fetchall())
+            methods = {row["id"]: row["method"] for row in _rows(
+                self.conn, f"SELECT id, method FROM graphs WHERE id IN ({marks})", part)}
             files: dict[int, list[GraphFile]] = {graph_id: [] for graph_id in methods}
-            rows = self.conn.execute(
-                "SELECT g.graph_id, f.path, s.present, s.size, s.mtime_ns, s.ctime_ns, s.inode,"
-                " s.digest, s.settled, s.error, w.path FROM graph_files g"
+            rows = _rows(
+                self.conn,
+                f"SELECT g.graph_id AS graph_id, {_STATE_COLUMNS}, w.path AS written"
+                " FROM graph_files g"
                 " JOIN file_states s ON s.id = g.state_id JOIN files f ON f.id = s.file_id"
                 f" JOIN files w ON w.id = g.written_id WHERE g.graph_id IN ({marks})"
                 " ORDER BY g.graph_id, g.position", part)
             for r in rows:
-                files[r[0]].append(GraphFile(
-                    FileState(_text(r[1]), bool(r[2]), r[3], r[4], r[5], r[6], r[7] or None,
-                              bool(r[8]), r[9] or None), _text(r[10])))
+                files[r["graph_id"]].append(GraphFile(_state_from_row(r), r["written"]))
             for graph_id, method in methods.items():
                 self._graph_cache[graph_id] = IncludeGraph(tuple(files[graph_id]), method)
 
@@ -680,32 +733,34 @@ class Ledger:
         if blob_id is None:
             return None
         if blob_id not in self._blob_cache:
-            row = self.conn.execute("SELECT body FROM blobs WHERE id = ?", (blob_id,)).fetchone()
-            self._blob_cache[blob_id] = json.loads(row[0]) if row else None
+            body = _value(self.conn, "SELECT body FROM blobs WHERE id = ?", (blob_id,))
+            self._blob_cache[blob_id] = json.loads(body) if body is not None else None
         return self._blob_cache[blob_id]
 
     def load_compiler(self, compiler_id: int | None) -> CompilerIdentity | None:
         if compiler_id is None:
             return None
         if compiler_id not in self._compiler_cache:
-            row = self.conn.execute(
+            row = _row(
+                self.conn,
                 "SELECT invoked, path, resolved, wrappers, kind, version_text, binary_digest,"
-                " size, mtime_ns, host_id, error FROM compilers WHERE id = ?",
-                (compiler_id,)).fetchone()
+                " size, mtime_ns, host_id, error FROM compilers WHERE id = ?", (compiler_id,))
             if row is None:
                 return None
-            row = _texts(row)
             self._compiler_cache[compiler_id] = CompilerIdentity(
-                invoked=row[0], path=row[1], resolved=row[2], wrappers=tuple(json.loads(row[3])),
-                kind=row[4], version_text=row[5], digest=row[6], size=row[7], mtime_ns=row[8],
-                host=self.load_compiler(row[9]), error=row[10])
+                invoked=row["invoked"], path=row["path"], resolved=row["resolved"],
+                wrappers=tuple(json.loads(row["wrappers"])), kind=row["kind"],
+                version_text=row["version_text"], digest=row["binary_digest"], size=row["size"],
+                mtime_ns=row["mtime_ns"], host=self.load_compiler(row["host_id"]),
+                error=row["error"])
         return self._compiler_cache[compiler_id]
 
-    _RECORD_COLUMNS = (
-        "r.record_uuid, r.event, r.started_ns, r.runtime, r.kernel, r.key, e.path, r.compiler_id,"
-        " r.argv_id, r.effective_argv_id, r.env_id, c.path, r.sources_id, r.graph_id,"
-        " r.outputs_id, r.tracked_id, r.exit_code, r.signal, r.duration_ns, r.pid, r.host,"
-        " r.test_id, r.observer, r.notes_id, r.extra_id, runs.run_uuid")
+    _RECORD_COLUMNS = _select_list(
+        "r.record_uuid", "r.event", "r.started_ns", "r.runtime", "r.kernel", "r.key",
+        "e.path AS entry", "r.compiler_id", "r.argv_id", "r.effective_argv_id", "r.env_id",
+        "c.path AS cwd", "r.sources_id", "r.graph_id", "r.outputs_id", "r.tracked_id",
+        "r.exit_code", "r.signal", "r.duration_ns", "r.pid", "r.host", "r.test_id", "r.observer",
+        "r.notes_id", "r.extra_id", "runs.run_uuid")
     _RECORD_FROM = (
         " FROM records r JOIN runs ON runs.id = r.run_id"
         " LEFT JOIN files e ON e.id = r.entry_id LEFT JOIN files c ON c.id = r.cwd_id")
@@ -725,9 +780,9 @@ class Ledger:
         sql += f" ORDER BY {order}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        rows = [_texts(row) for row in self.conn.execute(sql, _params(params)).fetchall()]
+        rows = _rows(self.conn, sql, _params(params))
         if with_graphs:
-            columns = (12, 13, 14) if with_files else (13,)
+            columns = ("sources_id", "graph_id", "outputs_id") if with_files else ("graph_id",)
             self._load_graphs(row[c] for row in rows for c in columns)
         return [self._record_from_row(row, with_graphs, with_files) for row in rows]
 
@@ -751,29 +806,29 @@ class Ledger:
         found = self.records(where="r.record_uuid = ?", params=(record_uuid,))
         return found[0] if found else None
 
-    def _record_from_row(self, row: Sequence[Any], with_graphs: bool,
+    def _record_from_row(self, row: Row, with_graphs: bool,
                          with_files: bool = True) -> CompileRecord:
-        sources = self.load_graph(row[12]) if with_graphs and with_files else None
-        outputs = self.load_graph(row[14]) if with_graphs and with_files else None
-        tracked = self._load_blob(row[15])
-        effective = self._load_blob(row[9]) or []
-        extra = dict(self._load_blob(row[24]) or {})
-        extra["run_uuid"] = row[25]
-        if not with_graphs:
-            extra["graph_id"] = row[13]
+        sources = self.load_graph(row["sources_id"]) if with_graphs and with_files else None
+        outputs = self.load_graph(row["outputs_id"]) if with_graphs and with_files else None
+        tracked = self._load_blob(row["tracked_id"])
+        effective = self._load_blob(row["effective_argv_id"]) or []
+        facts, extra = split_stored_extra(self._load_blob(row["extra_id"]))
         return CompileRecord(
-            record_id=row[0], event=row[1], started_ns=row[2], runtime=row[3], kernel=row[4],
-            key=row[5], entry=row[6], compiler=self.load_compiler(row[7]),
-            argv=tuple(self._load_blob(row[8]) or ()),
+            record_id=row["record_uuid"], event=row["event"], started_ns=row["started_ns"],
+            runtime=row["runtime"], kernel=row["kernel"], key=row["key"], entry=row["entry"],
+            compiler=self.load_compiler(row["compiler_id"]),
+            argv=tuple(self._load_blob(row["argv_id"]) or ()),
             effective_argv=tuple(ArgToken(t, o) for t, o in effective),
-            env=dict(self._load_blob(row[10]) or {}), cwd=row[11] or "",
+            env=dict(self._load_blob(row["env_id"]) or {}), cwd=row["cwd"] or "",
             sources=tuple(f.state for f in sources.files) if sources else (),
-            graph=self.load_graph(row[13]) if with_graphs else None,
+            graph=self.load_graph(row["graph_id"]) if with_graphs else None,
             outputs=tuple(f.state for f in outputs.files) if outputs else (),
             tracked=tuple(tracked) if tracked is not None else None,
-            exit_code=row[16], signal=row[17], duration_ns=row[18], pid=row[19], host=row[20],
-            test_id=row[21], observer=row[22], notes=tuple(self._load_blob(row[23]) or ()),
-            extra=extra)
+            exit_code=row["exit_code"], signal=row["signal"], duration_ns=row["duration_ns"],
+            pid=row["pid"], host=row["host"], test_id=row["test_id"], observer=row["observer"],
+            notes=tuple(self._load_blob(row["notes_id"]) or ()), extra=extra,
+            run_uuid=row["run_uuid"], graph_id=None if with_graphs else row["graph_id"],
+            **facts)
 
     def add_tests(self, run: RunInfo, tests: Iterable[TestWindow]) -> None:
         rows = list(tests)
@@ -790,22 +845,24 @@ class Ledger:
         _retrying(write)
 
     def tests(self, run_uuid: str | None = None) -> list[TestWindow]:
-        sql = ("SELECT t.nodeid, t.started_ns, t.finished_ns, t.outcome, t.worker, runs.run_uuid"
-               " FROM tests t JOIN runs ON runs.id = t.run_id")
+        columns = _select_list("t.nodeid", "t.started_ns", "t.finished_ns", "t.outcome",
+                               "t.worker", "runs.run_uuid")
+        sql = f"SELECT {columns} FROM tests t JOIN runs ON runs.id = t.run_id"
         params: tuple[Any, ...] = ()
         if run_uuid is not None:
             sql += " WHERE runs.run_uuid = ?"
             params = (run_uuid,)
-        return [TestWindow(_text(r[0]), r[1], r[2], r[3], r[4], _text(r[5]))
-                for r in self.conn.execute(sql + " ORDER BY t.started_ns", params)]
+        return [TestWindow(r["nodeid"], r["started_ns"], r["finished_ns"], r["outcome"],
+                           r["worker"], r["run_uuid"])
+                for r in _rows(self.conn, sql + " ORDER BY t.started_ns", params)]
 
     def runs(self) -> dict[str, RunInfo]:
-        rows = self.conn.execute(
-            "SELECT run_uuid, label, started_ns, host, pid, command FROM runs")
-        return {_text(r[0]): RunInfo(run_uuid=_text(r[0]), label=r[1], started_ns=r[2],
-                                     host=r[3], pid=r[4],
-                                     command=tuple(json.loads(r[5])) if r[5] else None)
-                for r in map(_texts, rows)}
+        rows = _rows(self.conn, "SELECT run_uuid, label, started_ns, host, pid, command FROM runs")
+        return {r["run_uuid"]: RunInfo(run_uuid=r["run_uuid"], label=r["label"],
+                                       started_ns=r["started_ns"], host=r["host"], pid=r["pid"],
+                                       command=tuple(json.loads(r["command"]))
+                                       if r["command"] else None)
+                for r in rows}
 
     def remember_roots(self, roots: Iterable[tuple[str, str]]) -> None:
         rows = [_params((root, layout, time.time_ns())) for layout, root in roots]
@@ -820,7 +877,7 @@ class Ledger:
         _retrying(write)
 
     def known_roots(self) -> list[str]:
-        return [_text(r[0]) for r in self.conn.execute("SELECT path FROM cache_roots")]
+        return [r["path"] for r in _rows(self.conn, "SELECT path FROM cache_roots")]
 
     def remember_states(self, states: Iterable[FileState]) -> None:
         """Keep the settled states a scan captured, for the next scan's stat-only check."""
@@ -837,12 +894,10 @@ class Ledger:
         _retrying(write)
 
     def seen_states(self) -> list[FileState]:
-        rows = self.conn.execute(
-            "SELECT f.path, s.present, s.size, s.mtime_ns, s.ctime_ns, s.inode, s.digest,"
-            " s.settled, s.error FROM seen_states v JOIN file_states s ON s.id = v.state_id"
-            " JOIN files f ON f.id = v.file_id")
-        return [FileState(_text(r[0]), bool(r[1]), r[2], r[3], r[4], r[5], r[6] or None,
-                          bool(r[7]), r[8] or None) for r in rows]
+        rows = _rows(self.conn,
+                     f"SELECT {_STATE_COLUMNS} FROM seen_states v"
+                     " JOIN file_states s ON s.id = v.state_id JOIN files f ON f.id = v.file_id")
+        return [_state_from_row(r) for r in rows]
 
     def compiles_by_output(self) -> dict[str, str]:
         """Output digest -> the newest successful compile record that wrote it, preferring
@@ -853,13 +908,14 @@ class Ledger:
         binary's bytes do not. A link step recorded by the shim writes the same library as the
         adapter's compile record but read no headers; the compile is the one worth judging.
         """
-        rows = self.conn.execute(
-            "SELECT s.digest, r.record_uuid FROM records r"
+        rows = _rows(
+            self.conn,
+            "SELECT s.digest AS digest, r.record_uuid AS record_uuid FROM records r"
             " JOIN graph_files g ON g.graph_id = r.outputs_id"
             " JOIN file_states s ON s.id = g.state_id"
             " WHERE r.event = 'compile' AND r.exit_code = 0 AND s.digest != ''"
             " ORDER BY (r.graph_id IS NOT NULL), r.started_ns, r.id")
-        return {digest: record_uuid for digest, record_uuid in rows}
+        return {r["digest"]: r["record_uuid"] for r in rows}
 
     def records_by_uuid(self, uuids: Iterable[str], with_files: bool = True
                         ) -> dict[str, CompileRecord]:
@@ -879,13 +935,14 @@ class Ledger:
         for part in _chunks(run_uuids):
             marks = ", ".join("?" * len(part))
             # One row per run, found by walking records_by_run from the run's earliest record.
-            rows = self.conn.execute(
-                "SELECT runs.run_uuid, r.started_ns, r.env_id FROM runs"
+            rows = _rows(
+                self.conn,
+                f"SELECT {_select_list('runs.run_uuid', 'r.started_ns', 'r.env_id')} FROM runs"
                 " JOIN records r ON r.id = (SELECT f.id FROM records f WHERE f.run_id = runs.id"
                 " AND f.event = 'compile' ORDER BY f.started_ns, f.id LIMIT 1)"
                 f" WHERE runs.run_uuid IN ({marks})", _params(part))
-            for run_uuid, started_ns, env_id in rows:
-                found[_text(run_uuid)] = (started_ns, dict(self._load_blob(env_id) or {}))
+            for r in rows:
+                found[r["run_uuid"]] = (r["started_ns"], dict(self._load_blob(r["env_id"]) or {}))
         return found
 
     def lookups_by_entry(self, paths: Iterable[str] | None = None, *,
@@ -930,32 +987,36 @@ class Ledger:
 
         _retrying(write)
 
-    _FINDING_COLUMNS = ("audit_uuid, found_ns, code, severity, subject, message, recorded,"
-                        " current, how, inferred, record_uuid, entry, runtime, kernel, hint")
+    _FINDING_COLUMNS = ("audit_uuid", "found_ns", "code", "severity", "subject", "message",
+                        "recorded", "current", "how", "inferred", "record_uuid", "entry",
+                        "runtime", "kernel", "hint")
 
     def _copy_findings_and_roots(self, source: Ledger) -> None:
         """`combine`'s share of another ledger's findings and cache roots. A finding already
         here (same audit, code, subject, record and entry) is not copied again; a root keeps
         its latest scan time."""
-        findings = [_params(r) for r in source.conn.execute(
-            f"SELECT {self._FINDING_COLUMNS} FROM findings ORDER BY id")]
-        roots = [_params(r) for r in source.conn.execute(
-            "SELECT path, layout, last_scan_ns FROM cache_roots")]
+        columns = self._FINDING_COLUMNS
+        findings = [_named_params(r) for r in _rows(
+            source.conn, f"SELECT {', '.join(columns)} FROM findings ORDER BY id")]
+        roots = [_named_params(r) for r in _rows(
+            source.conn, "SELECT path, layout, last_scan_ns FROM cache_roots")]
         if not findings and not roots:
             return
 
         def write() -> None:
             with self._write() as conn:
                 for row in findings:
-                    present = conn.execute(
-                        "SELECT 1 FROM findings WHERE audit_uuid = ? AND code = ? AND subject = ?"
-                        " AND record_uuid IS ? AND entry IS ? AND message = ? LIMIT 1",
-                        (row[0], row[2], row[4], row[10], row[11], row[5])).fetchone()
+                    present = _value(
+                        conn,
+                        "SELECT 1 AS present FROM findings WHERE audit_uuid = :audit_uuid"
+                        " AND code = :code AND subject = :subject AND record_uuid IS :record_uuid"
+                        " AND entry IS :entry AND message = :message LIMIT 1", row)
                     if present is None:
-                        conn.execute(f"INSERT INTO findings ({self._FINDING_COLUMNS})"
-                                     f" VALUES ({', '.join('?' * 15)})", row)
+                        conn.execute(f"INSERT INTO findings ({', '.join(columns)})"
+                                     f" VALUES ({', '.join(f':{c}' for c in columns)})", row)
                 conn.executemany(
-                    "INSERT INTO cache_roots (path, layout, last_scan_ns) VALUES (?, ?, ?)"
+                    "INSERT INTO cache_roots (path, layout, last_scan_ns)"
+                    " VALUES (:path, :layout, :last_scan_ns)"
                     " ON CONFLICT(path) DO UPDATE SET layout = excluded.layout,"
                     " last_scan_ns = excluded.last_scan_ns"
                     " WHERE excluded.last_scan_ns > cache_roots.last_scan_ns", roots)
@@ -965,19 +1026,21 @@ class Ledger:
     def findings(self, audit_uuid: str | None = None) -> list[Finding]:
         """The findings of one audit pass, by default the latest."""
         if audit_uuid is None:
-            row = self.conn.execute(
-                "SELECT audit_uuid FROM findings ORDER BY found_ns DESC, id DESC LIMIT 1"
-            ).fetchone()
-            if row is None:
+            audit_uuid = _value(
+                self.conn,
+                "SELECT audit_uuid FROM findings ORDER BY found_ns DESC, id DESC LIMIT 1")
+            if audit_uuid is None:
                 return []
-            audit_uuid = row[0]
-        rows = self.conn.execute(
+        rows = _rows(
+            self.conn,
             "SELECT code, subject, message, recorded, current, how, record_uuid, entry, runtime,"
             " kernel, inferred, hint FROM findings WHERE audit_uuid = ? ORDER BY id",
             (audit_uuid,))
-        return [Finding(code=r[0], subject=r[1], message=r[2], recorded=r[3], current=r[4],
-                        how=r[5], record_id=r[6], entry=r[7], runtime=r[8], kernel=r[9],
-                        inferred=bool(r[10]), hint=r[11]) for r in map(_texts, rows)]
+        return [Finding(code=r["code"], subject=r["subject"], message=r["message"],
+                        recorded=r["recorded"], current=r["current"], how=r["how"],
+                        record_id=r["record_uuid"], entry=r["entry"], runtime=r["runtime"],
+                        kernel=r["kernel"], inferred=bool(r["inferred"]), hint=r["hint"])
+                for r in rows]
 
 
 _TABLES = ("meta", "runs", "files", "file_states", "graphs", "graph_files", "compilers", "blobs",
@@ -1087,7 +1150,7 @@ def record_to_json(record: CompileRecord, run: RunInfo) -> dict[str, Any]:
             "exit_code": record.exit_code, "signal": record.signal,
             "duration_ns": record.duration_ns, "pid": record.pid, "host": record.host,
             "test_id": record.test_id, "observer": record.observer,
-            "notes": list(record.notes), "extra": dict(record.extra),
+            "notes": list(record.notes), "extra": record.stored_extra(),
         },
     }
 
@@ -1099,6 +1162,7 @@ def record_from_json(data: Mapping[str, Any]) -> tuple[CompileRecord, RunInfo]:
                   command=tuple(run_data["command"]) if run_data.get("command") else None)
     r = dict(data["record"])
     graph = r.get("graph")
+    facts, extra = split_stored_extra(r.get("extra"))
     record = CompileRecord(
         record_id=r["record_id"], event=r["event"], started_ns=r["started_ns"],
         runtime=r.get("runtime"), kernel=r.get("kernel"), key=r.get("key"),
@@ -1115,7 +1179,7 @@ def record_from_json(data: Mapping[str, Any]) -> tuple[CompileRecord, RunInfo]:
         exit_code=r.get("exit_code"), signal=r.get("signal"),
         duration_ns=r.get("duration_ns") or 0, pid=r.get("pid") or 0, host=r.get("host") or "",
         test_id=r.get("test_id"), observer=r.get("observer") or "",
-        notes=tuple(r.get("notes") or ()), extra=dict(r.get("extra") or {}))
+        notes=tuple(r.get("notes") or ()), extra=extra, **facts)
     return record, run
 
 
@@ -1212,11 +1276,11 @@ def combine(target: Ledger, sources: Sequence[str], *, keep: bool = True,
             for start in range(0, len(records), batch):
                 by_run: dict[str, list[CompileRecord]] = {}
                 for record in records[start:start + batch]:
-                    by_run.setdefault(str(record.extra.get("run_uuid")), []).append(record)
+                    by_run.setdefault(str(record.run_uuid), []).append(record)
                 for run_uuid, group in by_run.items():
+                    # Stored under `run`: a record's own run_uuid is never written with it.
                     run = runs.get(run_uuid) or RunInfo(run_uuid=run_uuid, label="combined")
-                    result.records += target.add_records(
-                        [_without_run(r) for r in group], run)
+                    result.records += target.add_records(group, run)
             windows: dict[str, list[TestWindow]] = {}
             for window in opened.tests():
                 windows.setdefault(window.run_uuid, []).append(window)
@@ -1234,8 +1298,3 @@ def combine(target: Ledger, sources: Sequence[str], *, keep: bool = True,
                         os.remove(path + suffix)
     return result
 
-
-def _without_run(record: CompileRecord) -> CompileRecord:
-    """A record as stored: the run id the reader added to `extra` belongs in the runs table."""
-    extra = {k: v for k, v in record.extra.items() if k != "run_uuid"}
-    return dataclasses.replace(record, extra=extra)
