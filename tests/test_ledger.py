@@ -307,7 +307,7 @@ def test_add_records_raises_on_a_record_the_schema_refuses(tmp_path):
 
 
 def test_spooled_records_wait_while_the_ledger_cannot_be_written(tmp_path, monkeypatch):
-    import cacheaudit.ledger as module
+    import cacheaudit.ledger.rows as module
 
     path = str(tmp_path / "ledger.db")
     Ledger.open(path).close()
