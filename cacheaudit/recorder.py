@@ -338,12 +338,12 @@ class ShimRecorder:
                         for o in compilers.output_paths(self.kind, self.command, self.cwd))
         inputs = sources + objects + (tuple(f.state for f in include_graph.files)
                                       if include_graph else ())
-        runtime = None
+        runtime_process_id: str | None = None
         if self.env.get(RUN_VARIABLE):
             # A session's run id is shared by every process below it; the runtime's own process
             # (as a bare shim's run id names it) is what in-memory staleness is judged by.
             pid, ticks = runtime_process()
-            runtime = f"{socket.gethostname()}:{pid}:{ticks}"
+            runtime_process_id = f"{socket.gethostname()}:{pid}:{ticks}"
         late = modified_since(inputs, self.started_ns)
         signal_number = -returncode if returncode < 0 else None
         return CompileRecord(
@@ -356,7 +356,7 @@ class ShimRecorder:
             exit_code=None if signal_number else returncode, signal=signal_number,
             duration_ns=duration_ns, pid=os.getpid(), host=socket.gethostname(),
             test_id=test_id_from(self.env), observer=f"shim:{self.name}",
-            notes=tuple(self.notes), runtime_process=runtime,
+            notes=tuple(self.notes), runtime_process=runtime_process_id,
             modified_during_compile=tuple(s.path for s in late))
 
 
