@@ -268,10 +268,94 @@ class CompileRecord:
     observer: str = ""
     notes: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
+    """What one runtime's observer notes for its own policy alone (Triton's key parts, NVRTC's
+    PCH event, ...), each runtime's keys declared in its package's `extra.py`. A fact that
+    another module reads is a field of its own below, never a key here (`__post_init__` refuses
+    one)."""
+
+    # Facts that cross module boundaries: written by an observer or the ledger, read by the
+    # audit or the output. Stored in the ledger's `extra` JSON under their own names
+    # (`STORED_FACTS`), so that adding them needed no schema change.
+    run_uuid: str | None = None
+    """The run the record belongs to, filled in by the ledger when it reads the record (it lives
+    in the `runs` table, not with the record, so writing never stores it); None on a record
+    that was built here and not read back."""
+    graph_id: int | None = None
+    """The ledger's row id of the include graph, set only on a record read without its graphs
+    (`Ledger.records(with_graphs=False)`): `Ledger.load_graph(graph_id)` loads it later."""
+    reconstructed: bool = False
+    """The compile was not observed: a scan rebuilt its include graph afterwards from the
+    entry's command (what the compiler reads now, not what it read then), so findings on it
+    are inferences and its environment is unknown."""
+    modified_during_compile: tuple[str, ...] = ()
+    """Inputs whose mtime or ctime was not older than the compile's start: the compiler may have
+    read another version than the one hashed afterwards (CA401)."""
+    runtime_process: str | None = None
+    """`host:pid:start-ticks` of the runtime's own process, recorded by a shim inside a session
+    (whose run id is shared by every process below it), for in-memory staleness (CA106)."""
+    graph_problem: str | None = None
+    """Why the record has no include graph (NVRTC wrote no trace, the trace was left out, ...),
+    told to the user instead of a silent gap."""
+    runtime_error: str | None = None
+    """The runtime refused the lookup or compile (DeepJIT's "non-standard include"): its
+    message, shown by the output."""
+
+    def __post_init__(self) -> None:
+        # An observer still writing a typed fact into `extra` would hide it from every reader.
+        misplaced = _FACT_NAMES.intersection(self.extra)
+        if misplaced:
+            raise ValueError(f"CompileRecord.extra holds {', '.join(sorted(misplaced))}: "
+                             "typed fields of CompileRecord, pass them as such")
 
     @property
     def succeeded(self) -> bool:
         return self.exit_code in (0, None) and self.signal is None
+
+    def stored_extra(self) -> dict[str, Any]:
+        """`extra` with the stored facts under their own names: the ledger's JSON column and
+        the spool's `extra`. A fact at its default is left out, as it was when facts were keys
+        of `extra`, so equal records keep sharing one stored value."""
+        stored = dict(self.extra)
+        if self.reconstructed:
+            stored["reconstructed"] = True
+        if self.modified_during_compile:
+            stored["modified_during_compile"] = list(self.modified_during_compile)
+        for name in ("runtime_process", "graph_problem", "runtime_error"):
+            value = getattr(self, name)
+            if value is not None:
+                stored[name] = value
+        return stored
+
+
+STORED_FACTS: tuple[str, ...] = (
+    "reconstructed", "modified_during_compile", "runtime_process", "graph_problem",
+    "runtime_error")
+"""The `CompileRecord` facts kept in the stored `extra` JSON object, under these names."""
+
+LEDGER_FACTS = ("run_uuid", "graph_id")
+"""Facts the ledger fills in on reading, never stored with the record (an older reader put
+them into `extra`; a stored copy is dropped on reading)."""
+
+_FACT_NAMES = frozenset(STORED_FACTS + LEDGER_FACTS)
+
+
+def split_stored_extra(stored: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A stored `extra` object as (the facts, as `CompileRecord` keyword arguments; the rest,
+    the record's `extra`): the inverse of `CompileRecord.stored_extra`."""
+    rest = dict(stored or {})
+    facts: dict[str, Any] = {}
+    for name in LEDGER_FACTS:
+        rest.pop(name, None)
+    if rest.pop("reconstructed", False):
+        facts["reconstructed"] = True
+    late = rest.pop("modified_during_compile", None)
+    if isinstance(late, (list, tuple)):
+        facts["modified_during_compile"] = tuple(str(path) for path in late)
+    for name in ("runtime_process", "graph_problem", "runtime_error"):
+        value = rest.pop(name, None)
+        if value is not None:
+            facts[name] = str(value)
+    return facts, rest
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ def record_summary(record: CompileRecord, *, with_graph: bool = False) -> dict[s
         "graph": None if graph is None else {
             "digest": graph.digest, "method": graph.method, "file_count": len(graph.files)},
         "tracked": list(record.tracked) if record.tracked is not None else None,
-        "modified_during_compile": list(record.extra.get("modified_during_compile", [])),
+        "modified_during_compile": list(record.modified_during_compile),
     }
     if with_graph and graph is not None:
         inputs["graph"]["files"] = [
@@ -146,8 +146,8 @@ _SHOWN_VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "NVCC_CCBIN
 
 
 def _event_line(record: CompileRecord) -> str:
-    if record.extra.get("runtime_error"):
-        return f"[red]refused by the runtime: {_e(record.extra['runtime_error'])}[/red]"
+    if record.runtime_error:
+        return f"[red]refused by the runtime: {_e(record.runtime_error)}[/red]"
     if record.signal:
         status = f"[red]killed by signal {record.signal}[/red]"
     elif record.exit_code not in (0, None):
@@ -164,7 +164,7 @@ def _input_lines(record: CompileRecord) -> list[str]:
         first += (f" + {len(record.graph.files)} headers  [dim]({_e(record.graph.method)}, "
                   f"graph {_short(record.graph.digest, 8)})[/dim]")
     lines = [first]
-    late = record.extra.get("modified_during_compile")
+    late = record.modified_during_compile
     if late:
         lines.append(f"[bold red]CA401 modified during the compile: "
                      f"{_e(', '.join(late))}[/bold red]")

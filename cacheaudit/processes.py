@@ -10,10 +10,6 @@ import os
 import socket
 import time
 
-RUNTIME_PROCESS = "runtime_process"
-"""The `CompileRecord.extra` key of a session's shim records for the runtime's process,
-`host:pid:start-ticks` like a bare shim's run id."""
-
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "busybox"})
 
 
@@ -38,7 +34,8 @@ def runtime_process(start: int | None = None) -> tuple[int, str]:
 
     Runtimes run the compiler through a shell (DeepJIT and DeepGEMM `popen("cd tmp && nvcc
     ...")`), so the shim's parent is usually `sh`: the runtime is the first ancestor that is not
-    a shell. Its start time tells a live process from a reused pid later (CA106).
+    a shell. Its start time tells a live process from a reused pid later (CA106); the shim
+    records both as `CompileRecord.runtime_process`.
     """
     pid = os.getppid() if start is None else start
     for _ in range(8):

@@ -23,7 +23,7 @@ from cacheaudit import envvars
 from cacheaudit.digest import StateCache, normalise_path
 from cacheaudit.ledger import Ledger, RunInfo, default_ledger_path, new_record_id, spool_record
 from cacheaudit.model import ArgToken, CompileRecord, CompilerIdentity, FileState, IncludeGraph
-from cacheaudit.processes import RUNTIME_PROCESS, runtime_process
+from cacheaudit.processes import runtime_process
 from cacheaudit.switches import (
     DISABLE_VARIABLE,
     RUN_LABEL_VARIABLE,
@@ -338,15 +338,13 @@ class ShimRecorder:
                         for o in compilers.output_paths(self.kind, self.command, self.cwd))
         inputs = sources + objects + (tuple(f.state for f in include_graph.files)
                                       if include_graph else ())
-        extra: dict[str, object] = {}
+        runtime_process_id: str | None = None
         if self.env.get(RUN_VARIABLE):
             # A session's run id is shared by every process below it; the runtime's own process
             # (as a bare shim's run id names it) is what in-memory staleness is judged by.
             pid, ticks = runtime_process()
-            extra[RUNTIME_PROCESS] = f"{socket.gethostname()}:{pid}:{ticks}"
+            runtime_process_id = f"{socket.gethostname()}:{pid}:{ticks}"
         late = modified_since(inputs, self.started_ns)
-        if late:
-            extra["modified_during_compile"] = [s.path for s in late]
         signal_number = -returncode if returncode < 0 else None
         return CompileRecord(
             record_id=new_record_id(), event="compile", started_ns=self.started_ns,
@@ -358,7 +356,8 @@ class ShimRecorder:
             exit_code=None if signal_number else returncode, signal=signal_number,
             duration_ns=duration_ns, pid=os.getpid(), host=socket.gethostname(),
             test_id=test_id_from(self.env), observer=f"shim:{self.name}",
-            notes=tuple(self.notes), extra=extra)
+            notes=tuple(self.notes), runtime_process=runtime_process_id,
+            modified_during_compile=tuple(s.path for s in late))
 
 
 def _dependency_timeout(compile_ns: int) -> float:

@@ -613,7 +613,7 @@ def test_a_session_compile_without_a_pid_named_build_directory_is_judged_by_the_
     import socket
 
     from cacheaudit.audit import live_process
-    from cacheaudit.processes import RUNTIME_PROCESS, process_stat
+    from cacheaudit.processes import process_stat
 
     policy = policy_for("deepjit")
     host = socket.gethostname()
@@ -623,8 +623,8 @@ def test_a_session_compile_without_a_pid_named_build_directory_is_judged_by_the_
         assert stat is not None
         return CompileRecord(record_id=new_record_id(), event="compile",
                              started_ns=time.time_ns(), cwd="/work/build", host=host,
-                             extra={"run_uuid": "session-2",
-                                    RUNTIME_PROCESS: f"{host}:{pid}:{stat[2]}"})
+                             run_uuid="session-2",
+                             runtime_process=f"{host}:{pid}:{stat[2]}")
 
     live = live_process(record_from(os.getpid()), policy)
     assert live is not None and live[0] == os.getpid() and "shim recorded" in live[1]

@@ -427,7 +427,7 @@ def test_a_hit_is_recorded_with_the_environment_of_the_hit(adapter: Any, ledger_
     (second,) = _records(other)
     assert (second.event, second.test_id) == ("disk-hit", "tests/a.py::second")
     assert "NVCC_APPEND_FLAGS" not in second.env
-    assert second.extra["run_uuid"] == "second-run"
+    assert second.run_uuid == "second-run"
 
 
 @needs_cuda_core
@@ -610,7 +610,7 @@ def test_bare_name_stale_hit_is_real_and_found(tmp_path: Path, workdir: Path,
         assert stale[0].record_id == compile_record.record_id
         assert stale[0].recorded != stale[0].current
 
-        second_run = str(records[1].extra["run_uuid"])
+        second_run = str(records[1].run_uuid)
         report = audit.audit_run(ledger, second_run, os.environ)
         assert "CA101" in {f.code for f in report.findings}
 

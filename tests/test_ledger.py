@@ -85,7 +85,7 @@ def test_round_trip_keeps_the_four_answers(tmp_path):
     assert loaded.env == record.env
     assert loaded.graph == record.graph
     assert loaded.sources == record.sources and loaded.outputs == record.outputs
-    assert loaded.extra["run_uuid"] == "run-1"
+    assert loaded.run_uuid == "run-1"
 
 
 def test_adding_the_same_record_twice_stores_it_once(tmp_path):
@@ -307,7 +307,7 @@ def test_add_records_raises_on_a_record_the_schema_refuses(tmp_path):
 
 
 def test_spooled_records_wait_while_the_ledger_cannot_be_written(tmp_path, monkeypatch):
-    import cacheaudit.ledger as module
+    import cacheaudit.ledger.rows as module
 
     path = str(tmp_path / "ledger.db")
     Ledger.open(path).close()
@@ -485,3 +485,89 @@ def test_combine_brings_findings_and_cache_roots_along_once(tmp_path):
         assert ledger.count("records") == 2 and ledger.count("tests") == 2
     assert audits == [("audit-0", "CA101", "/c/e"), ("audit-1", "CA101", "/c/e")]
     assert roots == ["/roots/0", "/roots/1", "/roots/shared"]
+
+
+# ------------------------------------------------------------------ typed facts
+
+
+FACTS = dict(reconstructed=True, modified_during_compile=("/inc/late.h",),
+             runtime_process="box:7:99", graph_problem="no trace was taken",
+             runtime_error="non-standard include")
+
+
+def _stored_extra(ledger: Ledger, record_uuid: str) -> dict[str, object]:
+    body = ledger.conn.execute(
+        "SELECT b.body FROM records r JOIN blobs b ON b.id = r.extra_id WHERE r.record_uuid = ?",
+        (record_uuid,)).fetchone()[0]
+    return json.loads(body)
+
+
+def test_typed_facts_are_stored_under_their_names_in_the_extra_json(tmp_path):
+    # The format ledgers had when the facts were keys of `extra`: no schema change, and a
+    # ledger written before reads them into the typed fields.
+    record = _record(extra={"pch": {"event": "created"}}, **FACTS)
+    with Ledger.open(str(tmp_path / "ledger.db")) as ledger:
+        ledger.add_records([record], RUN)
+        stored = _stored_extra(ledger, record.record_id)
+        loaded = ledger.record(record.record_id)
+    assert stored == {"pch": {"event": "created"}, "reconstructed": True,
+                      "modified_during_compile": ["/inc/late.h"], "runtime_process": "box:7:99",
+                      "graph_problem": "no trace was taken",
+                      "runtime_error": "non-standard include"}
+    assert loaded is not None and loaded.extra == {"pch": {"event": "created"}}
+    assert {name: getattr(loaded, name) for name in FACTS} == FACTS
+    assert loaded.run_uuid == "run-1" and loaded.graph_id is None
+
+
+def test_a_record_without_facts_stores_no_extra_at_all(tmp_path):
+    record = _record()
+    with Ledger.open(str(tmp_path / "ledger.db")) as ledger:
+        ledger.add_records([record], RUN)
+        assert ledger.conn.execute("SELECT extra_id FROM records").fetchone() == (None,)
+        loaded = ledger.record(record.record_id)
+    assert loaded is not None and loaded.extra == {} and not loaded.reconstructed
+    assert loaded.modified_during_compile == () and loaded.runtime_process is None
+
+
+def test_a_stored_run_id_or_graph_id_never_overrides_the_ledger_s_own(tmp_path):
+    # An older reader put both into `extra`; a record re-stored from one carried them along.
+    record = _record(extra={"hits": 2})
+    with Ledger.open(str(tmp_path / "ledger.db")) as ledger:
+        ledger.add_records([record], RUN)
+        ledger.conn.execute(
+            "UPDATE blobs SET body = ? WHERE id = (SELECT extra_id FROM records)",
+            (json.dumps({"run_uuid": "stale", "graph_id": 99, "hits": 2}),))
+        [with_graphs] = ledger.records()
+        [without] = ledger.records(with_graphs=False)
+        graph_id = ledger.conn.execute("SELECT graph_id FROM records").fetchone()[0]
+    assert with_graphs.run_uuid == "run-1" and with_graphs.graph_id is None
+    assert with_graphs.extra == {"hits": 2}
+    assert without.graph_id == graph_id and without.graph is None
+
+
+def test_typed_facts_survive_the_spool(tmp_path):
+    path = str(tmp_path / "ledger.db")
+    record = _record(extra={"hits": 3}, **FACTS)
+    spool_record(path, record, RUN)
+    with open(os.path.join(spool_dir(path), f"{record.record_id}.json")) as handle:
+        assert json.load(handle)["record"]["extra"]["modified_during_compile"] == ["/inc/late.h"]
+    with Ledger.open(path) as ledger:
+        assert ingest_spool(ledger) == 1
+        loaded = ledger.record(record.record_id)
+    assert loaded is not None and loaded.extra == {"hits": 3}
+    assert {name: getattr(loaded, name) for name in FACTS} == FACTS
+
+
+def test_combine_keeps_typed_facts_and_stores_no_run_id_with_the_record(tmp_path):
+    source = str(tmp_path / "rank0.db")
+    record = _record(extra={"hits": 1}, **FACTS)
+    with Ledger.open(source) as ledger:
+        ledger.add_records([record], RunInfo(run_uuid="rank0", label="test"))
+        before = _stored_extra(ledger, record.record_id)
+    with Ledger.open(str(tmp_path / "all.db")) as ledger:
+        assert combine(ledger, [source]).records == 1
+        assert combine(ledger, [source]).records == 0
+        assert _stored_extra(ledger, record.record_id) == before
+        loaded = ledger.record(record.record_id)
+    assert loaded is not None and loaded.run_uuid == "rank0" and loaded.extra == {"hits": 1}
+    assert {name: getattr(loaded, name) for name in FACTS} == FACTS

@@ -633,10 +633,8 @@ def _record(record_id: str, started_ns: int, **fields: Any) -> CompileRecord:
     fields.setdefault("kernel", "k.cu")
     fields.setdefault("observer", "adapter:nvrtc")
     fields.setdefault("exit_code", 0)
-    extra = dict(fields.pop("extra", {}))
-    extra.setdefault("run_uuid", "run")
-    return CompileRecord(record_id=record_id, event="compile", started_ns=started_ns,
-                         extra=extra, **fields)
+    fields.setdefault("run_uuid", "run")
+    return CompileRecord(record_id=record_id, event="compile", started_ns=started_ns, **fields)
 
 
 def test_policy_keys_nothing() -> None:
@@ -675,8 +673,8 @@ def test_policy_flags_a_changed_header_against_the_creating_record() -> None:
 def test_policy_reports_a_successful_compile_without_a_graph() -> None:
     from cacheaudit.audit import audit_records
 
-    blind = _record("b", 1, graph=None, extra={"graph_problem": "NVRTC wrote no trace at /t"})
-    failed = _record("f", 2, graph=None, exit_code=6, extra={"graph_problem": "x"})
+    blind = _record("b", 1, graph=None, graph_problem="NVRTC wrote no trace at /t")
+    failed = _record("f", 2, graph=None, exit_code=6, graph_problem="x")
     findings = audit_records([blind, failed])
     assert [(f.code, f.record_id) for f in findings] == [("CA501", "b")]
     assert "NVRTC wrote no trace" in findings[0].message

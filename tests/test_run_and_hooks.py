@@ -81,7 +81,7 @@ def test_run_records_a_script_without_changing_it(tmp_path: Path, with_torch: bo
     assert "kernel.cu" in sources  # the minijit kernel, through the shim
     if with_torch:
         assert "plain.cpp" in sources  # torch's ninja build, through the masqueraded c++
-    assert len({r.extra["run_uuid"] for r in records}) == 1
+    assert len({r.run_uuid for r in records}) == 1
 
 
 def test_run_keeps_the_exit_status_unless_fail_on(tmp_path: Path):

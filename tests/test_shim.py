@@ -254,7 +254,7 @@ def test_input_modified_during_the_compile_is_flagged(shim_env: ShimEnv, header_
                         cwd=header_tree / "src", env=env)
     assert done.returncode == 0, done.stderr
     [record] = shim_env.records()
-    assert record.extra["modified_during_compile"] == [str(header)]
+    assert list(record.modified_during_compile) == [str(header)]
 
 
 @needs_gxx
@@ -346,7 +346,7 @@ def test_the_start_up_hook_stays_out_of_shim_processes(shim_env: ShimEnv, tmp_pa
     records = shim_env.records()
     assert len(records) == 2
     # One parent process, one run: no shim started a session of its own.
-    assert len({r.extra["run_uuid"] for r in records}) == 1
+    assert len({r.run_uuid for r in records}) == 1
 
 
 @needs_gxx
@@ -356,7 +356,7 @@ def test_a_session_record_names_the_runtime_process_behind_the_shell(shim_env: S
     own process, found past the shell the runtime compiled through (DeepJIT's popen)."""
     import socket
 
-    from cacheaudit.processes import RUNTIME_PROCESS, process_stat
+    from cacheaudit.processes import process_stat
 
     command = "cd ../src && g++ -fPIC -shared -I ../inc k.cpp -o ../out/k.so"
     cpath = {"CPATH": str(header_tree / "cpath")}
@@ -364,11 +364,11 @@ def test_a_session_record_names_the_runtime_process_behind_the_shell(shim_env: S
                         env={**cpath, "CACHEAUDIT_RUN": "session-1"})
     assert done.returncode == 0, done.stderr
     [record] = shim_env.records()
-    assert record.extra["run_uuid"] == "session-1"
+    assert record.run_uuid == "session-1"
     stat = process_stat(os.getpid())
     assert stat is not None
-    assert record.extra[RUNTIME_PROCESS] == f"{socket.gethostname()}:{os.getpid()}:{stat[2]}"
+    assert record.runtime_process == f"{socket.gethostname()}:{os.getpid()}:{stat[2]}"
     # Outside a session the run id is that process already: nothing is added.
     done = shim_env.run(["sh", "-c", command], cwd=header_tree / "inc", env=cpath)
     assert done.returncode == 0, done.stderr
-    assert RUNTIME_PROCESS not in shim_env.records()[-1].extra
+    assert shim_env.records()[-1].runtime_process is None

@@ -214,7 +214,7 @@ def test_header_edited_between_loads_in_one_process_is_ca106(project: Project):
         proven.code, proven.subject, proven.record_id)
     # A run's report merges both and names the stale header once.
     with Ledger.open(str(project.ledger)) as ledger:
-        report = audit_run(ledger, hit.extra["run_uuid"], project.env, roots=[str(project.ext)])
+        report = audit_run(ledger, hit.run_uuid, project.env, roots=[str(project.ext)])
     assert [f.subject for f in report.findings if f.code == "CA106"] == [str(project.myconst)]
 
 

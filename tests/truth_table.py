@@ -249,11 +249,11 @@ def quoted_include(p: Project) -> Outcome:
     from cacheaudit.ledger import Ledger
 
     with Ledger.open(str(p.ledger)) as ledger:
-        refused = [r for r in ledger.records() if r.extra.get("runtime_error")]
+        refused = [r for r in ledger.records() if r.runtime_error]
     # The runtime refused before compiling: no entry exists, so there is no cache to scan.
     report = p.scan() if p.cache.exists() else {"findings": []}
     outcome = _outcome("quoted include", "the runtime's error recorded", served, None, report)
-    outcome.recorded = [str(r.extra["runtime_error"]) for r in refused]
+    outcome.recorded = [str(r.runtime_error) for r in refused]
     return outcome
 
 

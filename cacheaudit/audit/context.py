@@ -22,7 +22,7 @@ from cacheaudit.audit.options import AuditOptions
 from cacheaudit.digest import StateCache, changed_files
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, FileState, IncludeGraph
 from cacheaudit.policy import Policy
-from cacheaudit.processes import RUNTIME_PROCESS, alive_since, process_run, run_process_alive
+from cacheaudit.processes import alive_since, process_run, run_process_alive
 
 FileChange = tuple[FileState, FileState]
 """(recorded, now) of one file; `now is recorded` when the file is provably unchanged."""
@@ -184,7 +184,7 @@ class AuditContext:
         A bare shim's run is one process. A session's run (`cacheaudit run`, pytest) is shared
         by every process below it; there the runtime's pid comes from the policy (DeepJIT and
         DeepGEMM, for example, name their build directories after it)."""
-        run_uuid = str(record.extra.get("run_uuid", ""))
+        run_uuid = record.run_uuid or ""
         bare = process_run(run_uuid)
         if bare is not None:
             first = self.loaded.first_envs.get(run_uuid)
@@ -218,14 +218,14 @@ def runtime_process(record: CompileRecord, policy: Policy) -> ProcessKey | None:
     pid = policy.compiling_process(record)
     if pid is not None:
         return (record.host, str(pid))
-    recorded = process_run(record.extra.get(RUNTIME_PROCESS))
+    recorded = process_run(record.runtime_process)
     return None if recorded is None else (recorded[0], str(recorded[1]), recorded[2])
 
 
 def live_process(record: CompileRecord, policy: Policy) -> tuple[int, str] | None:
     """(pid, how it was found) of the runtime process that asked for this compile, when it
     still runs; None when it is gone or the record does not say which it was."""
-    pid = run_process_alive(record.extra.get("run_uuid"))
+    pid = run_process_alive(record.run_uuid)
     if pid is not None:
         return pid, f"the compiling process {pid}, whose pid and start time are the run id, " \
                     f"still runs"
@@ -235,7 +235,7 @@ def live_process(record: CompileRecord, policy: Policy) -> tuple[int, str] | Non
             return pid, (f"process {pid}, which named the build directory after itself, "
                          f"still runs and started before the compile")
         return None
-    pid = run_process_alive(record.extra.get(RUNTIME_PROCESS))
+    pid = run_process_alive(record.runtime_process)
     if pid is not None:
         return pid, (f"the runtime process {pid} the shim recorded (its pid and start time) "
                      f"still runs")

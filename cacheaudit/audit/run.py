@@ -66,7 +66,7 @@ def audit_records(records: Sequence[CompileRecord],
     covered)."""
     runs: dict[str, list[CompileRecord]] = {}
     for record in sorted(records, key=lambda r: (r.started_ns, r.record_id)):
-        runs.setdefault(str(record.extra.get("run_uuid", "")), []).append(record)
+        runs.setdefault(record.run_uuid or "", []).append(record)
     findings: list[Finding] = []
     for run in runs.values():
         for index, record in enumerate(run):

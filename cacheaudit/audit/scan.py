@@ -117,7 +117,7 @@ class Auditor:
         few = len(entries) <= 500
         lookups = ledger.lookups_by_entry([e.path for e in entries] if few else None)
         first_envs = ledger.first_compile_environments(
-            str(r.extra["run_uuid"]) for r in records.values() if "run_uuid" in r.extra)
+            r.run_uuid for r in records.values() if r.run_uuid is not None)
 
         def compiles_of_run(run_uuid: str) -> list[CompileRecord]:
             return ledger.records(where="runs.run_uuid = ? AND r.event = 'compile'",
@@ -191,7 +191,7 @@ class Auditor:
         if registry_problem is None:
             findings += environment_findings(context, entry, record, policy)
         findings += configuration_findings(context, entry, record, policy)
-        if record.compiler is not None and not record.extra.get("reconstructed"):
+        if record.compiler is not None and not record.reconstructed:
             identify_compiler(context, record.compiler.path)
         findings += compiler_findings(context, entry, record, policy)
         findings += modified_during_compile(record, entry)
@@ -238,7 +238,7 @@ class Auditor:
             outputs=(entry.binary,) if entry.binary is not None else (), exit_code=0,
             pid=os.getpid(), host=socket.gethostname(), observer=f"reconstructed:{entry.layout}",
             notes=("reconstructed after the fact: the graph is what the compiler reads now",),
-            extra={"reconstructed": True})
+            reconstructed=True)
         self.reconstructed += 1
         if self.ledger is not None:
             # Kept so that the next scan need not run the pass again; a scan that cannot write

@@ -13,7 +13,7 @@ from cacheaudit.policy import Policy
 def compiler_findings(context: AuditContext, entry: CacheEntry, record: CompileRecord,
                       policy: Policy) -> list[Finding]:
     recorded = record.compiler
-    if recorded is None or record.extra.get("reconstructed"):
+    if recorded is None or record.reconstructed:
         return []
     found = context.compilers[recorded.path]  # identified by the scan before judging
     if found.identity is None:

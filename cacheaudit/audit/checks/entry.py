@@ -34,7 +34,7 @@ def modified_during_compile(record: CompileRecord,
         recorded=f"compile started {ns_text(record.started_ns)}",
         current="mtime or ctime after the start",
         how="timestamps at the end of the compile (ccache's too-new rule)")
-        for path in record.extra.get("modified_during_compile", [])]
+        for path in record.modified_during_compile]
 
 
 # ------------------------------------------------------------------------------ unverified

@@ -22,7 +22,7 @@ def environment_findings(context: AuditContext, entry: CacheEntry, record: Compi
                          policy: Policy) -> list[Finding]:
     """CA202: an implicit input of the runtime that differs between the recorded compile and
     this environment."""
-    if record.extra.get("reconstructed"):
+    if record.reconstructed:
         return []  # a reconstruction knows the files, not the environment of the original compile
     findings = []
     nvcc = record.compiler is None or record.compiler.kind == "nvcc"

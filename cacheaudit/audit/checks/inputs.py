@@ -29,7 +29,7 @@ def input_findings(context: AuditContext, entry: CacheEntry, record: CompileReco
     if graph is None:
         return findings
     changes = context.changes(graph)
-    inferred = bool(record.extra.get("reconstructed"))
+    inferred = record.reconstructed
     if inferred and entry.built_ns:
         changes = changes + [(f.state, f.state) for f in graph.files
                              if f.state.exists and f.state.mtime_ns > entry.built_ns]

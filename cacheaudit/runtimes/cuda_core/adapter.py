@@ -455,6 +455,7 @@ class _Recorder:
         cwd = os.getcwd()
         notes: list[str] = []
         extra: dict[str, Any] = {"cache": event.split("-")[0]}
+        modified: tuple[str, ...] = ()
         graph: IncludeGraph | None = None
         tracked: tuple[str, ...] | None = None
         kernel = None
@@ -477,8 +478,7 @@ class _Recorder:
                 self.watch[key_bytes] = _Watch(watch_kind, tuple(f.state for f in graph.files))
             if graph is not None:
                 late = modified_since([f.state for f in graph.files], started_ns)
-                if late:
-                    extra["modified_during_compile"] = [s.path for s in late]
+                modified = tuple(s.path for s in late)
                 working = [f.path for f in graph.files if not os.path.isabs(f.written)]
                 if working:
                     extra["from_working_directory"] = working
@@ -487,7 +487,7 @@ class _Recorder:
             record_id="", event="compile", started_ns=started_ns, runtime=RUNTIME,
             kernel=kernel, key=key_bytes.hex(), entry=entry, cwd=cwd, graph=graph,
             outputs=outputs, tracked=tracked, exit_code=0, duration_ns=max(0, now - started_ns),
-            observer=OBSERVER, notes=tuple(notes), extra=extra)
+            observer=OBSERVER, notes=tuple(notes), extra=extra, modified_during_compile=modified)
         self.write([*self.hit_records(self.take()), (record, environ)])
 
     def _reads(self, kwargs: Mapping[str, Any], inputs: Mapping[str, Any]

@@ -29,7 +29,7 @@ def _listener(event: Mapping[str, Any]) -> None:
                                 event="compile", key=event.get("key"), entry=event.get("path"),
                                 observer="adapter:minijit",
                                 notes=(f"the runtime refused the compile: {error}",),
-                                extra={"runtime_error": error})
+                                runtime_error=error)
     else:
         return
     if problem:

@@ -654,25 +654,25 @@ class NvrtcAdapter:
         graph = IncludeGraph(files=tuple(graph_files), method=method) \
             if graph_files is not None else None
         extra["trace"]["method"] = method if graph is not None else None
-        if graph is None:
-            extra["graph_problem"] = problem or "no trace was taken"
+        graph_problem = (problem or "no trace was taken") if graph is None else None
         if pch is not None and pch["event"] == "created" and ok:
             self._remember_creation(pch, record_id, program, graph, plan)
 
         sources = (memory_state(program.name, program.source),) if program is not None else ()
+        modified: tuple[str, ...] = ()
         if graph is not None:
             from cacheaudit.recorder import modified_since
 
             late = modified_since([f.state for f in graph.files], started_ns)
-            if late:
-                extra["modified_during_compile"] = [s.path for s in late]
+            modified = tuple(s.path for s in late)
         record = CompileRecord(
             record_id=record_id, event="compile", started_ns=started_ns, runtime=self.runtime,
             kernel=program.name if program is not None else None,
             compiler=self._compiler(), argv=tuple(plan.options),
             effective_argv=tuple(ArgToken(t) for t in plan.options), cwd=plan.cwd,
             sources=sources, graph=graph, outputs=tuple(outputs), exit_code=code,
-            duration_ns=duration_ns, notes=tuple(notes), extra=extra)
+            duration_ns=duration_ns, notes=tuple(notes), extra=extra,
+            modified_during_compile=modified, graph_problem=graph_problem)
         self._write(record)
 
     def _write(self, record: CompileRecord) -> None:

@@ -70,7 +70,7 @@ class NvrtcPolicy(Policy):
         if pch is not None and pch.get("event") == "reused":
             findings += self._stale_pch(record, pch, history)
         if record.succeeded and record.graph is None and record.observer.startswith("adapter:"):
-            reason = str(record.extra.get("graph_problem") or "no trace was taken")
+            reason = str(record.graph_problem or "no trace was taken")
             findings.append(make_finding(
                 "CA501", subject=record.kernel or "(unknown NVRTC program)", record=record,
                 message=f"the headers NVRTC read for {record.kernel or 'this program'} are "

@@ -560,8 +560,6 @@ class TorchExtAdapter:
         ended = call.ninja_ended_ns or time.time_ns()
         inputs = sources + (tuple(f.state for f in include_graph.files) if include_graph else ())
         late = modified_since(inputs, started)
-        if late:
-            extra["modified_during_compile"] = [s.path for s in late]
         if not any(o in objects for o in changed) and error is None:
             call.notes.append("only the link step ran: the objects come from an earlier build")
         notes = list(call.notes)
@@ -572,7 +570,8 @@ class TorchExtAdapter:
                      cwd=call.build_dir, sources=sources, graph=include_graph, outputs=outputs,
                      tracked=tracked, exit_code=0 if error is None else 1, started_ns=started,
                      duration_ns=max(0, ended - started),
-                     notes=tuple(notes), extra=extra)
+                     notes=tuple(notes), extra=extra,
+                     modified_during_compile=tuple(s.path for s in late))
         self._seen[call.build_dir] = _Seen(
             name=call.name, key=build.key, tracked=tracked, outputs=outputs[:1],
             failed=error is not None)

@@ -1,0 +1,43 @@
+"""The ledger: one SQLite file of runs, compilers, file states, include graphs, records, findings.
+
+Content-addressed where it pays: a file path, a file state, an include graph, a compiler identity
+and a JSON value (argv, environment) are each stored once and referenced, since thousands of kernels
+share one CUTLASS graph and one set of flags. Short write transactions in WAL mode let many shim
+processes share one file on local disk; long-lived parallel writers (pytest-xdist workers, ranks)
+keep one file each and `combine` them afterwards.
+
+Writes run on the stdlib `sqlite3` connection: the shim writes one record per compile and importing
+sqlite-utils costs ~200 ms there (it probes for numpy). Schema creation, migrations and the query
+helpers go through sqlite-utils on the same connection.
+"""
+
+# The package, lowest first: `values` (runs, test windows, attributions, the default path),
+# `rows` (values in, rows out by name, retries), `schema` (the SQL, its history, migrations),
+# `store` (the `Ledger`), `spool` (records kept aside, and the readers' way in), `combine`.
+
+from cacheaudit.ledger.combine import CombineResult, combine
+from cacheaudit.ledger.schema import APPLICATION_ID, BUSY_TIMEOUT_S, SCHEMA, SCHEMA_VERSION
+from cacheaudit.ledger.spool import (
+    ingest_spool,
+    open_existing,
+    open_ledger,
+    record_from_json,
+    record_to_json,
+    spool_dir,
+    spool_record,
+)
+from cacheaudit.ledger.store import Ledger
+from cacheaudit.ledger.values import (
+    Attribution,
+    RunInfo,
+    TestWindow,
+    default_ledger_path,
+    new_record_id,
+)
+
+__all__ = [
+    "APPLICATION_ID", "BUSY_TIMEOUT_S", "SCHEMA", "SCHEMA_VERSION", "Attribution", "CombineResult",
+    "Ledger", "RunInfo", "TestWindow", "combine", "default_ledger_path", "ingest_spool",
+    "new_record_id", "open_existing", "open_ledger", "record_from_json", "record_to_json",
+    "spool_dir", "spool_record",
+]

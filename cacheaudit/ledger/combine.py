@@ -1,0 +1,111 @@
+"""`combine`: several ledgers (pytest-xdist workers, ranks, hosts) merged into one, idempotently."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from cacheaudit.exceptions import LedgerError
+from cacheaudit.ledger.rows import _named_params, _retrying, _rows, _value
+from cacheaudit.ledger.spool import ingest_spool
+from cacheaudit.ledger.store import Ledger
+from cacheaudit.ledger.values import RunInfo, TestWindow
+from cacheaudit.model import CompileRecord
+
+
+@dataclass
+class CombineResult:
+    combined: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    records: int = 0
+
+
+def combine(target: Ledger, sources: Sequence[str], *, keep: bool = True,
+            batch: int = 500) -> CombineResult:
+    """Merge ledgers (pytest-xdist workers, ranks, hosts) into `target`.
+
+    Records keep their ids, so combining twice adds nothing; file states, graphs, compilers and
+    JSON values are content-addressed, so the thousands of records that share a CUTLASS graph
+    still share one copy. Findings (deduplicated) and known cache roots come along too. A source
+    that cannot be read is skipped, named, and left in place (coverage.py's `combine` does the
+    same); the others are deleted unless `keep`.
+    """
+    result = CombineResult()
+    for source in sources:
+        path = os.path.abspath(source)
+        if path == os.path.abspath(target.path):
+            continue
+        try:
+            opened = Ledger.open(path, create=False)
+        except LedgerError as exc:
+            result.skipped.append(f"{source}: {exc}")
+            continue
+        with opened:
+            ingest_spool(opened)
+            runs = opened.runs()
+            records = opened.records(order="r.started_ns, r.id")
+            for start in range(0, len(records), batch):
+                by_run: dict[str, list[CompileRecord]] = {}
+                for record in records[start:start + batch]:
+                    by_run.setdefault(str(record.run_uuid), []).append(record)
+                for run_uuid, group in by_run.items():
+                    # Stored under `run`: a record's own run_uuid is never written with it.
+                    run = runs.get(run_uuid) or RunInfo(run_uuid=run_uuid, label="combined")
+                    result.records += target.add_records(group, run)
+            windows: dict[str, list[TestWindow]] = {}
+            for window in opened.tests():
+                windows.setdefault(window.run_uuid, []).append(window)
+            for run_uuid, group in windows.items():
+                target.add_tests(runs.get(run_uuid) or RunInfo(run_uuid=run_uuid,
+                                                               label="combined"), group)
+            target.remember_states(opened.seen_states())
+            _copy_findings_and_roots(target, opened)
+        result.combined.append(source)
+        if not keep:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+                for suffix in ("-wal", "-shm"):
+                    if os.path.exists(path + suffix):
+                        os.remove(path + suffix)
+    return result
+
+
+_FINDING_COLUMNS = ("audit_uuid", "found_ns", "code", "severity", "subject", "message",
+                    "recorded", "current", "how", "inferred", "record_uuid", "entry",
+                    "runtime", "kernel", "hint")
+"""Every column of `findings` but its id: what a copied finding carries."""
+
+
+def _copy_findings_and_roots(target: Ledger, source: Ledger) -> None:
+    """`combine`'s share of another ledger's findings and cache roots. A finding already in
+    `target` (same audit, code, subject, record and entry) is not copied again; a root keeps
+    its latest scan time."""
+    columns = _FINDING_COLUMNS
+    findings = [_named_params(r) for r in _rows(
+        source.conn, f"SELECT {', '.join(columns)} FROM findings ORDER BY id")]
+    roots = [_named_params(r) for r in _rows(
+        source.conn, "SELECT path, layout, last_scan_ns FROM cache_roots")]
+    if not findings and not roots:
+        return
+
+    def write() -> None:
+        with target._write() as conn:
+            for row in findings:
+                present = _value(
+                    conn,
+                    "SELECT 1 AS present FROM findings WHERE audit_uuid = :audit_uuid"
+                    " AND code = :code AND subject = :subject AND record_uuid IS :record_uuid"
+                    " AND entry IS :entry AND message = :message LIMIT 1", row)
+                if present is None:
+                    conn.execute(f"INSERT INTO findings ({', '.join(columns)})"
+                                 f" VALUES ({', '.join(f':{c}' for c in columns)})", row)
+            conn.executemany(
+                "INSERT INTO cache_roots (path, layout, last_scan_ns)"
+                " VALUES (:path, :layout, :last_scan_ns)"
+                " ON CONFLICT(path) DO UPDATE SET layout = excluded.layout,"
+                " last_scan_ns = excluded.last_scan_ns"
+                " WHERE excluded.last_scan_ns > cache_roots.last_scan_ns", roots)
+
+    _retrying(write)

@@ -1,0 +1,314 @@
+"""The ledger's schema: one commented SQL string, its version history, and the named migrations
+that create or upgrade a ledger file (through sqlite-utils, imported only when one runs)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from cacheaudit import __version__
+from cacheaudit.exceptions import LedgerError
+from cacheaudit.ledger.rows import _retrying, _rows, _value
+
+if TYPE_CHECKING:
+    import sqlite_utils
+
+BUSY_TIMEOUT_S = 30.0
+"""How long SQLite itself waits for another writer's lock before `_retrying` takes over."""
+
+APPLICATION_ID = 0x43414144  # "CAAD": lets `file` and our own open() tell a ledger apart.
+
+# The schema, one statement per table, each column commented. Statements are separated by ";\n"
+# and no comment may contain a semicolon: `_statements` splits on it.
+#
+# Schema history:
+#   1 (0.1.0): first version.
+#   2: indexes on records by run and by test (audit_run and the pytest fixture read by them).
+SCHEMA_VERSION = 2
+
+SCHEMA = """
+-- Properties of this ledger file: schema_version, ledger_id, created_at, created_by.
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+
+-- One process tree that produced records: a pytest session, a `cacheaudit run`, or the parent
+-- process of a compiler shim when nothing set CACHEAUDIT_RUN.
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    run_uuid TEXT NOT NULL UNIQUE,          -- CACHEAUDIT_RUN, or host:ppid:parent-start-time
+    started_ns INTEGER NOT NULL,            -- wall clock, ns since the epoch
+    host TEXT NOT NULL,                     -- socket.gethostname()
+    pid INTEGER NOT NULL,                   -- pid of the process that opened the run
+    label TEXT NOT NULL,                    -- 'shim', 'pytest', 'run', 'scan', ...
+    command TEXT,                           -- JSON argv of that process, when known
+    cacheaudit_version TEXT NOT NULL
+);
+
+-- Every path mentioned anywhere, stored once: realpaths, paths as a compiler wrote them, entries.
+CREATE TABLE IF NOT EXISTS files (
+    id INTEGER PRIMARY KEY,
+    path TEXT NOT NULL UNIQUE
+);
+
+-- What a file was at one moment. Identical observations share a row.
+CREATE TABLE IF NOT EXISTS file_states (
+    id INTEGER PRIMARY KEY,
+    file_id INTEGER NOT NULL REFERENCES files(id),
+    present INTEGER NOT NULL,               -- 0 when the file did not exist
+    size INTEGER NOT NULL,                  -- bytes, -1 when absent
+    mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL,
+    inode INTEGER NOT NULL,
+    digest TEXT NOT NULL,                   -- xxh3-128 hex of the content, '' when unreadable
+    settled INTEGER NOT NULL,               -- 0 when captured inside the timestamp window
+    error TEXT NOT NULL,                    -- why it could not be read, '' when it could
+    UNIQUE (file_id, present, size, mtime_ns, ctime_ns, inode, digest, settled, error)
+);
+
+-- An include graph (or a set of sources or outputs), content-addressed by its digest.
+CREATE TABLE IF NOT EXISTS graphs (
+    id INTEGER PRIMARY KEY,
+    digest TEXT NOT NULL UNIQUE,            -- model.IncludeGraph.digest
+    method TEXT NOT NULL,                   -- how it was obtained: 'nvcc -M', 'g++ -M', ...
+    file_count INTEGER NOT NULL
+);
+
+-- The members of a graph in the compiler's order.
+CREATE TABLE IF NOT EXISTS graph_files (
+    graph_id INTEGER NOT NULL REFERENCES graphs(id),
+    position INTEGER NOT NULL,
+    state_id INTEGER NOT NULL REFERENCES file_states(id),
+    written_id INTEGER NOT NULL REFERENCES files(id),  -- the path as the compiler printed it
+    PRIMARY KEY (graph_id, position)
+) WITHOUT ROWID;
+
+-- Compiler identities: a host compiler is a row of its own referenced by host_id.
+CREATE TABLE IF NOT EXISTS compilers (
+    id INTEGER PRIMARY KEY,
+    digest TEXT NOT NULL UNIQUE,            -- over every column below
+    invoked TEXT NOT NULL,                  -- argv[0] as the runtime gave it
+    path TEXT NOT NULL,                     -- found along PATH
+    resolved TEXT NOT NULL,                 -- the real binary behind symlinks and wrapper scripts
+    wrappers TEXT NOT NULL,                 -- JSON list of wrapper scripts, outermost first
+    kind TEXT NOT NULL,                     -- nvcc, gcc, clang, hipcc, unknown
+    version_text TEXT NOT NULL,             -- full `--version` output
+    binary_digest TEXT,                     -- xxh3-128 of the resolved binary
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    host_id INTEGER REFERENCES compilers(id),
+    error TEXT
+);
+
+-- JSON values shared between records: argv, effective argv, environment, tracked sets, notes.
+CREATE TABLE IF NOT EXISTS blobs (
+    id INTEGER PRIMARY KEY,
+    digest TEXT NOT NULL UNIQUE,
+    body TEXT NOT NULL
+);
+
+-- One observed compile or cache lookup: the four answers of the design card.
+CREATE TABLE IF NOT EXISTS records (
+    id INTEGER PRIMARY KEY,
+    record_uuid TEXT NOT NULL UNIQUE,       -- survives `combine`
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    event TEXT NOT NULL CHECK (event IN ('compile', 'disk-hit', 'memory-hit')),
+    runtime TEXT,                           -- deepjit, torch-ext, triton, ... or NULL if unknown
+    kernel TEXT,                            -- the runtime's name for the kernel
+    key TEXT,                               -- the runtime's cache key, when it has one
+    entry_id INTEGER REFERENCES files(id),  -- the cache entry the record belongs to
+    compiler_id INTEGER REFERENCES compilers(id),
+    argv_id INTEGER REFERENCES blobs(id),            -- JSON list, argv[0] excluded
+    effective_argv_id INTEGER REFERENCES blobs(id),  -- JSON list of [token, origin]
+    env_id INTEGER REFERENCES blobs(id),             -- JSON object, registry variables only
+    cwd_id INTEGER REFERENCES files(id),
+    sources_id INTEGER REFERENCES graphs(id),        -- the primary source files
+    graph_id INTEGER REFERENCES graphs(id),          -- everything else the compiler read
+    outputs_id INTEGER REFERENCES graphs(id),        -- what the compile wrote
+    tracked_id INTEGER REFERENCES blobs(id),         -- JSON list of paths the key covers
+    exit_code INTEGER,
+    signal INTEGER,                         -- the signal that ended the compiler, if any
+    started_ns INTEGER NOT NULL,
+    duration_ns INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    host TEXT NOT NULL,
+    test_id TEXT,                           -- pytest node id, when recorded under the plugin
+    observer TEXT NOT NULL,                 -- shim, adapter:<runtime>, reader:<layout>
+    notes_id INTEGER REFERENCES blobs(id),           -- JSON list of recording problems
+    extra_id INTEGER REFERENCES blobs(id)            -- JSON object, observer-specific facts
+);
+
+CREATE INDEX IF NOT EXISTS records_by_kernel ON records (runtime, kernel, started_ns);
+
+CREATE INDEX IF NOT EXISTS records_by_key ON records (key);
+
+CREATE INDEX IF NOT EXISTS records_by_entry ON records (entry_id);
+
+CREATE INDEX IF NOT EXISTS records_by_run ON records (run_id, started_ns);
+
+CREATE INDEX IF NOT EXISTS records_by_test ON records (test_id) WHERE test_id IS NOT NULL;
+
+-- Verdicts of an audit, each with its evidence.
+CREATE TABLE IF NOT EXISTS findings (
+    id INTEGER PRIMARY KEY,
+    audit_uuid TEXT NOT NULL,               -- one audit pass
+    found_ns INTEGER NOT NULL,
+    code TEXT NOT NULL,                     -- CA101 ...
+    severity TEXT NOT NULL,
+    subject TEXT NOT NULL,                  -- the file or variable
+    message TEXT NOT NULL,
+    recorded TEXT,                          -- the value at build time
+    current TEXT,                           -- the value now
+    how TEXT NOT NULL,                      -- how it was established
+    inferred INTEGER NOT NULL,              -- 1 when inferred from timestamps, not content
+    record_uuid TEXT,
+    entry TEXT,
+    runtime TEXT,
+    kernel TEXT,
+    hint TEXT NOT NULL
+);
+
+CREATE INDEX IF NOT EXISTS findings_by_audit ON findings (audit_uuid);
+
+-- Tests of a pytest session: when each ran, so that a cache hit (DeepJIT touches .committed) can
+-- be attributed to the test that caused it.
+CREATE TABLE IF NOT EXISTS tests (
+    id INTEGER PRIMARY KEY,
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    nodeid TEXT NOT NULL,
+    started_ns INTEGER NOT NULL,
+    finished_ns INTEGER NOT NULL,
+    outcome TEXT NOT NULL,                  -- passed, failed, skipped
+    worker TEXT NOT NULL,                   -- pytest-xdist worker id, '' without xdist
+    UNIQUE (run_id, nodeid, started_ns)
+);
+
+-- Cache roots scans have found: a later audit of a run looks there for entries the run hit
+-- without leaving a record (DeepJIT's disk hits only touch .committed).
+CREATE TABLE IF NOT EXISTS cache_roots (
+    path TEXT PRIMARY KEY,
+    layout TEXT NOT NULL,
+    last_scan_ns INTEGER NOT NULL
+);
+
+-- The last state a scan saw of each cache file (entry binaries and sources): the next scan
+-- verifies them by one stat instead of reading them again.
+CREATE TABLE IF NOT EXISTS seen_states (
+    file_id INTEGER PRIMARY KEY REFERENCES files(id),
+    state_id INTEGER NOT NULL REFERENCES file_states(id)
+)
+"""
+
+
+_TABLES = ("meta", "runs", "files", "file_states", "graphs", "graph_files", "compilers", "blobs",
+           "records", "findings", "seen_states", "tests", "cache_roots")
+
+
+def _statements(schema: str) -> list[str]:
+    return [s.strip() for s in schema.split(";\n") if s.strip()]
+
+
+def _enable_wal(conn: sqlite3.Connection) -> None:
+    # A filesystem without shared memory (some network mounts) refuses WAL and answers with
+    # the mode it kept: going on in that mode is slower under contention but correct.
+    conn.execute("PRAGMA journal_mode = WAL")
+
+
+def _build_migrations() -> Any:
+    from sqlite_utils.migrations import Migrations
+
+    migrations = Migrations("cacheaudit")
+
+    @migrations(name="0001_initial")
+    def initial(db: sqlite_utils.Database) -> None:
+        for statement in _statements(SCHEMA):
+            db.conn.execute(statement)
+        db.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        meta = {"schema_version": "1", "ledger_id": uuid.uuid4().hex,
+                "created_at": str(time.time_ns()), "created_by": f"cacheaudit {__version__}"}
+        db.conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                            sorted(meta.items()))
+
+    @migrations(name="0002_records_by_run_and_test")
+    def records_by_run_and_test(db: sqlite_utils.Database) -> None:
+        # New ledgers already have both from SCHEMA; a version 1 ledger gains them here.
+        db.conn.execute(
+            "CREATE INDEX IF NOT EXISTS records_by_run ON records (run_id, started_ns)")
+        db.conn.execute("CREATE INDEX IF NOT EXISTS records_by_test ON records (test_id)"
+                        " WHERE test_id IS NOT NULL")
+        db.conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+
+    return migrations
+
+
+class _LazyMigrations:
+    """Builds the sqlite-utils migration set on first use, keeping sqlite-utils off the hot path."""
+
+    _migrations: Any = None
+
+    def apply(self, db: sqlite_utils.Database) -> None:
+        if self._migrations is None:
+            self._migrations = _build_migrations()
+        self._migrations.apply(db)
+
+
+_MIGRATIONS = _LazyMigrations()
+
+
+def prepare(conn: sqlite3.Connection, path: str, create: bool) -> None:
+    """Make a freshly opened connection ready: busy timeout, synchronous mode, and the schema
+    created or upgraded (`create`) or refused with one line naming `path`."""
+    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+    # In WAL mode NORMAL never corrupts; a power cut may lose the last records, which an
+    # auditor can afford, while an fsync per compile record it cannot.
+    conn.execute("PRAGMA synchronous = NORMAL")
+    version = stored_version(conn, path)
+    if version == SCHEMA_VERSION:
+        return
+    if version is not None and version > SCHEMA_VERSION:
+        raise LedgerError(
+            f"{path} has ledger schema version {version}, newer than this cacheaudit "
+            f"({__version__}) understands ({SCHEMA_VERSION}); upgrade cacheaudit")
+    if version is None and not create:
+        raise LedgerError(
+            f"{path} is empty or not a cacheaudit ledger yet; run `cacheaudit scan` "
+            "or record into it first")
+    # An older ledger is upgraded by whoever opens it first, reader or writer: the records
+    # in it stay readable only through the current schema.
+    _retrying(lambda: _enable_wal(conn))
+    _retrying(lambda: _migrate(conn, path))
+
+
+def stored_version(conn: sqlite3.Connection, path: str) -> int | None:
+    """The schema version, None for an empty file; LedgerError for a foreign database."""
+    tables = {row["name"] for row in _rows(
+        conn, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not tables:
+        return None
+    application_id = _value(conn, "PRAGMA application_id")
+    if "meta" not in tables or application_id != APPLICATION_ID:
+        raise LedgerError(
+            f"{path} is an SQLite database but not a cacheaudit ledger "
+            f"(tables: {', '.join(sorted(tables)[:5])})")
+    version = _value(conn, "SELECT value FROM meta WHERE key = 'schema_version'")
+    if version is None:
+        raise LedgerError(f"{path} is a damaged cacheaudit ledger: no schema version")
+    return int(version)
+
+
+def _migrate(conn: sqlite3.Connection, path: str) -> None:
+    """Create or upgrade the schema under one write lock, so racing shims do it once."""
+    import sqlite_utils
+
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if stored_version(conn, path) != SCHEMA_VERSION:
+            _MIGRATIONS.apply(sqlite_utils.Database(conn, execute_plugins=False))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise

@@ -1,0 +1,158 @@
+"""The spool: when a writer cannot reach the ledger (locked past every retry, disk full, a damaged
+file), the record goes to `<ledger>.spool/<record id>.json` instead, and the next reader folds it
+in: fail open, lose nothing. `open_ledger` and `open_existing` are the readers' way in."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+from collections.abc import Mapping
+from typing import Any
+
+from cacheaudit.ledger.store import Ledger
+from cacheaudit.ledger.values import RunInfo, default_ledger_path
+from cacheaudit.model import (
+    ArgToken,
+    CompileRecord,
+    CompilerIdentity,
+    FileState,
+    GraphFile,
+    IncludeGraph,
+    split_stored_extra,
+)
+
+
+def open_ledger(path: str, *, create: bool = True) -> Ledger:
+    """The ledger at `path` with its spool folded in: what every command and report reads, so
+    that a record a writer could only spool is never missing from it."""
+    ledger = Ledger.open(path, create=create)
+    try:
+        ingest_spool(ledger)
+    except BaseException:
+        ledger.close()
+        raise
+    return ledger
+
+
+def open_existing(path: str | None = None) -> Ledger | None:
+    """The ledger at `path` (or the default place) for reading, with its spool folded in; None
+    when no file is there yet. Readers never create a ledger."""
+    location = os.path.abspath(path or default_ledger_path())
+    if not os.path.exists(location):
+        return None
+    return open_ledger(location, create=False)
+
+
+def record_to_json(record: CompileRecord, run: RunInfo) -> dict[str, Any]:
+    """A record and its run as plain JSON, the spool's format."""
+    return {
+        "format": 1,
+        "run": {"run_uuid": run.run_uuid, "label": run.label, "started_ns": run.started_ns,
+                "host": run.host, "pid": run.pid,
+                "command": list(run.command) if run.command is not None else None},
+        "record": {
+            "record_id": record.record_id, "event": record.event,
+            "started_ns": record.started_ns, "runtime": record.runtime,
+            "kernel": record.kernel, "key": record.key, "entry": record.entry,
+            "compiler": record.compiler.to_dict() if record.compiler else None,
+            "argv": list(record.argv),
+            "effective_argv": [t.to_list() for t in record.effective_argv],
+            "cwd": record.cwd, "env": dict(record.env),
+            "sources": [s.to_dict() for s in record.sources],
+            "graph": None if record.graph is None else {
+                "method": record.graph.method,
+                "files": [[f.written, f.state.to_dict()] for f in record.graph.files]},
+            "outputs": [s.to_dict() for s in record.outputs],
+            "tracked": list(record.tracked) if record.tracked is not None else None,
+            "exit_code": record.exit_code, "signal": record.signal,
+            "duration_ns": record.duration_ns, "pid": record.pid, "host": record.host,
+            "test_id": record.test_id, "observer": record.observer,
+            "notes": list(record.notes), "extra": record.stored_extra(),
+        },
+    }
+
+
+def record_from_json(data: Mapping[str, Any]) -> tuple[CompileRecord, RunInfo]:
+    run_data = data["run"]
+    run = RunInfo(run_uuid=run_data["run_uuid"], label=run_data["label"],
+                  started_ns=run_data["started_ns"], host=run_data["host"], pid=run_data["pid"],
+                  command=tuple(run_data["command"]) if run_data.get("command") else None)
+    r = dict(data["record"])
+    graph = r.get("graph")
+    facts, extra = split_stored_extra(r.get("extra"))
+    record = CompileRecord(
+        record_id=r["record_id"], event=r["event"], started_ns=r["started_ns"],
+        runtime=r.get("runtime"), kernel=r.get("kernel"), key=r.get("key"),
+        entry=r.get("entry"), compiler=CompilerIdentity.from_dict(r.get("compiler")),
+        argv=tuple(r.get("argv") or ()),
+        effective_argv=tuple(ArgToken(t, o) for t, o in r.get("effective_argv") or ()),
+        cwd=r.get("cwd") or "", env=dict(r.get("env") or {}),
+        sources=tuple(FileState.from_dict(s) for s in r.get("sources") or ()),
+        graph=None if graph is None else IncludeGraph(
+            tuple(GraphFile(FileState.from_dict(s), w) for w, s in graph["files"]),
+            graph["method"]),
+        outputs=tuple(FileState.from_dict(s) for s in r.get("outputs") or ()),
+        tracked=tuple(r["tracked"]) if r.get("tracked") is not None else None,
+        exit_code=r.get("exit_code"), signal=r.get("signal"),
+        duration_ns=r.get("duration_ns") or 0, pid=r.get("pid") or 0, host=r.get("host") or "",
+        test_id=r.get("test_id"), observer=r.get("observer") or "",
+        notes=tuple(r.get("notes") or ()), extra=extra, **facts)
+    return record, run
+
+
+def spool_dir(ledger_path: str) -> str:
+    return ledger_path + ".spool"
+
+
+def spool_record(ledger_path: str, record: CompileRecord, run: RunInfo) -> str:
+    """Write a record beside the ledger for a later reader to fold in; returns the file."""
+    directory = spool_dir(ledger_path)
+    os.makedirs(directory, exist_ok=True)
+    final = os.path.join(directory, f"{record.record_id}.json")
+    temporary = f"{final}.{os.getpid()}.tmp"
+    with open(temporary, "w", encoding="utf-8", errors="surrogateescape") as handle:
+        json.dump(record_to_json(record, run), handle, ensure_ascii=False)
+    os.replace(temporary, final)
+    return final
+
+
+# What a spooled record that can never be stored raises: a value the schema refuses (an unknown
+# event, a missing start time) or a field of the wrong type.
+_UNSTORABLE = (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.DataError, OverflowError,
+               ValueError, KeyError, TypeError, AttributeError)
+
+
+def ingest_spool(ledger: Ledger) -> int:
+    """Fold spooled records into the ledger and delete their files; returns how many.
+
+    A file that cannot be read or stored is renamed to `.bad` beside the others, for a human to
+    look at, never deleted. While the ledger cannot be written at all (locked past every retry,
+    read-only, disk full) the files stay for the next reader.
+    """
+    directory = spool_dir(ledger.path)
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
+    except OSError:
+        return 0
+    added = 0
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            with open(path, encoding="utf-8", errors="surrogateescape") as handle:
+                record, run = record_from_json(json.load(handle))
+            added += ledger.add_records([record], run)
+        except OSError:
+            continue  # gone (another reader took it) or unreadable now: try again next time
+        except sqlite3.OperationalError:
+            return added
+        except _UNSTORABLE:
+            with contextlib.suppress(OSError):
+                os.replace(path, path + ".bad")
+            continue
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(directory)
+    return added
