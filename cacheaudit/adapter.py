@@ -296,7 +296,7 @@ def environ_text(snapshot: Environ) -> tuple[dict[str, str], dict[str, str]]:
     memo = _decoded.get(id(snapshot))
     if memo is not None and memo[0] is snapshot:
         return memo[1], memo[2]
-    from cacheaudit import envvars
+    from cacheaudit.runtimes import environment as envvars
 
     text = {_text(name): _text(value) for name, value in snapshot.items()}
     compile_env = envvars.compile_environment(text)

@@ -19,11 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cacheaudit import envvars
 from cacheaudit.digest import StateCache, normalise_path
 from cacheaudit.ledger import Ledger, RunInfo, default_ledger_path, new_record_id, spool_record
 from cacheaudit.model import ArgToken, CompileRecord, CompilerIdentity, FileState, IncludeGraph
 from cacheaudit.processes import RUNTIME_PROCESS, runtime_process
+from cacheaudit.runtimes import environment as envvars
 from cacheaudit.switches import (
     DISABLE_VARIABLE,
     RUN_LABEL_VARIABLE,

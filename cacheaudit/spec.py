@@ -60,8 +60,11 @@ class RuntimeSpec:
     """Module of the package whose `compilers(env, timeout)` adds the runtime's own tools
     (Triton's ptxas, NVRTC) to a snapshot."""
     environment: str | None = None
-    """Module of the package whose `ROWS` (and optional `FAMILIES`) declare the runtime's
-    environment variables for the registry (`cacheaudit.envvars`)."""
+    """Module of the package that declares the runtime's environment to the registry
+    (`cacheaudit.runtimes.environment`): `ROWS`, the variables it defines
+    (`cacheaudit.envvars.variable`) and its readings of generic ones (`reads`), each with its
+    source; optional `FAMILIES` (`cacheaudit.envvars.Family`: names read by pattern) and
+    `CATEGORIES` (categories of its own, which change output)."""
     variants: tuple[str, ...] = ()
     """Variants the environment rows may name as "runtime:variant" ("rocm", "nvrtc")."""
     docs: str = ""

@@ -36,8 +36,8 @@ _PACKAGES = (
     "torch_ext",   # torch.utils.cpp_extension load / load_inline
     "triton",
     "nvrtc",       # NVRTC through cuda-python
-    "cupy",
     "cuda_core",   # cuda.core Program and its program cache
+    "cupy",
     "flashinfer",
 )
 
