@@ -183,11 +183,19 @@ def scan(
         sys.stdout.write(output.findings_markdown(result.findings, summary))
     else:
         if not result.roots:
-            console.print("no cache roots found (give a path, or set DG_JIT_CACHE_DIR, "
-                          "DJ_JIT_CACHE_DIR, ...)")
+            console.print(f"no cache roots found (give a path, or set "
+                          f"{', '.join(_cache_variables())})")
         output.render_findings(result.findings, console, summary)
     if audit.fails(result.findings, fail_on):
         raise typer.Exit(ExitCode.FINDINGS)
+
+
+def _cache_variables() -> list[str]:
+    """The variables that name the runtimes' cache roots, from their specs, each once."""
+    from cacheaudit import runtimes
+
+    return list(dict.fromkeys(name for declared in runtimes.specs()
+                              for name in declared.cache_variables))
 
 
 @contextlib.contextmanager
@@ -394,15 +402,24 @@ def demo(
             shutil.rmtree(result.workdir, ignore_errors=True)
 
 
-@shim_app.command("install")
+def _compiler_settings() -> str:
+    """The runtimes' compiler settings, from their specs, for help texts."""
+    from cacheaudit import runtimes
+
+    return ", ".join(dict.fromkeys(setting.name for declared in runtimes.specs()
+                                   for setting in declared.compiler_settings))
+
+
+@shim_app.command("install", help=(
+    "Lay out a masquerade directory: put it first on PATH, or name DIR/nvcc in a runtime's "
+    f"compiler setting ({_compiler_settings()})."))
 def shim_install(
     directory: Annotated[Path, typer.Argument(help="Directory to fill with compiler names.")],
     names: Annotated[list[str] | None, typer.Option(
         "--name", help="Only these compiler names (repeatable).")] = None,
     force: Annotated[bool, typer.Option(help="Replace existing files of those names.")] = False,
 ) -> None:
-    """Lay out a masquerade directory: put it first on PATH, or name DIR/nvcc in a runtime's
-    compiler setting (DG_JIT_NVCC_COMPILER, FLASHINFER_NVCC, ...)."""
+    """Lay out a masquerade directory (its help names the runtimes' compiler settings)."""
     from cacheaudit.shim import install_masquerade
 
     for line in install_masquerade(str(directory), names=names or None, force=force):

@@ -25,6 +25,7 @@ from cacheaudit.shim import (
     link_to_shim,
     real_variable,
 )
+from cacheaudit.spec import CompilerSetting
 from cacheaudit.switches import (
     ACTIVE,
     LEDGER,
@@ -33,18 +34,27 @@ from cacheaudit.switches import (
     SHIMS,
 )
 
-# Settings through which runtimes name their nvcc, each pointed at the shim.
-_NVCC_SETTINGS = ("DG_JIT_NVCC_COMPILER", "EP_JIT_NVCC_COMPILER", "DJ_JIT_NVCC_COMPILER",
-                  "FLASHINFER_NVCC", "PYTORCH_NVCC")
-# Set even when the user left them unset, to the nvcc the runtime would take by default
-# (`<CUDA home>/bin/nvcc`). DeepGEMM <= 2.6 and DeepEP EPv2 read only their own prefix, while
-# DeepJIT-based runtimes (DeepGEMM 2.8+, DeepEP-Ascend) fall back to DJ_: a user's DJ_ setting
-# must then stay the one they follow, so DG_/EP_ are only filled in when DJ_ is unset too.
-_DEFAULTED = ("DG_JIT_NVCC_COMPILER", "EP_JIT_NVCC_COMPILER", "DJ_JIT_NVCC_COMPILER",
-              "FLASHINFER_NVCC")
-_FALLS_BACK_TO_DJ = ("DG_JIT_NVCC_COMPILER", "EP_JIT_NVCC_COMPILER")
 # CXX/CC name a host compiler for torch and friends; a masqueraded name takes its place.
 _CXX_SETTINGS = {"CXX": "c++", "CC": "cc"}
+
+
+def _nvcc_settings() -> list[CompilerSetting]:
+    """The settings through which runtimes name their nvcc (their specs' `compiler_settings`),
+    each pointed at the shim; one per variable.
+
+    Those with `session_fills` are set even when the user left them unset, to the nvcc the
+    runtime would take by default (`<CUDA home>/bin/nvcc`), but never while one of their
+    `unless_set` is set: a runtime that falls back to another setting (DeepGEMM 2.8+ to
+    DJ_JIT_NVCC_COMPILER) must keep following the user's.
+    """
+    from cacheaudit import runtimes
+
+    found: dict[str, CompilerSetting] = {}
+    for declared in runtimes.specs():
+        for setting in declared.compiler_settings:
+            if setting.compiler == "nvcc":
+                found.setdefault(setting.name, setting)
+    return list(found.values())
 
 
 @dataclass
@@ -166,13 +176,14 @@ def _point_at_shims(child: dict[str, str], original: Mapping[str, str], shims: s
     home = child.get("CUDA_HOME") or child.get("CUDA_PATH")
     if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
         default_nvcc = os.path.join(home, "bin", "nvcc")
-    for name in _NVCC_SETTINGS:
+    for setting in _nvcc_settings():
+        name = setting.name
         value = original.get(name)
         if single(value):
             assert value is not None
             _point(child, name, _stand_in(child, shims, value, "nvcc"))
-        elif (not value and name in _DEFAULTED and default_nvcc
-              and not (name in _FALLS_BACK_TO_DJ and original.get("DJ_JIT_NVCC_COMPILER"))):
+        elif (not value and setting.session_fills and default_nvcc
+              and not any(original.get(other) for other in setting.unless_set)):
             # Without any nvcc there is nothing to stand in for; pointing a runtime at the shim
             # would only turn "nvcc not found" into "the shim found no nvcc".
             _point(child, name, _stand_in(child, shims, default_nvcc, "nvcc"))

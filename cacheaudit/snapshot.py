@@ -101,15 +101,10 @@ def _gpu(env: Mapping[str, str], timeout: float) -> dict[str, Any]:
 
 
 def _environment(env: Mapping[str, str]) -> dict[str, Any]:
-    settings = []
-    for prefix in ("DG", "EP"):
-        for setting in envvars.resolve_jit_settings(prefix, env):
-            if setting.origin == "default" and setting.value is None:
-                continue
-            settings.append({"setting": f"{prefix}_{setting.suffix}",
-                             "value": setting.value, "origin": setting.origin,
-                             "from": setting.name or "default"})
-    return {"variables": envvars.compile_environment(env), "jit_settings": settings}
+    # The settings in effect come from the runtimes' name families (each value with the
+    # variable that supplied it, or its default): the snapshot knows no family of its own.
+    return {"variables": envvars.compile_environment(env),
+            "jit_settings": envvars.snapshot_settings(env)}
 
 
 def _tree_size(path: str) -> tuple[int, int]:
@@ -307,7 +302,7 @@ def to_markdown(snapshot: Mapping[str, Any]) -> str:
     lines += _details(
         f"Compile-affecting environment ({len(variables)} set)",
         [*_table(["variable", "value"], [[k, v] for k, v in variables.items()]), "",
-         "JIT settings in effect (`<PREFIX>_JIT_*`, then `DJ_JIT_*`, then the default):", "",
+         envvars.settings_title(), "",
          *_table(["setting", "value", "from"],
                  [[s["setting"], s["value"], s["from"]] for s in settings])])
     caches = snapshot.get("caches", [])

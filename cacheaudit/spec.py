@@ -3,16 +3,22 @@
 Each package under `cacheaudit/runtimes/` has a `spec.py` with one `SPEC = RuntimeSpec(...)`:
 its name, where its cache lives, which variables pick its compiler, which packages a snapshot
 reports, its docs page, and which of its modules hold the layout reader, the policy and the
-adapter. The registry (`cacheaudit.runtimes`) lists the packages and loads the modules a spec
-names only when they are asked for, so reading every spec costs a start-up hook almost nothing:
-this module and the specs import nothing beyond the standard library.
+adapter. `BUILT_IN` below is the one list of runtimes, a line each; `specs()` reads them (and
+any named in `CACHEAUDIT_RUNTIMES`) by name. `cacheaudit.runtimes` loads the modules a spec names
+only when they are asked for, so reading every spec costs a start-up hook almost nothing: this
+module and the specs import nothing beyond the standard library.
 
 The core (the environment registry, sessions, the snapshot, the audit, the CLI) learns about a
-runtime only through these fields; none of it names a runtime.
+runtime only through these fields; none of it names a runtime. A spec is data read by name, not
+code the core calls: the layering (docs/design.md) holds although the core reads the specs.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import importlib
+import os
 from dataclasses import dataclass, field
 
 
@@ -60,8 +66,11 @@ class RuntimeSpec:
     """Module of the package whose `compilers(env, timeout)` adds the runtime's own tools
     (Triton's ptxas, NVRTC) to a snapshot."""
     environment: str | None = None
-    """Module of the package whose `ROWS` (and optional `FAMILIES`) declare the runtime's
-    environment variables for the registry (`cacheaudit.envvars`)."""
+    """Module of the package that declares the runtime's environment to the registry
+    (`cacheaudit.envvars.registry`): `ROWS`, the variables it defines
+    (`cacheaudit.envvars.variable`) and its readings of generic ones (`reads`), each with its
+    source; optional `FAMILIES` (`cacheaudit.envvars.Family`: names read by pattern) and
+    `CATEGORIES` (categories of its own, which change output)."""
     variants: tuple[str, ...] = ()
     """Variants the environment rows may name as "runtime:variant" ("rocm", "nvrtc")."""
     docs: str = ""
@@ -71,3 +80,53 @@ class RuntimeSpec:
     def module(self, name: str) -> str:
         """The dotted module path of one of the spec's module fields."""
         return name if "." in name else f"{self.package}.{name}"
+
+
+# ------------------------------------------------------------------------------ the registry
+
+# One line per runtime: its package under cacheaudit/runtimes/.
+BUILT_IN = (
+    "deepjit",     # deepseek-ai/DeepJIT, and DeepGEMM 2.8+ / DeepEP-Ascend built on it
+    "deepgemm",    # DeepGEMM up to 2.6 (C++ JIT) and its 2025 Python JIT
+    "deepep",      # DeepEP's EPv2 JIT (DeepGEMM's recipe)
+    "torch_ext",   # torch.utils.cpp_extension load / load_inline
+    "triton",
+    "nvrtc",       # NVRTC through cuda-python
+    "cuda_core",   # cuda.core Program and its program cache
+    "cupy",
+    "flashinfer",
+)
+
+EXTRA_VARIABLE = "CACHEAUDIT_RUNTIMES"
+"""Runtimes outside cacheaudit (a plugin, a toy runtime in tests): dotted package paths separated
+by ":", each read like a built-in one."""
+
+
+def _package_names() -> list[str]:
+    extra = [name for name in os.environ.get(EXTRA_VARIABLE, "").split(":") if name]
+    return [f"cacheaudit.runtimes.{name}" for name in BUILT_IN] + extra
+
+
+@functools.cache
+def specs() -> tuple[RuntimeSpec, ...]:
+    """Every runtime's spec, built-in ones first, in registry order. A spec module is plain
+    data (it imports this module and nothing else of cacheaudit), read by name."""
+    found = []
+    for package in _package_names():
+        declared = importlib.import_module(f"{package}.spec").SPEC
+        found.append(dataclasses.replace(declared, package=package))
+    return tuple(found)
+
+
+def spec(runtime: str) -> RuntimeSpec | None:
+    """The spec of the runtime with this id, None for a runtime nobody declared."""
+    return by_name().get(runtime)
+
+
+@functools.cache
+def by_name() -> dict[str, RuntimeSpec]:
+    return {s.name: s for s in specs()}
+
+
+def names() -> list[str]:
+    return [s.name for s in specs()]

@@ -692,8 +692,7 @@ def toy_runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     from cacheaudit import runtimes
 
     def forget() -> None:
-        for cached in (runtimes.specs, runtimes._by_name, runtimes.layouts, runtimes.policy_for):
-            cached.cache_clear()
+        runtimes.reset()
         for name in [m for m in sys.modules if m.startswith("toy_audit_runtime")]:
             del sys.modules[name]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import string
+from types import MappingProxyType
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,9 +17,6 @@ from hypothesis import strategies as st
 
 from cacheaudit import envvars
 from cacheaudit.envvars import (
-    FLAVOURS,
-    JIT_PREFIXES,
-    JIT_SUFFIXES,
     REDACTED,
     RUNTIMES,
     VARIABLES,
@@ -29,13 +27,18 @@ from cacheaudit.envvars import (
     compile_environment,
     is_implicit_input,
     iter_variables,
-    jit_prefixes_in,
     looks_secret_name,
     looks_secret_value,
     lookup,
+    redact,
+)
+from cacheaudit.runtimes._deepseek.environment import (
+    FLAVOURS,
+    JIT_PREFIXES,
+    JIT_SUFFIXES,
+    jit_prefixes_in,
     parse_jit_bool,
     parse_jit_int,
-    redact,
     resolve_jit_setting,
     resolve_jit_settings,
 )
@@ -296,7 +299,7 @@ def test_dg_jit_use_runtime_api_is_build_only_not_family() -> None:
 
 def test_bad_runtime_is_a_clear_error() -> None:
     with pytest.raises(EnvVarsError, match="unknown runtime 'bogus'"):
-        classify("CPATH", "bogus")
+        envvars.check_runtime("bogus")
     with pytest.raises(ValueError, match="unknown runtime"):
         compile_environment({}, "bogus")
 
@@ -684,7 +687,7 @@ def test_exact_registry_has_no_duplicates_and_is_read_only() -> None:
 
 def test_every_policy_flavour_is_a_known_flavour_or_none() -> None:
     from cacheaudit import runtimes
-    from cacheaudit.envvars import FLAVOURS
+    from cacheaudit.runtimes._deepseek.environment import FLAVOURS
 
     for runtime in [s.name for s in runtimes.specs() if s.policy is not None]:
         policy = runtimes.policy_for(runtime)
@@ -692,3 +695,67 @@ def test_every_policy_flavour_is_a_known_flavour_or_none() -> None:
             assert policy.flavour in FLAVOURS, runtime
         else:
             assert policy.flavour is None, runtime
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry is assembled from the runtimes' declarations
+# ---------------------------------------------------------------------------------------------
+
+def test_unknown_runtime_is_unknown_not_a_crash() -> None:
+    # An entry of a runtime this installation does not declare is unverified, not a crash of
+    # the whole scan.
+    assert classify("CPATH", "bogus") is UNK
+    assert affects_output("CPATH", "bogus") is None
+    assert affects_output("TRITON_CACHE_DIR", "bogus") is False  # no value changes a binary
+    assert not is_implicit_input("CPATH", "bogus")
+
+
+def test_a_declared_runtime_joins_the_registry() -> None:
+    from cacheaudit.envvars import Declaration, Family, Registry, reads, variable
+
+    class ToyFamily(Family):
+        heads = MappingProxyType({"TOY_JIT_": ("toy",)})
+
+        def variable(self, name: str):  # type: ignore[no-untyped-def]
+            return envvars.Variable(name, "jit-config", "a toy setting", {"toy": IN},
+                                    source="toy")
+
+        def selects_compiler(self, name: str) -> bool:
+            return name == "TOY_JIT_CC"
+
+    toy = Declaration(
+        "toy", variants=("fast",),
+        rows=(reads("CPATH", in_key=("toy:fast",), not_in_key=("toy",),
+                    notes={"toy": "toy note"}, description=", toy too", source="toy.md"),
+              variable("TOY_CACHE", "cache-location", "toy cache root", not_in_key=("toy",),
+                       source="toy.md")),
+        families=(ToyFamily(),), compiler_settings=("TOY_NVCC",))
+    registry = Registry([toy])
+    assert registry.runtimes == ("toy", "shim")
+    assert registry.is_implicit_input("CPATH", "toy")
+    assert registry.classify("CPATH", "toy", "fast") is IN
+    cpath = registry.lookup("CPATH")
+    assert cpath is not None and cpath.note_for("toy") == "toy note"
+    assert cpath.description.endswith(", toy too") and cpath.source.endswith("; toy.md")
+    assert registry.affects_output("TOY_CACHE", "toy") is False
+    assert registry.classify("TOY_JIT_X", "toy") is IN
+    assert registry.selects_compiler("TOY_NVCC") and registry.selects_compiler("TOY_JIT_CC")
+    assert registry.selects_compiler("PATH") and not registry.selects_compiler("TOY_CACHE")
+    assert set(registry.compile_environment({"TOY_JIT_X": "1", "TOY_CACHE": "/c", "HOME": "/h",
+                                             "TRITON_CACHE_DIR": "/t"})) == {"TOY_CACHE",
+                                                                             "TOY_JIT_X"}
+    # A declaration names only its own runtime and variants.
+    with pytest.raises(EnvVarsError, match="not the declaring runtime"):
+        Registry([Declaration("toy", rows=(reads("CPATH", not_in_key=("other",)),))])
+    with pytest.raises(EnvVarsError, match="no variant"):
+        Registry([Declaration("toy", rows=(reads("CPATH", not_in_key=("toy:slow",)),))])
+    with pytest.raises(EnvVarsError, match="defined by nobody"):
+        Registry([Declaration("toy", rows=(reads("NOT_A_ROW", not_in_key=("toy",)),))])
+
+
+def test_compiler_settings_come_from_the_specs() -> None:
+    from cacheaudit import runtimes
+
+    for declared in runtimes.specs():
+        for setting in declared.compiler_settings:
+            assert envvars.selects_compiler(setting.name), setting.name

@@ -49,18 +49,15 @@ def _toy(env: dict[str, str], include: Path) -> tuple[str, str]:
 def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("CACHEAUDIT_RUNTIMES", "toyjit")
     monkeypatch.syspath_prepend(str(TESTS))
-    for cached in (runtimes.specs, runtimes.layouts, runtimes.policy_for):
-        cached.cache_clear()
-    runtimes._by_name.cache_clear()
+    runtimes.reset()
     include = tmp_path / "include"
     include.mkdir()
     (include / "tile.h").write_text("#define TILE 4\n")
     cache = tmp_path / "cache"
     (tmp_path / "home").mkdir()
     yield _env(tmp_path, cache), include, cache
-    for cached in (runtimes.specs, runtimes.layouts, runtimes.policy_for):
-        cached.cache_clear()
-    runtimes._by_name.cache_clear()
+    monkeypatch.delenv("CACHEAUDIT_RUNTIMES")
+    runtimes.reset()
 
 
 def test_the_registry_reads_a_runtime_package_from_outside(toy) -> None:

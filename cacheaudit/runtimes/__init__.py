@@ -1,13 +1,11 @@
-"""The registry: every runtime cacheaudit understands, one line each.
+"""The runtimes' code, found through their specs: layouts, policies, adapters and their activation.
 
-A runtime is one package here (`cacheaudit/runtimes/<name>/`): its `spec.py` declares it (see
-`cacheaudit.spec`), and the modules the spec names hold its layout reader, key recipe, policy and
-adapter. This module is the only place that lists runtimes. It loads a spec's modules only when
-they are asked for: the start-up hook reads the specs (plain data) to arm the adapters, and
-imports no reader, policy or adapter, nor any runtime.
-
-Runtimes outside this package (a plugin, a toy runtime in tests) are named, as dotted package
-paths separated by ":", in `CACHEAUDIT_RUNTIMES`; each is read like a built-in one.
+A runtime is one package here (`cacheaudit/runtimes/<name>/`): its `spec.py` declares it, and the
+modules the spec names hold its layout reader, key recipe, policy and adapter. The list of
+runtimes is one line per runtime in `cacheaudit.spec.BUILT_IN` (the core reads the specs, which
+are plain data, to assemble the environment registry); this module loads a spec's modules only
+when they are asked for: the start-up hook arms the adapters from the specs and imports no
+reader, policy or adapter, nor any runtime.
 
 Adding a runtime: see "Adding a runtime" in docs/design.md.
 """
@@ -17,11 +15,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import os
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+from cacheaudit import spec as spec_module
+from cacheaudit.spec import EXTRA_VARIABLE, names, spec, specs
 
 if TYPE_CHECKING:
     from cacheaudit.adapter import Adapter
@@ -29,50 +29,18 @@ if TYPE_CHECKING:
     from cacheaudit.policy import Policy
     from cacheaudit.spec import RuntimeSpec
 
-_PACKAGES = (
-    "deepjit",     # deepseek-ai/DeepJIT, and DeepGEMM 2.8+ / DeepEP-Ascend built on it
-    "deepgemm",    # DeepGEMM up to 2.6 (C++ JIT) and its 2025 Python JIT
-    "deepep",      # DeepEP's EPv2 JIT (DeepGEMM's recipe)
-    "torch_ext",   # torch.utils.cpp_extension load / load_inline
-    "triton",
-    "nvrtc",       # NVRTC through cuda-python
-    "cupy",
-    "cuda_core",   # cuda.core Program and its program cache
-    "flashinfer",
-)
+__all__ = ["EXTRA_VARIABLE", "activate", "adapter", "available", "deactivate", "flush_all",
+           "layout_for", "layouts", "names", "policy_for", "reset", "spec", "specs"]
 
-EXTRA_VARIABLE = "CACHEAUDIT_RUNTIMES"
+def reset() -> None:
+    """Forget every spec, layout and policy loaded, and the environment registry built from them:
+    the next call reads `CACHEAUDIT_RUNTIMES` and the specs again (for tests and plugins that
+    change the set of runtimes within one process)."""
+    from cacheaudit import envvars
 
-
-def _package_names() -> list[str]:
-    extra = [name for name in os.environ.get(EXTRA_VARIABLE, "").split(":") if name]
-    return [f"{__name__}.{name}" for name in _PACKAGES] + extra
-
-
-@functools.cache
-def specs() -> tuple[RuntimeSpec, ...]:
-    """Every runtime's spec, built-in ones first, in registry order."""
-    import dataclasses
-
-    found = []
-    for package in _package_names():
-        declared = importlib.import_module(f"{package}.spec").SPEC
-        found.append(dataclasses.replace(declared, package=package))
-    return tuple(found)
-
-
-def spec(runtime: str) -> RuntimeSpec | None:
-    """The spec of the runtime with this id, None for a runtime nobody declared."""
-    return _by_name().get(runtime)
-
-
-@functools.cache
-def _by_name() -> dict[str, RuntimeSpec]:
-    return {s.name: s for s in specs()}
-
-
-def names() -> list[str]:
-    return [s.name for s in specs()]
+    for cached in (spec_module.specs, spec_module.by_name, layouts, policy_for,
+                   envvars.registry):
+        cached.cache_clear()
 
 
 def _attribute(module: str, attribute: str) -> Any:

@@ -13,6 +13,7 @@ Cache grammar (what `layout.py` reads):
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 
 import xxhash
@@ -35,7 +36,9 @@ def compile(name: str, source: str, include_dir: str, env: dict[str, str]) -> tu
     os.makedirs(entry)
     with open(os.path.join(entry, "kernel.cpp"), "w") as out:
         out.write(source)
-    argv = [env.get("TOYJIT_CXX", "g++"), "-c", os.path.join(entry, "kernel.cpp"),
+    # The command names the compiler by full path, as DeepJIT's names its nvcc.
+    cxx = shutil.which(env.get("TOYJIT_CXX", "g++"), path=env.get("PATH")) or "g++"
+    argv = [cxx, "-c", os.path.join(entry, "kernel.cpp"),
             f"-I{include_dir}", *flags.split(), "-o", os.path.join(entry, "kernel.o")]
     subprocess.run(argv, check=True, env=env, cwd=entry)
     with open(os.path.join(entry, "command"), "w") as out:

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from cacheaudit.envvars import FLAVOUR_NAMES, redact, resolve_jit_settings
+from cacheaudit.envvars import redact
 from cacheaudit.findings import make_finding
 from cacheaudit.model import CacheEntry, Finding
 from cacheaudit.policy import ConfigurationChange, Policy
 from cacheaudit.runtimes import policy_for
+from cacheaudit.runtimes._deepseek.environment import FLAVOUR_NAMES, resolve_jit_settings
 
 SCAN_FAMILY = "deepseek"
 """The `scan_family` of the three runtimes' policies: a `DJ_` value reaches all of them."""

@@ -11,5 +11,6 @@ SPEC = RuntimeSpec(
     adapter_imports="cuda.core",
     cache_variables=("XDG_CACHE_HOME",),
     packages=("cuda-core",),
+    environment="environment",
     docs="runtimes/cuda-core.md",
 )

@@ -10,5 +10,6 @@ SPEC = RuntimeSpec(
     cache_variables=("CUPY_CACHE_DIR",),
     packages=("cupy", "cupy-cuda12x", "cupy-cuda13x"),
     variants=("nvrtc", "nvcc"),
+    environment="environment",
     docs="runtimes/cupy.md",
 )

@@ -14,5 +14,6 @@ SPEC = RuntimeSpec(
                         unless_set=("DJ_JIT_NVCC_COMPILER",)),
     ),
     packages=("deep_ep", "deep-ep"),
+    environment="environment",
     docs="runtimes/deepjit.md",
 )

@@ -42,7 +42,6 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
-from cacheaudit.envvars import FLAVOUR_NAMES
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import (
     ConfigurationChange,
@@ -55,6 +54,7 @@ from cacheaudit.policy import (
     read_input,
 )
 from cacheaudit.runtimes._deepseek import checks as family_checks
+from cacheaudit.runtimes._deepseek.environment import FLAVOUR_NAMES
 from cacheaudit.runtimes._deepseek.recipe import build_directory_pid, split_mix
 from cacheaudit.runtimes.deepgemm.layout import INCLUDE_HASH_PREFIX, PYTHON_HASH_LEN
 
@@ -241,7 +241,7 @@ class DeepGemmPolicy(Policy):
         self.runtime = runtime
         self.prefix = prefix
         self.env_prefixes = (env_prefix,)
-        self.flavour: str | None = runtime  # "deepgemm", "deepep": envvars.FLAVOURS names
+        self.flavour: str | None = runtime  # "deepgemm", "deepep": FLAVOURS names
         # Since 7f2a703 the build directory is `<root>/tmp/<get_uuid()>`, named after the pid.
         self.compiling_process = build_directory_pid
 

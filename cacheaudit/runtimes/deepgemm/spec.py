@@ -16,5 +16,6 @@ SPEC = RuntimeSpec(
     ),
     packages=("deep_gemm", "deep-gemm"),
     variants=("nvrtc", "python"),
+    environment="environment",
     docs="runtimes/deepjit.md",
 )

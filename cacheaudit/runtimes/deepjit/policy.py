@@ -25,7 +25,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cacheaudit import envvars
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import (
     ConfigurationChange,
@@ -38,6 +37,7 @@ from cacheaudit.policy import (
     read_input,
 )
 from cacheaudit.runtimes._deepseek import checks as family_checks
+from cacheaudit.runtimes._deepseek.environment import resolve_jit_settings
 from cacheaudit.runtimes._deepseek.recipe import build_directory_pid, split_mix
 from cacheaudit.runtimes.deepjit.layout import mistyped, prefix_roots
 
@@ -310,7 +310,7 @@ class DeepJitPolicy(Policy):
                                         f"named")
         # A value every family resolves to alike tells them apart no more than an unset one:
         # a cacheaudit session points each family's compiler setting at the same shim.
-        settings = {p: {s.suffix: s for s in envvars.resolve_jit_settings(p, env)}
+        settings = {p: {s.suffix: s for s in resolve_jit_settings(p, env)}
                     for p in self.env_prefixes}
         in_use = tuple(p for p in self.env_prefixes if any(
             own.origin == "prefixed" and any(

@@ -12,5 +12,6 @@ SPEC = RuntimeSpec(
         CompilerSetting("DJ_JIT_NVCC_COMPILER", "nvcc", session_fills=True),
     ),
     variants=("cuda", "rocm", "ascend"),
+    environment="environment",
     docs="runtimes/deepjit.md",
 )

@@ -8,4 +8,5 @@ SPEC = RuntimeSpec(
     cache_variables=("FLASHINFER_WORKSPACE_BASE",),
     compiler_settings=(CompilerSetting("FLASHINFER_NVCC", "nvcc", session_fills=True),),
     packages=("flashinfer-python", "flashinfer"),
+    environment="environment",
 )

@@ -10,5 +10,6 @@ SPEC = RuntimeSpec(
     adapter_imports="cuda.bindings.nvrtc",
     packages=("cuda-python", "cuda-bindings", "cuda-pathfinder"),
     snapshot="snapshot",
+    environment="environment",
     docs="runtimes/nvrtc.md",
 )

@@ -12,5 +12,6 @@ SPEC = RuntimeSpec(
     cache_variables=("TORCH_EXTENSIONS_DIR",),
     compiler_settings=(CompilerSetting("PYTORCH_NVCC", "nvcc"),),
     packages=("torch", "ninja"),
+    environment="environment",
     docs="runtimes/torch-ext.md",
 )

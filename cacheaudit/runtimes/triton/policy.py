@@ -50,16 +50,15 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from cacheaudit import envvars
 from cacheaudit.digest import read_file
 from cacheaudit.findings import make_finding
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import KeyCheck, KeyComponent, Policy, TrackedSet
+from cacheaudit.runtimes.triton import environment
 
 RUNTIME = "triton"
 
-INVALIDATING: tuple[str, ...] = tuple(sorted(
-    v.name for v in envvars.VARIABLES.values() if v.category == "triton-invalidating"))
+INVALIDATING: tuple[str, ...] = tuple(sorted(environment.INVALIDATING))
 """Triton's CACHE_INVALIDATING_ENV_VARS as the registry knows them (3.9.0 and older names)."""
 
 _TRUE = frozenset({"1", "true", "on"})

@@ -12,5 +12,6 @@ SPEC = RuntimeSpec(
     cache_variables=("TRITON_CACHE_DIR", "TRITON_HOME"),
     packages=("triton",),
     snapshot="snapshot",
+    environment="environment",
     docs="runtimes/triton.md",
 )

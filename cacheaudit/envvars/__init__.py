@@ -1,0 +1,191 @@
+"""The compile-affecting environment: the registry's machinery, the generic rows, redaction.
+
+A JIT runtime's cache key covers some of the variables that change a compile and silently misses
+the rest (`NVCC_PREPEND_FLAGS`, `CPATH` and the host compiler change the binary while most keys
+hold only source, flags and a compiler version). To report such an *implicit input*
+(CA201/CA202) the audit needs to know, for each variable and runtime, whether the runtime keys
+it. That table is kept like ccache's config.cpp keeps its keys: explicit rows, defaults in one
+place, each row citing where its classification comes from. Nothing is guessed: where the
+references are silent the status is UNKNOWN.
+
+This package holds what is runtime-neutral: the vocabulary (`KeyStatus`, `Variable`, the row
+builders `variable` and `reads`), the generic rows (`CPATH`, `NVCC_*`, `PATH`, the locale, ...)
+with the shim's statuses only, the `Registry` that merges them with what each runtime declares
+in its package's `environment` module, and redaction. `registry()` assembles the registry the
+program uses from the generic rows and, for each runtime spec (`cacheaudit.spec.specs()`), the
+module its `environment` field names: its `ROWS` (variables the runtime defines, and its readings
+of generic ones), its optional `FAMILIES` (name patterns such as `<PREFIX>_JIT_*`) and
+`CATEGORIES`, with the spec's `variants` and `compiler_settings`. The module-level functions
+(`lookup`, `classify`, `compile_environment`, ...) ask that registry. A family's own settings
+(the DeepSeek `<PREFIX>_JIT_*` resolution) are that family's:
+`cacheaudit.runtimes._deepseek.environment`.
+
+It is also the allowlist of what cacheaudit stores: `compile_environment` returns only registry
+variables, never `HOME`, `USER` or a cloud credential, and every value it returns goes through
+`redact`.
+
+Stdlib only, and cheap to import: the shim calls `compile_environment` once per compile.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from cacheaudit.envvars.generic import GENERIC_ROWS, SELECTS_COMPILER, SHELLS_OUT, shells_out
+from cacheaudit.envvars.redaction import REDACTED, looks_secret_name, looks_secret_value, redact
+from cacheaudit.envvars.registry import Declaration, Family, Registry
+from cacheaudit.envvars.vocabulary import (
+    CATEGORIES as GENERIC_CATEGORIES,
+)
+from cacheaudit.envvars.vocabulary import (
+    IN,
+    NO_OUTPUT_CATEGORIES,
+    OUT,
+    SHIM,
+    UNK,
+    EnvVarsError,
+    KeyStatus,
+    Reading,
+    Variable,
+    reads,
+    variable,
+)
+
+if TYPE_CHECKING:
+    # Provided by __getattr__ on first use (see there).
+    VARIABLES: Mapping[str, Variable]
+    RUNTIMES: tuple[str, ...]
+    VARIANTS: Mapping[str, tuple[str, ...]]
+    CATEGORIES: tuple[str, ...]
+
+__all__ = [
+    "CATEGORIES",
+    "GENERIC_CATEGORIES",
+    "GENERIC_ROWS",
+    "IN",
+    "NO_OUTPUT_CATEGORIES",
+    "OUT",
+    "REDACTED",
+    "RUNTIMES",
+    "SELECTS_COMPILER",
+    "SHELLS_OUT",
+    "SHIM",
+    "UNK",
+    "VARIABLES",
+    "VARIANTS",
+    "Declaration",
+    "EnvVarsError",
+    "Family",
+    "KeyStatus",
+    "Reading",
+    "Registry",
+    "Variable",
+    "affects_output",
+    "check_runtime",
+    "classify",
+    "compile_environment",
+    "is_implicit_input",
+    "iter_variables",
+    "looks_secret_name",
+    "looks_secret_value",
+    "lookup",
+    "reads",
+    "redact",
+    "registry",
+    "selects_compiler",
+    "settings_title",
+    "shells_out",
+    "snapshot_settings",
+    "variable",
+]
+
+
+def _declaration(spec: Any) -> Declaration:
+    rows: tuple[Any, ...] = ()
+    families: tuple[Any, ...] = ()
+    categories: tuple[str, ...] = ()
+    if spec.environment is not None:
+        module = importlib.import_module(spec.module(spec.environment))
+        rows = tuple(module.ROWS)
+        # FAMILIES and CATEGORIES are optional: most runtimes read only names a table lists.
+        families = tuple(getattr(module, "FAMILIES", ()))
+        categories = tuple(getattr(module, "CATEGORIES", ()))
+    return Declaration(spec.name, tuple(spec.variants), rows, families, categories,
+                       tuple(setting.name for setting in spec.compiler_settings))
+
+
+@functools.cache
+def registry() -> Registry:
+    """The generic rows merged with every registered runtime's declarations, built once."""
+    from cacheaudit.spec import specs
+
+    return Registry(_declaration(spec) for spec in specs())
+
+
+def __getattr__(name: str) -> Any:
+    # Computed on first use: importing this module must not load every runtime's declarations.
+    if name == "VARIABLES":
+        return registry().variables
+    if name == "RUNTIMES":
+        return registry().runtimes
+    if name == "VARIANTS":
+        return registry().variants
+    if name == "CATEGORIES":
+        return registry().categories
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def lookup(name: str) -> Variable | None:
+    """The registry's entry for `name`, or None when cacheaudit does not track it."""
+    return registry().lookup(name)
+
+
+def iter_variables() -> Iterator[Variable]:
+    """Every registry variable, each family's names expanded: for docs."""
+    return registry().iter_variables()
+
+
+def check_runtime(runtime: str) -> None:
+    """Raise EnvVarsError (one line) for a runtime id nobody declared."""
+    registry().check_runtime(runtime)
+
+
+def classify(name: str, runtime: str, variant: str | None = None) -> KeyStatus:
+    """Whether `runtime` (optionally a variant such as "rocm") keys `name`; UNKNOWN if unsaid
+    or for a runtime nobody declared."""
+    return registry().classify(name, runtime, variant)
+
+
+def affects_output(name: str, runtime: str, variant: str | None = None) -> bool | None:
+    """Whether a change of `name` can change what `runtime` compiles (None: unknown)."""
+    return registry().affects_output(name, runtime, variant)
+
+
+def is_implicit_input(name: str, runtime: str, variant: str | None = None) -> bool:
+    """True when `name` changes `runtime`'s binary but not its key: the CA201/CA202 subject."""
+    return registry().is_implicit_input(name, runtime, variant)
+
+
+def selects_compiler(name: str) -> bool:
+    """Whether `name` picks the compiler binary itself, whose identity is judged instead."""
+    return registry().selects_compiler(name)
+
+
+def compile_environment(env: Mapping[str, str], runtime: str | None = None) -> dict[str, str]:
+    """The registry variables set in `env`, sorted by name, values redacted: what the shim
+    stores. `runtime` narrows it to what that runtime reads (EnvVarsError if nobody declared
+    it)."""
+    return registry().compile_environment(env, runtime)
+
+
+def snapshot_settings(env: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The name families' settings in effect under `env`, for a snapshot."""
+    return registry().snapshot_settings(env)
+
+
+def settings_title() -> str:
+    """How a snapshot heads the families' settings in effect."""
+    return registry().settings_title()
