@@ -1,0 +1,79 @@
+"""The core names no runtime: runtime knowledge lives in its package under cacheaudit/runtimes/.
+
+Every identifier and every string in the code of the modules outside cacheaudit/runtimes/ is
+checked; docstrings and comments may name runtimes as examples. (The import layering itself is the
+import-linter contract in pyproject.toml, which .ci/run checks.)
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import cacheaudit
+
+PACKAGE = Path(cacheaudit.__file__).parent
+RUNTIME_WORDS = re.compile(
+    r"deepjit|deepgemm|deepep|deep_gemm|deep_ep|triton|torch|nvrtc|cuda.core|cuda_core|cupy|"
+    r"flashinfer|minijit|\b(?:DG|EP|DJ)_", re.IGNORECASE)
+
+# Where a runtime's name is the point: the one list of runtimes, the public name of cuda.core's
+# header helper, and the demo, which drives the reference runtime (DeepJIT's semantics).
+ALLOWED = {"spec.py": {"BUILT_IN"}, "headers.py": None, "demo.py": None}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are docstrings (of a module, class or function, or the
+    attribute docstring after an assignment)."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        for position, statement in enumerate(body):
+            if (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+                    and isinstance(statement.value.value, str)
+                    and (position == 0 or isinstance(body[position - 1],
+                                                     (ast.Assign, ast.AnnAssign)))):
+                found.add(id(statement.value))
+    return found
+
+
+def _names_in_code(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    allowed = ALLOWED.get(path.name, set())
+    skipped: set[int] = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and allowed and any(
+                isinstance(t, ast.Name) and t.id in allowed for t in node.targets):
+            skipped.update(id(child) for child in ast.walk(node))
+    hits = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        text = (node.value if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                else node.id if isinstance(node, ast.Name)
+                else node.attr if isinstance(node, ast.Attribute)
+                else node.name if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.alias))
+                else None)
+        if text and RUNTIME_WORDS.search(text) and not text.startswith("cacheaudit.runtimes"):
+            hits.append((getattr(node, "lineno", 0), text[:60]))
+    return hits
+
+
+def test_the_core_names_no_runtime() -> None:
+    offending = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE)
+        if relative.parts[0] == "runtimes" or ALLOWED.get(path.name, set()) is None:
+            continue
+        if hits := _names_in_code(path):
+            offending[str(relative)] = hits
+    assert offending == {}
+
+
+def test_the_check_sees_a_runtime_named_in_code(tmp_path: Path) -> None:
+    module = tmp_path / "leaky.py"
+    module.write_text('"""Docstrings may say DeepGEMM."""\nSETTING = "DG_JIT_NVCC_COMPILER"\n')
+    assert _names_in_code(module) == [(2, "DG_JIT_NVCC_COMPILER")]
