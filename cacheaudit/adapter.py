@@ -539,9 +539,11 @@ class Adapter:
         if self._hits is not None:
             self._write_with_hits(())
 
-    def _apply(self, replacements: Iterable[tuple[object, str, object]]) -> None:
+    def _apply(self, replacements: Iterable[tuple[object, str, object]]) -> list[Patch]:
         """`apply_patches`, all or none, into this installation (restored by `_restore`)."""
-        self._patches.extend(apply_patches(replacements))
+        patches = apply_patches(replacements)
+        self._patches.extend(patches)
+        return patches
 
     def _restore(self) -> None:
         self._switch.on = False
