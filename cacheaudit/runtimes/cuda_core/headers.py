@@ -18,7 +18,8 @@ How the headers are found, best evidence first (`method="auto"` tries them in th
 1. `"trace"`: NVRTC itself, through `cuda.bindings.nvrtc`, compiles the source once with
    `--fdevice-time-trace` and `--fdevice-syntax-only` (front end only: every header is opened,
    no code is generated) under the same options; the trace's "Processing Header File" events
-   list every header opened, nested ones included, with resolved paths (platform-notes.md §2).
+   list every header opened, nested ones included, with resolved paths (platform-notes.md §2):
+   the NVRTC trace pass of `cacheaudit.runtimes.nvrtc.trace`, which the NVRTC adapter runs too.
    A relative path there (a quoted include of a program name without a directory) was resolved
    against the process's working directory, so it is resolved the same way here.
 2. `"scan"` (NVRTC cannot be loaded): `#include` lines followed textually through the same search

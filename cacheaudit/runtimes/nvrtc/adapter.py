@@ -22,7 +22,8 @@ measurements with NVRTC 13.0.88 (docs/runtimes/nvrtc.md lists them):
   trace file not in expected format"), so every compile gets a fresh name.
 - Where the option would change what NVRTC does, it is not added and a shadow pass takes the
   graph instead (a second program with the same source, name and headers, compiled with
-  `--fdevice-syntax-only`, the PCH options removed, and the trace): NVRTC refuses a PCH whose
+  `--fdevice-syntax-only`, the PCH options removed, and the trace: `trace.trace_pass`, which
+  cuda.core's header fingerprint runs too): NVRTC refuses a PCH whose
   creating command line differs from the current one in the presence of `--fdevice-time-trace`
   (warning #629-D, then a fresh compile), so explicit `--create-pch`/`--use-pch` files (they
   outlive the process) and automatic PCHs made in this process without the trace (before
