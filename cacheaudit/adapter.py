@@ -1,52 +1,45 @@
 """Adapters: in-process hooks, one module per runtime, their activation, and what they share.
 
-Each adapter module exposes `ADAPTER`, an object with `runtime` (the runtime id), `module` (the
-module whose import makes the runtime available: "triton", "torch.utils.cpp_extension", ...),
-`install()`, `uninstall()` and `installed()`. Installing twice is a no-op, uninstalling restores
-the runtime's originals (a wrapper another tool put on top of ours stays, and ours under it passes
-every call through), and both fail open: an adapter that cannot install says so once on stderr
+Each runtime package with an adapter exposes `ADAPTER`, an instance of a subclass of `Adapter`,
+the base here that owns the lifecycle: `install()` (a no-op while installed; all the patches or
+none), `uninstall()` (the runtime's originals back exactly: a wrapper another tool put on top of
+ours stays, and ours under it passes every call through), `installed()`, the lock (made anew in
+a forked child), one report per kind of problem (`ProblemLog`), and `flush()`. A subclass
+declares what it patches (`_replacements`, or `_install` for more than one step) and implements
+its hooks; both lifecycle calls fail open: an adapter that cannot install says so once on stderr
 and leaves the runtime as it was.
 
-`activate()` arms every adapter: one whose runtime is already imported installs now, the others
-right after their runtime is first imported (a post-import hook on `sys.meta_path`). Neither the
-runtimes nor the adapter modules are imported before that: `import cacheaudit.adapters` and
-`activate()` cost the start-up hook almost nothing in a process that never uses a runtime.
-
-Adding a runtime: a module here with an `ADAPTER`, and one line in `_RUNTIME_MODULES`.
+`activate()` (in the registry, `cacheaudit.runtimes`) arms every adapter: one whose runtime is
+already imported installs now, the others right after their runtime is first imported (a
+post-import hook on `sys.meta_path`, `when_imported`). Neither the runtimes nor the adapter
+modules are imported before that: `import cacheaudit.adapter` and `activate()` cost the start-up
+hook almost nothing in a process that never uses a runtime.
 
 Shared by the adapter modules: patching with exact restoration (`apply_patch`,
-`apply_patches`, `restore_patches`, `Switch`), one report per kind of problem (`ProblemLog`), the
-environment at the moment of an observation (`environ_snapshot`, decoded later by
-`environ_text`, `run_for`), in-memory file states (`memory_state`) and JSON-able evidence
-(`jsonable`).
+`apply_patches`, `restore_patches`, `Switch`), the hit buffer of an adapter that batches what it
+sees on a runtime's hit path (`HitBuffer`, `Hit`), the environment at the moment of an
+observation (`environ_snapshot`, decoded later by `environ_text`, `run_for`), in-memory file
+states (`memory_state`) and JSON-able evidence (`jsonable`).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+
+# weakref.WeakSet is this class; `threading` has imported its module already, while importing
+# `weakref` would cost the start-up hook about a millisecond.
+from _weakrefset import WeakSet
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cacheaudit.ledger import RunInfo
-    from cacheaudit.model import FileState
-
-class Adapter(Protocol):
-    runtime: str
-    module: str
-
-    def install(self) -> None: ...
-
-    def uninstall(self) -> None: ...
-
-    def installed(self) -> bool: ...
-
-    # Optional: `flush()`, for adapters that batch what they record (hits on a hot path) and
-    # must write it out before an audit reads the ledger.
+    from cacheaudit.model import CompileRecord, FileState
 
 
 def _report(problem: str) -> None:
@@ -366,6 +359,251 @@ def jsonable(value: object) -> object:
     return repr(value)
 
 
+# ------------------------------------------------------------------------------ the hit buffer
+
+
+class Hit:
+    """Hits of one group (one entry, under one environment, ...) since the last write: one
+    record however many there were. A subclass adds what its runtime's record needs."""
+
+    __slots__ = ("count", "environ", "last_ns", "ns")
+
+    def __init__(self, ns: int, environ: Environ) -> None:
+        self.ns = ns
+        """When the group's first hit was seen."""
+        self.environ = environ
+        """What it was seen under (its test, run and ledger): one snapshot while unchanged."""
+        self.count = 1
+        self.last_ns = ns
+
+
+def _first_seen(hit: Hit) -> int:
+    return hit.ns
+
+
+class HitBuffer:
+    """Hits noted on a runtime's hit path, grouped by a slot (what makes two hits one record),
+    and written later in one transaction by the adapter's `flush()`: with the next record that
+    must not wait (a compile), when `limit` groups are pending or the oldest is `age_ns` old
+    (checked at the next hit: an idle process waits for the next compile), at uninstall and at
+    exit. A process killed with SIGKILL loses what is pending; a forked child drops its
+    parent's, which the parent writes.
+
+    A hit path that must be cheaper still reads the fields itself: `last` holds the previous
+    hit's group with what that hit served, so that a repeat is counted without working out its
+    slot (cuda.core's)."""
+
+    __slots__ = ("age_ns", "due_ns", "last", "limit", "lock", "pending")
+
+    def __init__(self, limit: int, age_ns: float) -> None:
+        self.pending: dict[Hashable, Hit] = {}
+        self.lock = threading.Lock()
+        """Guards the other fields: hits come from any thread, `take` swaps them."""
+        self.limit = limit
+        self.age_ns = age_ns
+        self.due_ns: float = 0
+        """When the oldest pending group is `age_ns` old."""
+        self.last: tuple[Hit, object] | None = None
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def note(self, slot: Hashable, now: int, new: Callable[[], Hit],
+             served: object = None) -> bool:
+        """Count a hit on the group `slot`; `new()` makes the group at its first hit (under the
+        lock, so that no other thread counts on a group half made). `served`, when given, is
+        kept as `last` with the group. Returns whether the buffer is due for a write."""
+        with self.lock:
+            pending = self.pending
+            group = pending.get(slot)
+            if group is not None:
+                group.count += 1
+                group.last_ns = now
+            else:
+                if not pending:
+                    self.due_ns = now + self.age_ns
+                group = pending[slot] = new()
+            self.last = None if served is None else (group, served)
+            return len(pending) >= self.limit or now > self.due_ns
+
+    def take(self) -> list[Hit]:
+        """Every pending group, oldest first; the buffer is empty after."""
+        with self.lock:
+            pending, self.pending = self.pending, {}
+            self.last = None
+        return sorted(pending.values(), key=_first_seen)
+
+    def after_fork(self) -> None:
+        # The pending hits are the parent's to write; a lock another thread held at fork()
+        # would stay held in the child forever.
+        self.lock = threading.Lock()
+        self.pending = {}
+        self.last = None
+
+
+# ------------------------------------------------------------------------------ the base
+
+
+class Adapter:
+    """What every runtime's adapter is: the patch lifecycle, the lock, fork handling, one report
+    per kind of problem, and the writing of what its hit buffer holds.
+
+    A subclass sets `runtime`, `module` and `observer`, declares what an installation patches
+    (`_replacements`, or `_install` where it takes more than one step), and implements its hooks
+    (`_uninstalled`, `_after_fork_in_child`, and `_records` where it buffers hits). Its wrappers
+    record while the `Switch` they were made with is on; that switch is turned off for good when
+    the installation ends, so that a wrapper of ours left under another tool's passes every call
+    through, and never comes back to life."""
+
+    runtime: str = ""
+    """The id of the runtime the records are of ("triton")."""
+    module: str = ""
+    """The module whose import makes the runtime available ("torch.utils.cpp_extension")."""
+    observer: str = ""
+    """The records' observer ("adapter:triton")."""
+
+    def __init__(self, *, label: str = "", hits: HitBuffer | None = None,
+                 problems: ProblemLog | None = None) -> None:
+        self._lock = threading.RLock()
+        self._switch = Switch(on=False)
+        self._patches: list[Patch] = []
+        """Every patch of the current installation, in the order applied."""
+        self._problem = ProblemLog(label) if problems is None else problems
+        self._hits = hits
+        self._exit_armed = False
+        _LIVE.add(self)
+
+    # ---------------------------------------------------------------- what a subclass declares
+
+    def _replacements(self, switch: Switch) -> Iterable[tuple[object, str, object]]:
+        """(owner, attribute, replacement) for each attribute an installation replaces, with
+        wrappers that record while `switch` is on. Imports the runtime, and may remember what
+        the wrappers need; raising leaves the runtime as it was."""
+        raise NotImplementedError
+
+    def _install(self, switch: Switch) -> None:
+        """Everything an installation patches, each step through `_apply`; raising undoes every
+        step. By default, `_replacements`, all or none."""
+        self._apply(self._replacements(switch))
+
+    def _uninstalled(self) -> None:
+        """Once the patches are restored: drop what the installation held."""
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child, once the lock and the hit buffer are new."""
+
+    def _records(self, hits: list[Any], observed: Sequence[Any]
+                 ) -> Iterable[tuple[CompileRecord, Mapping[str, str]]]:
+        """The records for `hits` (taken from the buffer) and `observed` (what was handed to
+        `_write_with_hits`), each with the environment, as text, it was observed under."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- the lifecycle
+
+    def installed(self) -> bool:
+        """Whether the hooks record; they may sit under another tool's wrapper."""
+        return self._switch.on
+
+    def install(self) -> None:
+        """Install the hooks. A no-op while installed, also when another tool has wrapped ours
+        since (it calls through ours: wrapping again would record every call twice). Fails
+        open: anything missing leaves the runtime as it was, and is reported once."""
+        with self._lock:
+            if self.installed():
+                return
+            if self._patches:
+                # Installed in part (a hook of ours displaced, or only a first step taken):
+                # start again from what is there now.
+                self._restore()
+            switch = Switch()
+            try:
+                self._install(switch)
+            except Exception as exc:  # noqa: BLE001 - never break the import of the runtime
+                switch.on = False
+                self._report("install", f"cannot hook {self.module}: {type(exc).__name__}: {exc}")
+                self._restore()
+                return
+            self._switch = switch
+            self._arm_exit()
+
+    def uninstall(self) -> None:
+        """Write what is buffered, then put back exactly what was there. A wrapper someone put
+        over ours stays, and ours under it passes every call straight through."""
+        with self._lock:
+            self.flush()
+            self._restore()
+
+    def flush(self) -> None:
+        """Write what the hit buffer holds now (the pytest plugin calls this before it reads
+        the ledger). Never raises; nothing to do for an adapter that writes as it observes."""
+        if self._hits is not None:
+            self._write_with_hits(())
+
+    def _apply(self, replacements: Iterable[tuple[object, str, object]]) -> list[Patch]:
+        """`apply_patches`, all or none, into this installation (restored by `_restore`)."""
+        patches = apply_patches(replacements)
+        self._patches.extend(patches)
+        return patches
+
+    def _restore(self) -> None:
+        self._switch.on = False
+        left = restore_patches(self._patches)
+        self._patches = []
+        if left:
+            self._left_in_place(left)
+        self._uninstalled()
+
+    def _left_in_place(self, left: Sequence[str]) -> None:
+        self._report("uninstall", f"{', '.join(left)} wrapped or replaced by someone else after "
+                                  "cacheaudit: left in place, passing every call through")
+
+    def _arm_exit(self) -> None:
+        if self._hits is not None and not self._exit_armed:
+            self._exit_armed = True
+            atexit.register(self.flush)
+
+    def _report(self, where: str, problem: BaseException | str) -> None:
+        """One line on stderr per kind of problem (where it happened), however often it recurs."""
+        text = problem if isinstance(problem, str) else f"{type(problem).__name__}: {problem}"
+        self._problem(text, kind=where)
+
+    # ---------------------------------------------------------------- writing
+
+    def _write_with_hits(self, observed: Sequence[Any]) -> None:
+        """Write the pending hits and what was just `observed` (what must not wait: a compile's
+        record), in one transaction per ledger and run. Never raises."""
+        with self._lock:
+            hits = self._hits.take() if self._hits is not None else []
+            if not hits and not observed:
+                return
+            try:
+                self._write(self._records(hits, observed))
+            except Exception as exc:  # noqa: BLE001 - fail open
+                self._report("flush", exc)
+
+    def _write(self, records: Iterable[tuple[CompileRecord, Mapping[str, str]]]) -> None:
+        """Each record into the ledger and run of the environment it was observed under, one
+        transaction per ledger and run, through the ledger this process keeps open (closing
+        SQLite's last connection checkpoints the WAL, ~10 ms), which spools what it cannot
+        take."""
+        from cacheaudit.ledger import default_ledger_path
+        from cacheaudit.recorder import write_held
+
+        batches: dict[tuple[str, str], tuple[RunInfo, list[CompileRecord]]] = {}
+        for record, env in records:
+            run = run_for(env, self.observer)
+            batch = batches.setdefault((default_ledger_path(env), run.run_uuid), (run, []))
+            batch[1].append(record)
+        for (path, _), (run, batch_records) in batches.items():
+            problem = write_held(batch_records, run, path)
+            if problem:
+                self._report("ledger", problem)
+
+
+_LIVE: WeakSet[Adapter] = WeakSet()
+"""Every adapter object, for the fork handler."""
+
+
 # ------------------------------------------------------------------------------ fork
 
 
@@ -373,6 +611,12 @@ def _after_fork_in_child() -> None:
     # A lock held by another thread at fork() stays held forever in the child.
     global _lock
     _lock = threading.RLock()
+    for adapter in list(_LIVE):
+        adapter._lock = threading.RLock()
+        if adapter._hits is not None:
+            adapter._hits.after_fork()
+        with contextlib.suppress(Exception):
+            adapter._after_fork_in_child()
 
 
 if hasattr(os, "register_at_fork"):

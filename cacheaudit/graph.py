@@ -9,9 +9,10 @@ is the evidence to check it against. This module turns that output into `Include
 - `start_dependency_pass` runs the compiler's `-M` pass next to the real compile, so that the shim
   learns the graph without changing the user's command line or output;
 - `parse_ninja_deps_log` and `parse_ninja_deps` read what ninja kept of the depfiles (the binary
-  `.ninja_deps`, and `ninja -t deps`), for torch-style build directories;
-- `device_time_trace_headers` reads the headers NVRTC's `--fdevice-time-trace` lists, in-memory
-  headers included.
+  `.ninja_deps`, and `ninja -t deps`), for torch-style build directories.
+
+A compiler that writes no depfile reports its reads its own way: the runtime package that knows
+the format reads it, and raises `DepfileError` for text it cannot read, as the parsers here do.
 
 Only the standard library (and xxhash, through digest) is imported: the shim runs this on every
 compile and `import cacheaudit` must stay cheap.
@@ -45,7 +46,6 @@ __all__ = [
     "decode_depfile",
     "depfile_inputs",
     "depfile_option",
-    "device_time_trace_headers",
     "graph_from_depfile",
     "parse_depfile",
     "parse_ninja_deps",
@@ -539,7 +539,7 @@ def start_dependency_pass(
 
 
 # --------------------------------------------------------------------------------------------
-# ninja's deps log and NVRTC's device time trace
+# ninja's deps log
 
 
 @dataclass(frozen=True)
@@ -634,51 +634,3 @@ def parse_ninja_deps(text: str) -> list[NinjaDeps]:
             raise DepfileError(f"not `ninja -t deps` output: {line[:120]!r}")
     close()
     return found
-
-
-# NVRTC options, for passes that read a program's headers beside its own compile (the NVRTC
-# adapter's shadow pass, headers.fingerprint_headers' trace).
-NVRTC_TRACE_OPTIONS = ("--fdevice-time-trace", "-fdevice-time-trace")
-NVRTC_PCH_AUTO = ("--pch", "-pch")
-NVRTC_PCH_CREATE = ("--create-pch", "-create-pch")
-NVRTC_PCH_USE = ("--use-pch", "-use-pch")
-NVRTC_PCH_DIR = ("--pch-dir", "-pch-dir")
-_NVRTC_PCH_VALUED = (*NVRTC_PCH_CREATE, *NVRTC_PCH_USE, *NVRTC_PCH_DIR, "--pch-verbose",
-                     "-pch-verbose", "--pch-messages", "-pch-messages",
-                     "--instantiate-templates-in-pch", "-instantiate-templates-in-pch")
-_NVRTC_WRITES_FILES = ("--time", "-time", *NVRTC_TRACE_OPTIONS)
-"""Options whose value is a file NVRTC writes: a shadow pass must not write the caller's."""
-
-
-def nvrtc_shadow_options(options: Sequence[bytes]) -> list[bytes]:
-    """The caller's NVRTC options for a pass of one's own: no PCH use or creation (a PCH would
-    replace the header reads), no file written."""
-    kept = []
-    for option in options:
-        head = option.partition(b"=")[0].decode("utf-8", "surrogateescape")
-        if head in NVRTC_PCH_AUTO or head in _NVRTC_PCH_VALUED or head in _NVRTC_WRITES_FILES:
-            continue
-        kept.append(option)
-    return kept
-
-
-def device_time_trace_headers(text: str) -> list[str]:
-    """Every header NVRTC opened, from its `--fdevice-time-trace` Chrome-trace JSON: the
-    "Processing Header File" events, each with the resolved path in `args.detail`, in the order
-    NVRTC finished them (post-order), each path once."""
-    import json
-
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise DepfileError(f"not an NVRTC device time trace: {exc}") from exc
-    events = data.get("traceEvents", data) if isinstance(data, dict) else data
-    if not isinstance(events, list):
-        raise DepfileError("not an NVRTC device time trace: no event list")
-    seen: dict[str, None] = {}
-    for event in events:
-        if isinstance(event, dict) and event.get("name") == "Processing Header File":
-            detail = (event.get("args") or {}).get("detail")
-            if isinstance(detail, str) and detail:
-                seen.setdefault(detail, None)
-    return list(seen)

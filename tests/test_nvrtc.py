@@ -681,8 +681,8 @@ def test_policy_reports_a_successful_compile_without_a_graph() -> None:
 
 
 def test_option_helpers() -> None:
-    from cacheaudit.graph import nvrtc_shadow_options as shadow_options
     from cacheaudit.runtimes.nvrtc.adapter import has_option, memory_state, option_value
+    from cacheaudit.runtimes.nvrtc.trace import nvrtc_shadow_options as shadow_options
 
     options = ["--pch", "--pch-dir=/a", "-pch-dir=/b", "-I/x"]
     assert option_value(options, ("--pch-dir", "-pch-dir")) == "/b"

@@ -140,12 +140,10 @@ def _loaded_adapters() -> list[Adapter]:
 
 
 def flush_all() -> None:
-    """Write out what batching adapters hold, before an audit reads the ledger."""
+    """Write out what the adapters' hit buffers hold, before an audit reads the ledger."""
     for hooked in _loaded_adapters():
-        flush = getattr(hooked, "flush", None)
-        if flush is not None:
-            with contextlib.suppress(Exception):
-                flush()
+        with contextlib.suppress(Exception):  # flush() never raises; a plugin's might
+            hooked.flush()
 
 
 def deactivate() -> None:
@@ -155,7 +153,8 @@ def deactivate() -> None:
     flush_all()
     forget_hooks()
     for hooked in _loaded_adapters():
-        # Unconditionally: `installed()` is False once another tool wrapped ours, and exactly
-        # then ours must be switched to pass-through. Each uninstall is idempotent.
+        # Unconditionally: `installed()` can be False while a hook of ours sits under another
+        # tool's (Triton's listener slot), and exactly then ours must be switched to
+        # pass-through. Each uninstall is idempotent.
         with contextlib.suppress(Exception):
             hooked.uninstall()

@@ -43,7 +43,6 @@ time, and a hit served after it changed is marked (`extra["changed_before_hit"]`
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import functools
@@ -55,37 +54,32 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import xxhash
 
 from cacheaudit.adapter import (
+    Adapter,
     Environ,
-    Patch,
+    Hit,
+    HitBuffer,
     ProblemLog,
     Switch,
-    apply_patch,
-    apply_patches,
     environ_data,
     environ_snapshot,
     environ_text,
     jsonable,
     memory_state,
-    restore_patches,
-    run_for,
 )
 from cacheaudit.digest import StateCache
 from cacheaudit.model import CompileRecord, Event, FileState, IncludeGraph
-from cacheaudit.recorder import modified_since, test_id_from, write_held
+from cacheaudit.recorder import modified_since, test_id_from
 from cacheaudit.runtimes.cuda_core.headers import (
     HeaderFingerprint,
     fingerprint_headers,
     header_digest,
     issued,
 )
-
-if TYPE_CHECKING:
-    from cacheaudit.ledger import RunInfo
 
 __all__ = [
     "ADAPTER",
@@ -297,23 +291,23 @@ def describe_key(code: object, code_type: str, options: object, target_type: str
 # ------------------------------------------------------------------------------ state
 
 
-@dataclasses.dataclass(slots=True)
-class _Hit:
+class _Hit(Hit):
     """Hits of one key, served the same bytes from the same cache, under one environment (one
     test), since the last write: one record however many there were (a hit costs ~60 µs, a
     ledger record far more). The fields that group hits are dict keys: they must be hashable."""
 
-    ns: int
-    event: Event
-    key: Hashable
-    files: Hashable
-    """The FileStreamProgramCache that served the hit (its entry path is worked out at write
-    time), or None for a cache without files."""
-    digest: str
-    size: int
-    environ: Environ
-    count: int = 1
-    last_ns: int = 0
+    __slots__ = ("digest", "event", "files", "key", "size")
+
+    def __init__(self, ns: int, event: Event, key: Hashable, files: Hashable, digest: str,
+                 size: int, environ: Environ) -> None:
+        super().__init__(ns, environ)
+        self.event = event
+        self.key = key
+        self.files = files
+        """The FileStreamProgramCache that served the hit (its entry path is worked out at
+        write time), or None for a cache without files."""
+        self.digest = digest
+        self.size = size
 
 
 @dataclasses.dataclass
@@ -326,26 +320,19 @@ class _Watch:
     states: tuple[FileState, ...]
 
 
-class _Recorder:
-    """The adapter's memory: keys and what they were made from, buffered hits, watched files."""
+class _Recorder(HitBuffer):
+    """The adapter's memory: keys and what they were made from, watched files, and the hit
+    buffer (`last`: the group of the last hit and the bytes it served, held until the next
+    write, with which the next hit is compared)."""
 
-    # Slots: a hit reads four of these, from the object itself rather than a separate values
+    # Slots: a hit reads several of these, from the object itself rather than a separate values
     # array (one memory fetch fewer on a path that pays for each).
-    __slots__ = ("contexts", "due_ns", "last", "lock", "pending", "problems", "seen", "states",
-                 "watch")
+    __slots__ = ("contexts", "problems", "seen", "states", "watch")
 
     def __init__(self) -> None:
+        super().__init__(limit=_PENDING_MAX, age_ns=_PENDING_AGE_NS)
         self.contexts: dict[bytes, tuple[int, dict[str, Any]]] = {}
         self.watch: dict[bytes, _Watch] = {}
-        self.pending: dict[tuple[Hashable, ...], _Hit] = {}
-        self.last: tuple[_Hit, bytes] | None = None
-        """The group of the last hit (in `pending`) and the bytes it served, held until the next
-        write: the next hit is compared with them."""
-        self.due_ns = 0
-        """When the oldest pending hit is `_PENDING_AGE_NS` old: the buffer is written at the
-        first hit after it."""
-        self.lock = threading.Lock()
-        """Guards `pending` and `due_ns`: hits come from any thread, the write swaps them."""
         self.problems = ProblemLog()
         self.states = StateCache()
         self.seen: tuple[int, Environ | None, bool] = (-1, None, False)
@@ -396,7 +383,7 @@ class _Recorder:
                 lock.release()
             if counted:
                 if due:
-                    self.flush()
+                    _flush_hits()
                 return
         self.add(key, data, event, files, environ, now)
 
@@ -408,22 +395,11 @@ class _Recorder:
         # The snapshot by id: it is one object while the environment does not change, and the
         # group holds it, so that its id cannot be reused while the group is pending.
         slot = (key, event, files, digest, id(environ))
-        with self.lock:
-            pending = self.pending
-            group = pending.get(slot)
-            if group is not None:
-                group.count += 1
-                group.last_ns = now
-            else:
-                if not pending:
-                    self.due_ns = now + _PENDING_AGE_NS
-                group = pending[slot] = _Hit(now, event, key, files, digest, len(data),
-                                             environ, last_ns=now)
-            # Only immutable bytes: a buffer the cache may change later must be hashed again.
-            self.last = (group, data) if type(data) is bytes else None
-            due = len(pending) >= _PENDING_MAX or now > self.due_ns
-        if due:
-            self.flush()
+        # Only immutable bytes are kept to compare with: a buffer the cache may change later
+        # must be hashed again.
+        if self.note(slot, now, lambda: _Hit(now, event, key, files, digest, len(data), environ),
+                     data if type(data) is bytes else None):
+            _flush_hits()
 
     def environ_now(self, last: Environ | None) -> tuple[Environ, bool]:
         """The environment of a hit when the generation says it may have changed (or is not
@@ -439,8 +415,9 @@ class _Recorder:
 
     # ---------------------------------------------------------------- problems
 
-    def problem(self, exc: BaseException, where: str) -> None:
-        self.problems(f"cuda.core adapter ({where}): {type(exc).__name__}: {exc}", kind=where)
+    def problem(self, exc: BaseException | str, where: str) -> None:
+        text = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        self.problems(f"cuda.core adapter ({where}): {text}", kind=where)
 
     # ---------------------------------------------------------------- compiles
 
@@ -488,7 +465,7 @@ class _Recorder:
             kernel=kernel, key=key_bytes.hex(), entry=entry, cwd=cwd, graph=graph,
             outputs=outputs, tracked=tracked, exit_code=0, duration_ns=max(0, now - started_ns),
             observer=OBSERVER, notes=tuple(notes), extra=extra, modified_during_compile=modified)
-        self.write([*self.hit_records(self.take()), (record, environ)])
+        ADAPTER._write_with_hits(((record, environ),))
 
     def _reads(self, kwargs: Mapping[str, Any], inputs: Mapping[str, Any]
                ) -> tuple[IncludeGraph | None, tuple[str, ...] | None, str | None, list[str]]:
@@ -529,7 +506,7 @@ class _Recorder:
 
     # ---------------------------------------------------------------- hits, at flush time
 
-    def hit_records(self, hits: list[_Hit]) -> list[tuple[CompileRecord, Environ]]:
+    def hit_records(self, hits: Sequence[_Hit]) -> list[tuple[CompileRecord, Environ]]:
         records = []
         for hit in hits:
             key_bytes = _key_bytes(hit.key)
@@ -590,50 +567,6 @@ class _Recorder:
                 changes.append({"kind": kind, "path": old.path, "recorded": old.to_dict(),
                                 "current": new.to_dict()})
         return changes
-
-    # ---------------------------------------------------------------- writing
-
-    def take(self) -> list[_Hit]:
-        with self.lock:
-            pending, self.pending = self.pending, {}
-            self.last = None
-        return sorted(pending.values(), key=lambda h: h.ns)
-
-    def flush(self) -> None:
-        pending = self.take()
-        if pending:
-            self.write(self.hit_records(pending))
-
-    def write(self, records: Sequence[tuple[CompileRecord, Environ]]) -> None:
-        """Records with the environment each was observed under: its test, run, ledger and
-        compile environment. One transaction per ledger and run, through the ledger this
-        process keeps open (opening and closing one per batch would checkpoint the WAL every
-        time), which spools what it cannot take."""
-        if not records:
-            return
-        from cacheaudit.ledger import default_ledger_path, new_record_id
-
-        host = socket.gethostname()
-        pid = os.getpid()
-        batches: dict[tuple[str, str], tuple[RunInfo, list[CompileRecord]]] = {}
-        for record, environ in records:
-            env, compile_env = environ_text(environ)
-            run = run_for(env, OBSERVER)
-            batch = batches.setdefault((default_ledger_path(env), run.run_uuid), (run, []))
-            batch[1].append(dataclasses.replace(
-                record, record_id=new_record_id(), env=compile_env, host=host, pid=pid,
-                test_id=record.test_id or test_id_from(env)))
-        for (path, _), (run, batch_records) in batches.items():
-            problem = write_held(batch_records, run, path)
-            if problem:
-                self.problem(RuntimeError(problem), "ledger")
-
-    def after_fork(self) -> None:
-        # The parent writes what it buffered; a forked child must not write it again.
-        self.pending = {}
-        self.last = None
-        self.lock = threading.Lock()
-
 
 def _key_bytes(key: object) -> bytes:
     # cuda.core's _as_key_bytes: str keys are UTF-8, "k" and b"k" are one entry.
@@ -745,139 +678,115 @@ def _setitem_hook(original: Callable[[Any, Any, Any], None], event: Event, switc
     return __setitem__
 
 
-class CudaCoreAdapter:
+class CudaCoreAdapter(Adapter):
     """Installs the key observer and the hooks on cuda.core's two program caches."""
 
     runtime = RUNTIME
     module = "cuda.core"
+    observer = OBSERVER
 
     def __init__(self) -> None:
-        self._key_patches: list[Patch] = []
-        self._class_patches: list[Patch] = []
-        self._environ_patches: list[Patch] = []
-        self._switch = Switch(on=False)
-        self._lock = threading.RLock()
-        self._exit_hooks = False
+        super().__init__(hits=_RECORDER, problems=_RECORDER.problems)
+        self._caches_hooked = False
 
-    # ---------------------------------------------------------------- protocol
+    # ---------------------------------------------------------------- the lifecycle
 
     def installed(self) -> bool:
-        """Whether anything of cuda.core is hooked (the key observer alone, when only an
-        AuditedProgramCache asked for it)."""
-        return bool(self._class_patches or self._key_patches)
+        """Whether cuda.core's two caches are hooked. The key observer alone (what an
+        AuditedProgramCache asks for) is the first step of an installation, which `install()`
+        completes."""
+        return self._switch.on and self._caches_hooked
 
-    def install(self) -> None:
-        """Observe keys and both built-in caches. Idempotent; fails open (one line on stderr,
-        cuda.core left as it was)."""
-        with self._lock:
-            if self._class_patches:
-                return
-            try:
-                from cuda.core.utils._program_cache import (
-                    FileStreamProgramCache,
-                    InMemoryProgramCache,
-                )
+    def _install(self, switch: Switch) -> None:
+        """Observe keys and both built-in caches."""
+        from cuda.core.utils._program_cache import FileStreamProgramCache, InMemoryProgramCache
 
-                self.observe_keys()
-                switch = self._live_switch()
-                self._class_patches = apply_patches(
-                    (cls, name, hook(getattr(cls, name), event, switch))
+        self._observe_keys(switch)
+        self._apply((cls, name, hook(getattr(cls, name), event, switch))
                     for cls, event in ((FileStreamProgramCache, "disk-hit"),
                                        (InMemoryProgramCache, "memory-hit"))
                     for name, hook in (("__getitem__", _getitem_hook),
                                        ("__setitem__", _setitem_hook)))
-            except Exception as exc:  # noqa: BLE001 - fail open
-                _RECORDER.problem(exc, "install")
-                with contextlib.suppress(Exception):
-                    self.uninstall()
-                return
-            self._arm_exit_hooks()
+        self._caches_hooked = True
 
-    def uninstall(self) -> None:
-        """Write what is buffered, then restore every patched object exactly. A hook someone
-        wrapped or replaced since stays, and passes every call through."""
-        with self._lock:
-            with contextlib.suppress(Exception):
-                _RECORDER.flush()
-            self._switch.on = False
-            for group in (self._class_patches, self._key_patches, self._environ_patches):
-                left = restore_patches(group)
-                if left:
-                    _RECORDER.problem(RuntimeError(
-                        f"{', '.join(left)} replaced by someone else after cacheaudit: left "
-                        "as found, passing every call through"), "uninstall")
-                group.clear()
-
-    # ---------------------------------------------------------------- extras
+    def _uninstalled(self) -> None:
+        self._caches_hooked = False
 
     def observe_keys(self) -> None:
-        """Wrap `make_program_cache_key` where Program.compile and users find it. Part of
-        install(); AuditedProgramCache calls it on its own."""
+        """Wrap `make_program_cache_key` where Program.compile and users find it. The first
+        step of install(); AuditedProgramCache calls it on its own. Raises what stops it."""
         with self._lock:
-            self._watch_environ()
-            if self._key_patches:
+            if self._switch.on:
                 return
-            import cuda.core.utils as utils
-            import cuda.core.utils._program_cache as package
+            switch = Switch()
+            try:
+                self._observe_keys(switch)
+            except BaseException:
+                switch.on = False
+                self._restore()
+                raise
+            self._switch = switch
+            self._arm_exit()
 
-            original = package.make_program_cache_key
-            live = getattr(original, _SWITCH, None)
-            if isinstance(live, Switch) and live.on:
-                return  # observed already, by another copy of this module (a reload)
-            observer = _key_observer(original, self._live_switch())
-            patches = [apply_patch(package, "make_program_cache_key", observer)]
-            if getattr(utils, "make_program_cache_key", None) is original:
-                patches.append(apply_patch(utils, "make_program_cache_key", observer))
-            self._key_patches = patches
-            self._arm_exit_hooks()
+    def _observe_keys(self, switch: Switch) -> None:
+        self._watch_environ()
+        import cuda.core.utils as utils
+        import cuda.core.utils._program_cache as package
+
+        original = package.make_program_cache_key
+        live = getattr(original, _SWITCH, None)
+        if isinstance(live, Switch) and live.on:
+            return  # observed already, by another copy of this module (a reload)
+        observer = _key_observer(original, switch)
+        replacements: list[tuple[object, str, object]] = [
+            (package, "make_program_cache_key", observer)]
+        if getattr(utils, "make_program_cache_key", None) is original:
+            replacements.append((utils, "make_program_cache_key", observer))
+        self._apply(replacements)
 
     def _watch_environ(self) -> None:
         """Count changes made through os.environ, so that a hit need not compare the whole
         environment (see `_environ_watcher`). Without it hits still compare; fails open."""
         global _environ_watch
-        if self._environ_patches or _ENVIRON_CLASS is not getattr(os, "_Environ", None):
+        if _ENVIRON_CLASS is not getattr(os, "_Environ", None):
             return
         try:
-            patches = apply_patches((_ENVIRON_CLASS, name, _environ_watcher(
+            patches = self._apply((_ENVIRON_CLASS, name, _environ_watcher(
                 getattr(_ENVIRON_CLASS, name))) for name in ("__setitem__", "__delitem__"))
         except Exception as exc:  # noqa: BLE001 - fail open: hits compare the environment
-            _RECORDER.problem(exc, "environment watch")
+            self._report("environment watch", exc)
             return
-        self._environ_patches = patches
         # Nonzero from now on, and not what a hit saw before the watch: the next hit looks.
         _next_environ_generation()
         _environ_watch = (patches[0].replacement, patches[1].replacement)
 
-    def flush(self) -> None:
-        """Write the buffered hit records now (the pytest plugin and tests call this before
-        reading the ledger)."""
-        try:
-            _RECORDER.flush()
-        except Exception as exc:  # noqa: BLE001 - fail open
-            _RECORDER.problem(exc, "flush")
+    # ---------------------------------------------------------------- writing
 
-    def _live_switch(self) -> Switch:
-        # One switch for the key observer and the class hooks of one installation; a new one
-        # after an uninstall, which turned the old one off for good.
-        if not self._switch.on:
-            self._switch = Switch()
-        return self._switch
+    def _records(self, hits: list[Any], observed: Sequence[Any]
+                 ) -> Iterator[tuple[CompileRecord, Mapping[str, str]]]:
+        """The pending hits' records, then the observed ones ((record, environment) pairs),
+        each completed with what is known at write time: its id, the process, the test, the
+        compile environment."""
+        from cacheaudit.ledger import new_record_id
 
-    def _arm_exit_hooks(self) -> None:
-        if not self._exit_hooks:
-            self._exit_hooks = True
-            atexit.register(self.flush)
+        host = socket.gethostname()
+        pid = os.getpid()
+        for record, environ in [*_RECORDER.hit_records(hits), *observed]:
+            env, compile_env = environ_text(environ)
+            yield dataclasses.replace(
+                record, record_id=new_record_id(), env=compile_env, host=host, pid=pid,
+                test_id=record.test_id or test_id_from(env)), env
 
-    def _after_fork(self) -> None:
-        # Locks another thread held at fork() would stay held in the child forever; the
-        # buffered hits are the parent's to write.
-        self._lock = threading.RLock()
-        _RECORDER.after_fork()
+    def _report(self, where: str, problem: BaseException | str) -> None:
+        _RECORDER.problem(problem, where)
 
 
 ADAPTER = CudaCoreAdapter()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=ADAPTER._after_fork)
+
+
+def _flush_hits() -> None:
+    """The hit path's write, when the buffer is due."""
+    ADAPTER.flush()
 
 
 # ------------------------------------------------------------------------------ the wrapper

@@ -18,7 +18,8 @@ How the headers are found, best evidence first (`method="auto"` tries them in th
 1. `"trace"`: NVRTC itself, through `cuda.bindings.nvrtc`, compiles the source once with
    `--fdevice-time-trace` and `--fdevice-syntax-only` (front end only: every header is opened,
    no code is generated) under the same options; the trace's "Processing Header File" events
-   list every header opened, nested ones included, with resolved paths (platform-notes.md §2).
+   list every header opened, nested ones included, with resolved paths (platform-notes.md §2):
+   the NVRTC trace pass of `cacheaudit.runtimes.nvrtc.trace`, which the NVRTC adapter runs too.
    A relative path there (a quoted include of a program name without a directory) was resolved
    against the process's working directory, so it is resolved the same way here.
 2. `"scan"` (NVRTC cannot be loaded): `#include` lines followed textually through the same search
@@ -45,8 +46,6 @@ otherwise); a header newly created earlier on the search path is not noticed by 
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import hashlib
 import os
 import re
@@ -58,8 +57,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cacheaudit.digest import StateCache, changed_files, normalise_path, read_file
-from cacheaudit.graph import nvrtc_shadow_options
 from cacheaudit.model import FileState, GraphFile, IncludeGraph
+from cacheaudit.runtimes.nvrtc.trace import (
+    NvrtcUnavailable,
+    nvrtc_shadow_options,
+    result_name,
+    trace_pass,
+)
 
 __all__ = [
     "METHODS",
@@ -321,71 +325,23 @@ def _request(source: object, options: object, *, include_path: object, pre_inclu
 # ------------------------------------------------------------------------------------ methods
 
 
-class _Unavailable(Exception):
-    """NVRTC cannot run here (not installed, library not found)."""
-
-
-def _unwrapped(function: Any) -> Any:
-    """The function under any `functools.wraps` wrappers: cacheaudit's own NVRTC adapter must not
-    record this private trace compile as one of the program's."""
-    seen = 0
-    while hasattr(function, "__wrapped__") and seen < 16:
-        function = function.__wrapped__
-        seen += 1
-    return function
-
-
-def _nvrtc_log(nvrtc: Any, program: Any) -> str:
-    with contextlib.suppress(Exception):
-        _err, size = _unwrapped(nvrtc.nvrtcGetProgramLogSize)(program)
-        # A bytearray: NVRTC writes into the buffer, and `b" " * 1` is a shared object.
-        buffer = bytearray(size)
-        _unwrapped(nvrtc.nvrtcGetProgramLog)(program, buffer)
-        return bytes(buffer).rstrip(b"\0 ").decode("utf-8", "replace")
-    return ""
-
-
 def _trace(request: _Request) -> tuple[list[str], list[str]]:
-    """Headers NVRTC opened (as it reported them), and notes. Raises _Unavailable."""
-    try:
-        from cuda.bindings import nvrtc
-    except Exception as exc:  # any import failure means: no NVRTC here
-        raise _Unavailable(f"cuda.bindings.nvrtc cannot be imported: {exc}") from exc
+    """Headers NVRTC opened (as it reported them), and notes: the NVRTC trace pass, in a private
+    directory. Raises NvrtcUnavailable."""
     assert request.code is not None
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="cacheaudit-trace-") as tmp:
-        base = os.path.join(tmp, "trace")
-        try:
-            err, program = _unwrapped(nvrtc.nvrtcCreateProgram)(
-                request.code, request.name.encode(), 0, [], [])
-        except Exception as exc:  # libnvrtc missing surfaces here
-            raise _Unavailable(f"NVRTC cannot be loaded: {type(exc).__name__}: {exc}") from exc
-        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise _Unavailable(f"nvrtcCreateProgram failed: {err}")
-        try:
-            flags = [*request.flags, b"--fdevice-syntax-only",
-                     f"--fdevice-time-trace={base}".encode()]
-            (result,) = _unwrapped(nvrtc.nvrtcCompileProgram)(program, len(flags), flags)
-            if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-                log = _nvrtc_log(nvrtc, program)
-                notes.append(f"NVRTC reported {result.name}: {log[:500]}")
-        finally:
-            with contextlib.suppress(Exception):
-                _unwrapped(nvrtc.nvrtcDestroyProgram)(program)
-        # NVRTC appends ".json" to the path it is given.
-        traces = sorted(glob.glob(glob.escape(base) + "*.json"))
-        if not traces:
-            if notes:
-                raise FingerprintError(f"NVRTC wrote no trace: {notes[0]}")
-            raise _Unavailable("NVRTC accepted --fdevice-time-trace but wrote no trace")
-        with open(traces[0], encoding="utf-8", errors="surrogateescape") as handle:
-            text = handle.read()
-    from cacheaudit.graph import DepfileError, device_time_trace_headers
-
-    try:
-        return device_time_trace_headers(text), notes
-    except DepfileError as exc:
-        raise FingerprintError(str(exc)) from exc
+        traced = trace_pass(request.code, request.name.encode(), request.flags,
+                            os.path.join(tmp, "trace"))
+    if not traced.ok:
+        notes.append(f"NVRTC reported {result_name(traced.code)}: {traced.log[:500]}")
+    if traced.headers is None:
+        if traced.written:
+            raise FingerprintError(str(traced.problem))
+        if notes:
+            raise FingerprintError(f"NVRTC wrote no trace: {notes[0]}")
+        raise NvrtcUnavailable("NVRTC accepted --fdevice-time-trace but wrote no trace")
+    return traced.headers, notes
 
 
 _INCLUDE_RE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\r\n]+)[>"]', re.MULTILINE)
@@ -554,7 +510,7 @@ def fingerprint_headers(
                            notes + list(trace_notes), cache)
         try:
             reported, trace_notes = _trace(request)
-        except _Unavailable as exc:
+        except NvrtcUnavailable as exc:
             if method == "trace":
                 raise FingerprintError(str(exc)) from exc
             notes.append(f"NVRTC trace unavailable ({exc}); headers found by scanning "

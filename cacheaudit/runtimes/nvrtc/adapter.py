@@ -22,7 +22,8 @@ measurements with NVRTC 13.0.88 (docs/runtimes/nvrtc.md lists them):
   trace file not in expected format"), so every compile gets a fresh name.
 - Where the option would change what NVRTC does, it is not added and a shadow pass takes the
   graph instead (a second program with the same source, name and headers, compiled with
-  `--fdevice-syntax-only`, the PCH options removed, and the trace): NVRTC refuses a PCH whose
+  `--fdevice-syntax-only`, the PCH options removed, and the trace: `trace.trace_pass`, which
+  cuda.core's header fingerprint runs too): NVRTC refuses a PCH whose
   creating command line differs from the current one in the presence of `--fdevice-time-trace`
   (warning #629-D, then a fresh compile), so explicit `--create-pch`/`--use-pch` files (they
   outlive the process) and automatic PCHs made in this process without the trace (before
@@ -60,29 +61,12 @@ import importlib
 import itertools
 import os
 import re
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cacheaudit.adapter import (
-    Patch,
-    ProblemLog,
-    Switch,
-    apply_patches,
-    memory_path,
-    memory_state,
-    restore_patches,
-)
-from cacheaudit.graph import (
-    NVRTC_PCH_AUTO,
-    NVRTC_PCH_CREATE,
-    NVRTC_PCH_DIR,
-    NVRTC_PCH_USE,
-    NVRTC_TRACE_OPTIONS,
-    nvrtc_shadow_options,
-)
+from cacheaudit.adapter import Adapter, Switch, memory_path, memory_state
 from cacheaudit.model import (
     MEMORY_PREFIX,
     ArgToken,
@@ -93,6 +77,17 @@ from cacheaudit.model import (
     IncludeGraph,
 )
 from cacheaudit.processes import start_ns
+from cacheaudit.runtimes.nvrtc.trace import (
+    NVRTC_PCH_AUTO,
+    NVRTC_PCH_CREATE,
+    NVRTC_PCH_DIR,
+    NVRTC_PCH_USE,
+    NVRTC_TRACE_OPTIONS,
+    read_trace,
+    result_code,
+    result_name,
+    trace_pass,
+)
 
 # MEMORY_PREFIX (cacheaudit.model) names what NVRTC reads or writes in memory: sources,
 # in-memory headers, outputs.
@@ -197,23 +192,6 @@ def _remove_own_directory(path: str, pid: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _code(result: Any) -> int | None:
-    """The nvrtcResult of a binding's return tuple as an int, None when it has no such shape."""
-    try:
-        return int(result[0])
-    except (TypeError, ValueError, IndexError):
-        return None
-
-
-def _error_name(code: int | None) -> str:
-    try:
-        from cuda.bindings import nvrtc
-
-        return str(nvrtc.nvrtcResult(code).name)
-    except Exception:  # noqa: BLE001 - a name is a nicety
-        return f"nvrtcResult {code}"
-
-
 def _bind(args: tuple[Any, ...], kwargs: Mapping[str, Any],
           names: Sequence[str]) -> dict[str, Any] | None:
     """The call's arguments by parameter name, as the Cython signature binds them; None when
@@ -285,14 +263,17 @@ class _Plan:
     notes: list[str] = field(default_factory=list)
 
 
-class NvrtcAdapter:
-    """Installs wrappers around `cuda.bindings.nvrtc`'s program functions; see the module doc."""
+class NvrtcAdapter(Adapter):
+    """Installs wrappers around `cuda.bindings.nvrtc`'s program functions; see the module doc.
+    Installing is a no-op while ours run, also under another tool's wrapper (it calls through
+    ours: wrapping again would record every compile twice)."""
 
     runtime = "nvrtc"
     module = "cuda.bindings.nvrtc"
+    observer = OBSERVER
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
+        super().__init__()
         self._module: Any = None
         self._originals: dict[str, Any] = {}
         self._getters: dict[str, Any] = {}
@@ -310,60 +291,27 @@ class NvrtcAdapter:
         self._inflight: dict[int, int] = {}
         self._inflight_ids = itertools.count()
         self._start_ns: int | None = None
-        self._patches: list[Patch] = []
-        self._switch = Switch(on=False)
-        self._report = ProblemLog()
 
     # -------------------------------------------------------------------------- install
 
-    def install(self) -> None:
-        """Replace the three program functions. A no-op while installed, also when another
-        tool has wrapped ours since (it calls through ours: wrapping again would record every
-        compile twice). The module is left as it was when anything goes wrong."""
-        with self._lock:
-            if self._switch.on:
-                return
-            try:
-                module = importlib.import_module(self.module)
-                originals = {name: getattr(module, name) for name in _PATCHED}
-                getters = {name: getattr(module, name, None) for name in _GETTERS}
-                switch = Switch()
-                wrappers = {
-                    "nvrtcCreateProgram": self._wrap_create(originals["nvrtcCreateProgram"],
-                                                            switch),
-                    "nvrtcCompileProgram": self._wrap_compile(originals["nvrtcCompileProgram"],
-                                                              switch),
-                    "nvrtcDestroyProgram": self._wrap_destroy(originals["nvrtcDestroyProgram"],
-                                                              switch)}
-                patches = apply_patches((module, name, wrapper)
-                                        for name, wrapper in wrappers.items())
-            except Exception as exc:  # noqa: BLE001 - fail open: the runtime stays as it was
-                self._report(f"cannot install the NVRTC adapter: {type(exc).__name__}: {exc}")
-                return
-            self._module, self._originals, self._getters = module, originals, getters
-            self._patches, self._switch = patches, switch
+    def _replacements(self, switch: Switch) -> list[tuple[object, str, object]]:
+        """The three program functions; the originals (the very objects found now, which
+        uninstall puts back) and the getters are kept for the wrappers and the shadow pass."""
+        module = importlib.import_module(self.module)
+        originals = {name: getattr(module, name) for name in _PATCHED}
+        self._getters = {name: getattr(module, name, None) for name in _GETTERS}
+        self._module, self._originals = module, originals
+        return [(module, "nvrtcCreateProgram",
+                 self._wrap_create(originals["nvrtcCreateProgram"], switch)),
+                (module, "nvrtcCompileProgram",
+                 self._wrap_compile(originals["nvrtcCompileProgram"], switch)),
+                (module, "nvrtcDestroyProgram",
+                 self._wrap_destroy(originals["nvrtcDestroyProgram"], switch))]
 
-    def uninstall(self) -> None:
-        """Put the original functions back (the very objects found at installation). A wrapper
-        someone put over ours stays, and ours under it passes every call straight through."""
-        with self._lock:
-            self._switch.on = False
-            left = restore_patches(self._patches)
-            if left:
-                self._report(f"{', '.join(left)} wrapped by someone else after cacheaudit: "
-                             "left in place, passing every call through", kind="uninstall")
-            self._patches = []
-            self._module = None
-            self._originals = {}
-            self._programs.clear()
-
-    def installed(self) -> bool:
-        """Whether the wrappers record; they may sit under another tool's wrapper."""
-        return self._switch.on
-
-    def _after_fork(self) -> None:
-        # A lock another thread held at fork() would stay held in the child forever.
-        self._lock = threading.RLock()
+    def _uninstalled(self) -> None:
+        self._module = None
+        self._originals = {}
+        self._programs.clear()
 
     # -------------------------------------------------------------------------- wrappers
 
@@ -375,7 +323,7 @@ class NvrtcAdapter:
                 try:
                     self._on_create(args, kwargs, result)
                 except Exception as exc:  # noqa: BLE001 - fail open
-                    self._report(f"{type(exc).__name__}: {exc}")
+                    self._problem(f"{type(exc).__name__}: {exc}")
             return result
 
         return nvrtcCreateProgram
@@ -388,7 +336,7 @@ class NvrtcAdapter:
             try:
                 plan = self._plan(args, kwargs)
             except Exception as exc:  # noqa: BLE001 - fail open: compile as asked
-                self._report(f"{type(exc).__name__}: {exc}")
+                self._problem(f"{type(exc).__name__}: {exc}")
                 plan = None
             if plan is None:
                 return original(*args, **kwargs)
@@ -419,10 +367,10 @@ class NvrtcAdapter:
                 plan.notes.append(f"the compile with the trace option raised "
                                   f"{type(exc).__name__}: {exc}; compiled as asked instead")
                 result = None
-            code = _code(result) if result is not None else None
+            code = result_code(result) if result is not None else None
             if result is not None and code != _SUCCESS and self._trace_failed(plan, code):
                 plan.notes.append(f"the compile failed with the trace option "
-                                  f"({_error_name(code)}); compiled again as asked, and that "
+                                  f"({result_name(code)}); compiled again as asked, and that "
                                   "result is the one returned")
                 result = None
             if result is None:
@@ -435,7 +383,7 @@ class NvrtcAdapter:
         try:
             self._after(plan, result, started_ns, duration_ns)
         except Exception as exc:  # noqa: BLE001 - fail open
-            self._report(f"{type(exc).__name__}: {exc}")
+            self._problem(f"{type(exc).__name__}: {exc}")
         return result
 
     def _trace_failed(self, plan: _Plan, code: int | None) -> bool:
@@ -470,7 +418,7 @@ class NvrtcAdapter:
     # -------------------------------------------------------------------------- create
 
     def _on_create(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], result: Any) -> None:
-        if _code(result) != _SUCCESS or len(result) < 2:
+        if result_code(result) != _SUCCESS or len(result) < 2:
             return
         bound = _bind(args, kwargs, ("src", "name", "numHeaders", "headers", "includeNames"))
         key = _handle(result[1])
@@ -607,7 +555,7 @@ class NvrtcAdapter:
 
         if self._cache is None:
             self._cache = StateCache()
-        code = _code(result)
+        code = result_code(result)
         ok = code == _SUCCESS
         record_id = new_record_id()
         notes = list(plan.notes)
@@ -616,7 +564,7 @@ class NvrtcAdapter:
             extra["trace"]["skipped"] = plan.skipped
         log = self._log(plan.prog)
         if not ok:
-            notes.append(f"NVRTC returned {_error_name(code)}: "
+            notes.append(f"NVRTC returned {result_name(code)}: "
                          f"{log.decode('utf-8', 'replace').strip()[:1000]}")
         program = plan.program
         if program is None:
@@ -630,7 +578,7 @@ class NvrtcAdapter:
         problem: str | None = None
         method = plan.method
         if plan.trace_file is not None and (plan.trace_option is not None or not plan.own_trace):
-            details, problem = self._read_trace(plan.trace_file)
+            details, problem = read_trace(plan.trace_file)
         elif plan.shadow:
             if ok:
                 details, problem = self._shadow(plan)
@@ -682,7 +630,7 @@ class NvrtcAdapter:
 
         problem = store_in_process(record, observer=OBSERVER)
         if problem:
-            self._report(problem)
+            self._problem(problem)
 
     def _log(self, prog: Any) -> bytes:
         size_fn = self._getters.get("nvrtcGetProgramLogSize")
@@ -691,10 +639,10 @@ class NvrtcAdapter:
             return b""
         with contextlib.suppress(Exception):
             sized = size_fn(prog)
-            if _code(sized) == _SUCCESS and sized[1]:
+            if result_code(sized) == _SUCCESS and sized[1]:
                 # A bytearray: NVRTC writes into the buffer, and `b" " * 1` is a shared object.
                 buffer = bytearray(sized[1])
-                if _code(get_fn(prog, buffer)) == _SUCCESS:
+                if result_code(get_fn(prog, buffer)) == _SUCCESS:
                     return bytes(buffer).rstrip(b"\0")
         return b""
 
@@ -708,30 +656,21 @@ class NvrtcAdapter:
                 continue
             try:
                 sized = size_fn(plan.prog)
-                if _code(sized) != _SUCCESS or not sized[1] or (kind == "ptx" and sized[1] <= 1):
+                if (result_code(sized) != _SUCCESS or not sized[1]
+                        or (kind == "ptx" and sized[1] <= 1)):
                     continue
                 buffer = bytearray(sized[1])
-                if _code(get_fn(plan.prog, buffer)) != _SUCCESS:
+                if result_code(get_fn(plan.prog, buffer)) != _SUCCESS:
                     continue
             except Exception:  # noqa: BLE001 - an output NVRTC cannot give is not recorded
                 continue
             states.append(memory_state(f"{name}.{kind}", bytes(buffer)))
         return states
 
-    def _read_trace(self, path: str) -> tuple[list[str] | None, str | None]:
-        from cacheaudit.graph import DepfileError, device_time_trace_headers
-
-        try:
-            with open(path, encoding="utf-8", errors="surrogateescape") as handle:
-                return device_time_trace_headers(handle.read()), None
-        except FileNotFoundError:
-            return None, f"NVRTC wrote no trace at {path}"
-        except (OSError, DepfileError) as exc:
-            return None, f"the trace {path} is unreadable: {exc}"
-
     def _shadow(self, plan: _Plan) -> tuple[list[str] | None, str | None]:
-        """The headers the compile reads, from a second program compiled syntax-only with the
-        trace: no PCH, no file of the caller's written, nothing shared with the real program."""
+        """The headers the compile reads, from the trace pass over a second program
+        (`trace.trace_pass`, with the originals): no PCH, no file of the caller's written,
+        nothing shared with the real program."""
         program = plan.program
         if program is None:
             return None, ("the program was created before cacheaudit was installed, so no "
@@ -740,30 +679,14 @@ class NvrtcAdapter:
             path = self._new_trace_path()
         except OSError as exc:
             return None, f"no private directory for the trace: {exc}"
-        create = self._originals["nvrtcCreateProgram"]
-        compile_ = self._originals["nvrtcCompileProgram"]
-        destroy = self._originals["nvrtcDestroyProgram"]
-        options = [*nvrtc_shadow_options(plan.raw_options), b"--fdevice-syntax-only",
-                   b"--fdevice-time-trace=" + os.fsencode(path)]
         try:
-            created = create(program.source, program.raw_name, len(program.headers),
-                             [c for _, c in program.headers],
-                             [n.encode("utf-8", "surrogateescape") for n, _ in program.headers])
-            if _code(created) != _SUCCESS:
-                return None, f"the shadow pass could not create a program: {created[0]}"
-            shadow = created[1]
-            try:
-                code = _code(compile_(shadow, len(options), options))
-            finally:
-                destroy(shadow)
-            if code != _SUCCESS:
-                return None, f"the shadow pass failed: {_error_name(code)}"
-            return self._read_trace(path + ".json")
+            traced = trace_pass(program.source, program.raw_name, plan.raw_options, path,
+                                program.headers, {**self._getters, **self._originals})
         except Exception as exc:  # noqa: BLE001 - a shadow pass is evidence, never a failure
             return None, f"the shadow pass failed: {type(exc).__name__}: {exc}"
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(path + ".json")
+        if not traced.ok:
+            return None, f"the shadow pass failed: {result_name(traced.code)}"
+        return traced.headers, traced.problem
 
     def _graph_files(self, details: Sequence[str], plan: _Plan) -> list[GraphFile]:
         """Trace entries to file states: in-memory headers by include name (they win over any
@@ -813,7 +736,7 @@ class NvrtcAdapter:
         getter = self._getters.get("nvrtcGetPCHCreateStatus")
         if getter is not None:
             with contextlib.suppress(Exception):
-                status = _code(getter(plan.prog))
+                status = result_code(getter(plan.prog))
         if status == _SUCCESS:
             file = self._pch_path(os.fsencode(explicit_create), plan.cwd) \
                 if explicit_create else None
@@ -925,7 +848,7 @@ class NvrtcAdapter:
         version = ""
         with contextlib.suppress(Exception):
             answer = self._getters["nvrtcVersion"]()
-            if _code(answer) == _SUCCESS:
+            if result_code(answer) == _SUCCESS:
                 version = f"NVRTC {answer[1]}.{answer[2]} (nvrtcVersion)"
         resolved = os.path.realpath(path) if path else ""
         state = read_state(resolved) if resolved else None
@@ -947,5 +870,3 @@ class NvrtcAdapter:
         return self._builtins
 
 ADAPTER = NvrtcAdapter()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=ADAPTER._after_fork)

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cacheaudit.adapter import Patch, ProblemLog, Switch, apply_patches, restore_patches
+from cacheaudit.adapter import Adapter, Switch
 
 if TYPE_CHECKING:
     import inspect
@@ -225,71 +225,34 @@ def _stat_key(path: str) -> tuple[int, int, int] | None:
 # ------------------------------------------------------------------------------ the adapter
 
 
-class TorchExtAdapter:
-    """The `Adapter` for torch.utils.cpp_extension."""
+class TorchExtAdapter(Adapter):
+    """The adapter for torch.utils.cpp_extension: `_jit_compile` and `_run_ninja_build`
+    wrapped. Installing is a no-op while ours runs, also under another tool's wrapper (wrapping
+    again would record every load twice); a torch without these functions is left alone."""
 
     runtime = RUNTIME
     module = MODULE
+    observer = OBSERVER
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
+        super().__init__(label="torch-ext adapter")
         self._local = threading.local()
         self._module: Any = None
-        self._patches: list[Patch] = []
-        self._switch = Switch(on=False)
-        self._problem = ProblemLog("torch-ext adapter")
         self._seen: dict[str, _Seen] = {}
         self._cache: StateCache | None = None
         self._signature: inspect.Signature | None = None
 
-    # ---------------------------------------------------------------- install / uninstall
-
-    def installed(self) -> bool:
-        """Whether the wrappers record; they may sit under another tool's wrapper."""
-        return self._switch.on
-
-    def install(self) -> None:
-        """Wrap `_jit_compile` and `_run_ninja_build`. A no-op while installed, also when
-        another tool has wrapped ours since (it calls through ours: wrapping again would record
-        every load twice). Fails open: a torch without these functions, or any other failure,
-        is reported once and leaves torch as it was."""
-        with self._lock:
-            if self._switch.on:
-                return
-            try:
-                self._install()
-            except Exception as exc:  # noqa: BLE001 - never break the import of torch
-                self._problem(f"cannot hook {MODULE}: {type(exc).__name__}: {exc}",
-                              kind="install")
-
-    def _install(self) -> None:
+    def _replacements(self, switch: Switch) -> list[tuple[object, str, object]]:
         import inspect
 
         module = importlib.import_module(MODULE)
         originals = {name: getattr(module, name) for name in ("_jit_compile",
                                                                "_run_ninja_build")}
-        signature = inspect.signature(originals["_jit_compile"])
-        switch = Switch()
-        wrappers = {"_jit_compile": self._wrap_jit(originals["_jit_compile"], switch),
-                    "_run_ninja_build": self._wrap_ninja(originals["_run_ninja_build"], switch)}
-        patches = apply_patches((module, name, wrapper) for name, wrapper in wrappers.items())
-        self._module, self._patches, self._switch = module, patches, switch
-        self._signature = signature
-
-    def uninstall(self) -> None:
-        """Put the exact original functions back. A wrapper someone else installed over ours
-        stays, and ours underneath it passes every call straight through."""
-        with self._lock:
-            self._switch.on = False
-            left = restore_patches(self._patches)
-            if left:
-                self._problem(f"{', '.join(left)} wrapped by someone else after cacheaudit: "
-                              "left in place, passing every call through", kind="uninstall")
-            self._patches = []
-
-    def _after_fork(self) -> None:
-        # A lock another thread held at fork() would stay held in the child forever.
-        self._lock = threading.RLock()
+        self._signature = inspect.signature(originals["_jit_compile"])
+        self._module = module
+        return [(module, "_jit_compile", self._wrap_jit(originals["_jit_compile"], switch)),
+                (module, "_run_ninja_build",
+                 self._wrap_ninja(originals["_run_ninja_build"], switch))]
 
     # ---------------------------------------------------------------- wrappers
 
@@ -700,5 +663,3 @@ def _ninja_t_deps(directory: str) -> dict[str, Any]:
 
 
 ADAPTER = TorchExtAdapter()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=ADAPTER._after_fork)

@@ -37,46 +37,42 @@ Cost (benchmarks/bench_triton.py): a Triton disk hit takes ~0.7-1.4 ms here, a l
 transaction ~2 ms and a record inside one ~40 us, so writing a record per hit would cost 5-10%
 on its own. A hit is therefore only noted on the hit path (the key, the entry's paths, the ptxas
 picked, and the environment's dict, shared between hits while it does not change), repeated hits
-of one entry under one environment are counted on one note, and the notes are written later in
-one transaction: at the next compile (which costs hundreds of milliseconds anyway, and whose
-record is the one the audit needs, so it is never deferred), when `flush_every` distinct hits are
-pending or the oldest is `flush_after_s` old (checked at the next hit), at uninstall, and at exit
-(atexit). A process killed with SIGKILL loses its pending hits, never a compile; a forked child
-drops its parent's. `flush()` is public for a harness that reads the ledger in the same process
-(the pytest plugin). Nothing observed while `CACHEAUDIT_DISABLE` is set is recorded: the check
-is made with the observation, against its environment snapshot, not at the later write.
+of one entry under one environment are counted on one note (the `HitBuffer` of
+`cacheaudit.adapter`), and the notes are written later in one transaction: at the next compile
+(which costs hundreds of milliseconds anyway, and whose record is the one the audit needs, so it
+is never deferred), when `flush_every` distinct hits are pending or the oldest is `flush_after_s`
+old (checked at the next hit), at uninstall, and at exit (atexit). A process killed with SIGKILL
+loses its pending hits, never a compile; a forked child drops its parent's. `flush()` is public
+for a harness that reads the ledger in the same process (the pytest plugin). Nothing observed
+while `CACHEAUDIT_DISABLE` is set is recorded: the check is made with the observation, against
+its environment snapshot, not at the later write.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import dataclasses
 import functools
 import os
 import socket
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from cacheaudit import compilers
 from cacheaudit.adapter import (
+    Adapter,
     Environ,
-    Patch,
-    ProblemLog,
-    apply_patch,
+    Hit,
+    HitBuffer,
+    Switch,
     environ_data,
     environ_snapshot,
     environ_text,
     jsonable,
-    restore_patches,
-    run_for,
 )
 from cacheaudit.digest import StateCache
-from cacheaudit.ledger import RunInfo, default_ledger_path, new_record_id
+from cacheaudit.ledger import new_record_id
 from cacheaudit.model import ArgToken, CompileRecord, CompilerIdentity, GraphFile, IncludeGraph
-from cacheaudit.recorder import test_id_from, write_held
+from cacheaudit.recorder import test_id_from
 from cacheaudit.runtimes.triton import policy as recipe
 
 RUNTIME = "triton"
@@ -99,28 +95,32 @@ _NOT_OPTIONS = frozenset({"hash", "target", "triton_version", "name", "shared", 
                           "num_buffers_warp_spec"})
 
 
-@dataclasses.dataclass
-class _Event:
-    """One observation, kept until the next flush. The heavy work (hashing the binary, the
-    compiler identity, redaction) happens at the flush, off the runtime's hit path. Disk hits
+class _Event(Hit):
+    """One observation, kept until it is written. The heavy work (hashing the binary, the
+    compiler identity, redaction) happens at the write, off the runtime's hit path. Disk hits
     keep only what their record needs (holding every hit's metadata dict alive made the garbage
     collector cost more than the rest of the adapter), and repeated hits of one entry under one
-    environment share an event (`count`)."""
+    environment share an event (the hit buffer's group: `count`)."""
 
-    event: str
-    ended_ns: int
-    duration_ns: int
-    key: str | None
-    name: str | None
-    target: Any
-    json_path: str | None
-    binary: str | None
-    environ: Environ
-    metadata: Mapping[str, Any] | None = None
-    detail: dict[str, Any] | None = None
-    count: int = 1
-    last_ns: int = 0
-    ptxas: tuple[str | None, str | None] = (None, None)
+    __slots__ = ("binary", "detail", "duration_ns", "event", "json_path", "key", "metadata",
+                 "name", "ptxas", "target")
+
+    def __init__(self, event: str, ns: int, duration_ns: int, key: str | None, name: str | None,
+                 target: Any, json_path: str | None, binary: str | None, environ: Environ,
+                 metadata: Mapping[str, Any] | None = None,
+                 detail: dict[str, Any] | None = None,
+                 ptxas: tuple[str | None, str | None] = (None, None)) -> None:
+        super().__init__(ns, environ)
+        self.event = event
+        self.duration_ns = duration_ns
+        self.key = key
+        self.name = name
+        self.target = target
+        self.json_path = json_path
+        self.binary = binary
+        self.metadata = metadata
+        self.detail = detail
+        self.ptxas = ptxas
 
 
 def _paths(group: Mapping[str, str]) -> tuple[str | None, str | None]:
@@ -139,21 +139,23 @@ class _Listener:
     """The chained compilation listener: cacheaudit first (it never raises), then whatever was
     installed before, whose return value and exceptions pass through untouched."""
 
-    def __init__(self, adapter: TritonAdapter, previous: Callable[..., Any] | None) -> None:
+    def __init__(self, adapter: TritonAdapter, previous: Callable[..., Any] | None,
+                 switch: Switch) -> None:
         self.adapter = adapter
         self.previous = previous
-        self.active = True
+        self.switch = switch
         setattr(self, _MARK, True)
 
     def __call__(self, **kwargs: Any) -> Any:
-        if self.active:
+        if self.switch.on:
             self.adapter._observe(kwargs)
         if self.previous is not None:
             return self.previous(**kwargs)
         return None
 
 
-def _wrap_run(original: Callable[..., Any], adapter: TritonAdapter) -> Callable[..., Any]:
+def _wrap_run(original: Callable[..., Any], adapter: TritonAdapter,
+              switch: Switch) -> Callable[..., Any]:
     """`JITFunction.run` with a memory-hit check after it. The call itself is untouched: same
     arguments, same result, same exceptions."""
 
@@ -163,7 +165,7 @@ def _wrap_run(original: Callable[..., Any], adapter: TritonAdapter) -> Callable[
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         before = adapter._events
         kernel = original(self, *args, **kwargs)
-        if kernel is not None and adapter._events == before and run.active:  # type: ignore[attr-defined]
+        if kernel is not None and adapter._events == before and switch.on:
             # A memory hit. Fast path, inlined (this is every launch): the environment is the
             # one of the last check and this kernel passed it.
             if environ is not None and id(kernel) in adapter._mem_ok and (
@@ -172,37 +174,28 @@ def _wrap_run(original: Callable[..., Any], adapter: TritonAdapter) -> Callable[
             adapter._memory_hit(self, kernel)
         return kernel
 
-    run.active = True  # type: ignore[attr-defined]
     setattr(run, _MARK, True)
     return run
 
 
-class TritonAdapter:
+class TritonAdapter(Adapter):
+    """The chained listener, and `JITFunction.run` wrapped (see the module doc)."""
+
     runtime = RUNTIME
     module = "triton"
+    observer = OBSERVER
 
     def __init__(self) -> None:
+        # The buffer's own name, typed as always there (the base's `_hits` is optional).
+        self._buffer = HitBuffer(limit=4096, age_ns=60e9)
+        super().__init__(hits=self._buffer)
         self.observe_memory = True
         """Wrap `JITFunction.run` to see memory hits; set False before `install()` to leave the
         launch path alone (only the listener is installed then)."""
-        self.flush_every = 4096
-        """Distinct pending hits that make the next hit write them (bounds the memory held)."""
-        self.flush_after_s = 60.0
-        """Age of the oldest pending hit that makes the next hit write them (bounds the loss
-        when the process is killed)."""
-        self._listener: _Listener | None = None
-        self._had_listener_attr = False
-        self._run_patch: Patch | None = None
-        self._lock = threading.RLock()
-        self._pending: list[_Event] = []
-        self._hits: dict[tuple[Any, ...], _Event] = {}
-        self._hits_since = 0
         self._events = 0
         self._states = StateCache()
         self._identities = compilers.DictMemo()
         self._ptxas_memo: dict[tuple[int, int], tuple[str | None, str | None, Any]] = {}
-        self._problem = ProblemLog()
-        self._atexit = False
         # Memory layer: the environment at the last check, the kernels (by id) verified under
         # it, and the drifts already recorded.
         self._mem_env: Mapping[Any, Any] | None = None
@@ -210,84 +203,58 @@ class TritonAdapter:
         self._mem_ok: set[int] = set()
         self._mem_reported: set[tuple[str, tuple[tuple[str, Any], ...]]] = set()
 
+    @property
+    def flush_every(self) -> int:
+        """Distinct pending hits that make the next hit write them (bounds the memory held)."""
+        return self._buffer.limit
+
+    @flush_every.setter
+    def flush_every(self, hits: int) -> None:
+        self._buffer.limit = hits
+
+    @property
+    def flush_after_s(self) -> float:
+        """Age of the oldest pending hit that makes the next hit write them (bounds the loss
+        when the process is killed)."""
+        return self._buffer.age_ns / 1e9
+
+    @flush_after_s.setter
+    def flush_after_s(self, seconds: float) -> None:
+        buffer = self._buffer
+        with buffer.lock:
+            # The oldest pending hit's age is compared with the new value from now on.
+            buffer.due_ns += seconds * 1e9 - buffer.age_ns
+            buffer.age_ns = seconds * 1e9
+
     # ---------------------------------------------------------------- install / uninstall
 
-    def install(self) -> None:
-        """Chain the listener and wrap `JITFunction.run`; a second call is a no-op. Fails open:
-        if anything is missing, Triton is left as it was and the reason is reported once."""
-        with self._lock:
-            if self.installed():
-                return
-            try:
-                self._install()
-            except Exception as exc:  # noqa: BLE001 - never break the import of triton
-                self._restore()
-                self._problem(f"cannot hook triton: {type(exc).__name__}: {exc}")
-
-    def _install(self) -> None:
+    def _replacements(self, switch: Switch) -> list[tuple[object, str, object]]:
+        """The listener, chained to whatever is there, and `JITFunction.run` (the class
+        attribute) unless `observe_memory` is off."""
         from triton import knobs
 
         compilation = knobs.compilation
-        previous = compilation.listener
-        if self._listener is not None:
-            # Someone chained on top of our old listener, or replaced it: let the old one pass
-            # through from now on, and put a fresh one on top.
-            self._listener.active = False
-        self._had_listener_attr = "listener" in vars(compilation)
-        self._listener = _Listener(self, previous)
-        compilation.listener = self._listener
+        replacements: list[tuple[object, str, object]] = [
+            (compilation, "listener", _Listener(self, compilation.listener, switch))]
         if self.observe_memory:
             from triton.runtime.jit import JITFunction
 
             current = JITFunction.__dict__.get("run")
             if current is None:
                 raise RuntimeError("triton.runtime.jit.JITFunction has no run method")
-            patch = self._run_patch
-            if patch is not None and patch.on_top():
-                current.active = True  # our own wrapper, left in place under another's
-            else:
-                self._run_patch = apply_patch(JITFunction, "run", _wrap_run(current, self))
-        if not self._atexit:
-            atexit.register(self._at_exit)
-            self._atexit = True
-        _register_fork_handler(self)
+            replacements.append((JITFunction, "run", _wrap_run(current, self, switch)))
+        return replacements
 
     def installed(self) -> bool:
-        listener = self._listener
-        if listener is None or not listener.active:
-            return False
-        import sys
+        """Whether our listener records and still holds the slot. A listener set or chained on
+        top of ours displaces it: `install()` then puts a fresh one on top, and the old one
+        passes through (it cannot tell a chain from a replacement)."""
+        return self._switch.on and bool(self._patches) and self._patches[0].on_top()
 
-        knobs = sys.modules.get("triton.knobs")
-        return knobs is not None and knobs.compilation.listener is listener
-
-    def uninstall(self) -> None:
-        """Flush, then put back exactly what was there: the previous listener (or none) and the
-        original `JITFunction.run`. A hook someone installed on top of ours stays; ours then
-        passes everything through."""
-        with self._lock:
-            self.flush()
-            self._restore()
-
-    def _restore(self) -> None:
-        import sys
-
-        knobs = sys.modules.get("triton.knobs")
-        listener = self._listener
-        if listener is not None:
-            listener.active = False
-            if knobs is not None and knobs.compilation.listener is listener:
-                if self._had_listener_attr:
-                    knobs.compilation.listener = listener.previous
-                else:
-                    with contextlib.suppress(AttributeError):
-                        delattr(knobs.compilation, "listener")
-                self._listener = None
-        patch = self._run_patch
-        if patch is not None:
-            patch.replacement.active = False  # type: ignore[attr-defined]
-            if not restore_patches([patch]):
-                self._run_patch = None
+    def _left_in_place(self, left: Sequence[str]) -> None:
+        # A listener chained on top of ours is how the slot is shared (sglang and others chain
+        # theirs): ours passes everything through under it, and there is nothing to report.
+        pass
 
     # ---------------------------------------------------------------- observing
 
@@ -307,35 +274,25 @@ class TritonAdapter:
             if kwargs.get("cache_hit"):
                 # The key and the environment name the entry (the cache root comes from the
                 # environment): a repeat only counts.
-                slot = (key, id(environ))
-                with self._lock:
-                    hits = self._hits
-                    seen = hits.get(slot)
-                    if seen is not None:
-                        seen.count += 1
-                        seen.last_ns = now
-                        return
-                    if not hits:
-                        self._hits_since = now
+                def first_hit() -> _Event:
                     # A hit's time is all "ir_initialization": no stage runs.
                     duration = times.ir_initialization * 1000 if times is not None else 0
                     json_path, binary = _paths(kwargs["metadata_group"])
                     target = metadata.get("target")
-                    hits[slot] = _Event("disk-hit", now, duration, key, metadata.get("name"),
-                                        target, json_path, binary, environ,
-                                        ptxas=self._ptxas(environ, target))
-                    if (len(hits) >= self.flush_every
-                            or now - self._hits_since > self.flush_after_s * 1e9):
-                        self.flush()
+                    return _Event("disk-hit", now, duration, key, metadata.get("name"), target,
+                                  json_path, binary, environ, ptxas=self._ptxas(environ, target))
+
+                if self._buffer.note((key, id(environ)), now, first_hit):
+                    self.flush()
                 return
             duration = int(times.total * 1000) if times is not None else 0
             json_path, binary = _paths(kwargs["metadata_group"])
             detail = self._compile_detail(kwargs.get("src"), metadata, times)
-            with self._lock:
-                self._pending.append(_Event(
-                    "compile", now, duration, key, metadata.get("name"), metadata.get("target"),
-                    json_path, binary, environ, dict(metadata), detail))
-                self.flush()
+            # Never deferred: the compile's record is the one the audit needs, and a compile
+            # costs hundreds of milliseconds anyway. The pending hits go with it.
+            self._write_with_hits((_Event(
+                "compile", now, duration, key, metadata.get("name"), metadata.get("target"),
+                json_path, binary, environ, dict(metadata), detail),))
         except Exception as exc:  # noqa: BLE001 - fail open inside triton.compile
             self._problem(f"{type(exc).__name__}: {exc}")
 
@@ -422,41 +379,18 @@ class TritonAdapter:
                   "memory_layer": "JITFunction.device_caches (compute_cache_key: specialisation "
                                   "and call options, no environment)",
                   "function": getattr(fn, "_fn_name", None)}
-        with self._lock:
-            self._pending.append(_Event(
-                "memory-hit", time.time_ns(), 0, fields.get("hash"), fields.get("name"),
-                fields.get("target"), json_path, binary, environ, fields, detail,
-                ptxas=self._ptxas(environ, fields.get("target"))))
-            self.flush()
+        self._write_with_hits((_Event(
+            "memory-hit", time.time_ns(), 0, fields.get("hash"), fields.get("name"),
+            fields.get("target"), json_path, binary, environ, fields, detail,
+            ptxas=self._ptxas(environ, fields.get("target"))),))
 
     # ---------------------------------------------------------------- writing
 
-    def flush(self) -> None:
-        """Write every pending observation, one transaction per ledger. Never raises."""
-        with self._lock:
-            pending, self._pending = self._pending, []
-            hits, self._hits = self._hits, {}
-            if not pending and not hits:
-                return
-            try:
-                batches: dict[tuple[str, str], tuple[RunInfo, list[CompileRecord]]] = {}
-                identities: dict[tuple[str, int], CompilerIdentity | None] = {}
-                events = sorted([*pending, *hits.values()], key=lambda e: e.ended_ns)
-                for event in events:
-                    record, ledger_path, run = self._record(event, identities)
-                    batch = batches.setdefault((ledger_path, run.run_uuid), (run, []))
-                    batch[1].append(record)
-                for (ledger_path, _), (run, records) in batches.items():
-                    self._write(ledger_path, run, records)
-            except Exception as exc:  # noqa: BLE001 - fail open
-                self._problem(f"{type(exc).__name__}: {exc}")
-
-    def _write(self, ledger_path: str, run: RunInfo, records: list[CompileRecord]) -> None:
-        # recorder keeps the ledger open between batches: closing SQLite's last connection
-        # checkpoints the WAL (~10 ms here), which would otherwise land on every compile.
-        problem = write_held(records, run, os.path.abspath(ledger_path))
-        if problem:
-            self._problem(problem)
+    def _records(self, hits: list[Any], observed: Sequence[Any]
+                 ) -> Iterator[tuple[CompileRecord, Mapping[str, str]]]:
+        identities: dict[tuple[str, int], CompilerIdentity | None] = {}
+        for event in sorted([*observed, *hits], key=lambda e: e.ns):
+            yield self._record(event, identities)
 
     def _ptxas(self, environ: Mapping[Any, Any], target: Any) -> tuple[str | None, str | None]:
         """(path, problem) of the ptxas Triton picks for `target` now, by Triton's own
@@ -492,7 +426,7 @@ class TritonAdapter:
         return identities[memo_key]
 
     def _record(self, event: _Event, identities: dict[tuple[str, int], CompilerIdentity | None]
-                ) -> tuple[CompileRecord, str, RunInfo]:
+                ) -> tuple[CompileRecord, Mapping[str, str]]:
         kept, compile_env = environ_text(event.environ)
         metadata = event.metadata or {}
         detail = event.detail or {}
@@ -513,7 +447,7 @@ class TritonAdapter:
         fields: dict[str, Any] = {
             "key": event.key, "entry": entry, "outputs": outputs,
             "compiler": self._compiler(ptxas, kept, identities), "env": compile_env,
-            "started_ns": event.ended_ns - event.duration_ns,
+            "started_ns": event.ns - event.duration_ns,
             "duration_ns": event.duration_ns,
         }
         extra: dict[str, Any] = {}
@@ -530,8 +464,7 @@ class TritonAdapter:
             kernel=str(event.name or "") or None, pid=os.getpid(),
             host=socket.gethostname(), test_id=test_id_from(kept), observer=OBSERVER,
             notes=tuple(notes), extra=extra, **fields)
-        ledger_path = default_ledger_path(kept)
-        return record, ledger_path, run_for(kept, OBSERVER)
+        return record, kept
 
     def _compile_fields(self, metadata: Mapping[str, Any], detail: Mapping[str, Any],
                         kept: Mapping[str, str]) -> dict[str, Any]:
@@ -570,19 +503,6 @@ class TritonAdapter:
                 extra[name] = detail[name]
         return {"effective_argv": tuple(tokens), "graph": graph, "sources": sources,
                 "tracked": tuple(s.path for s in lib_states), "extra": extra}
-
-    # ---------------------------------------------------------------- housekeeping
-
-    def _at_exit(self) -> None:
-        self.flush()
-
-    def _after_fork(self) -> None:
-        # The parent writes what it saw; the child starts with nothing pending and new locks.
-        self._pending = []
-        self._hits = {}
-        self._lock = threading.RLock()
-        # The ledger connection the parent holds is the recorder's: it notices the new pid
-        # and leaves the inherited connection alone; the run is worked out again per pid.
 
 
 def _target_text(target: Any) -> str:
@@ -626,16 +546,6 @@ def _key_parts(src: Any, metadata: Mapping[str, Any]) -> dict[str, Any]:
             "options.hash() recomputed differently" if mine != parts["options"] else
             "the parts do not compose the metadata hash (a stages inspection hook?)")
     return parts
-
-
-_FORK_REGISTERED: set[int] = set()
-
-
-def _register_fork_handler(adapter: TritonAdapter) -> None:
-    if id(adapter) in _FORK_REGISTERED or not hasattr(os, "register_at_fork"):
-        return
-    _FORK_REGISTERED.add(id(adapter))
-    os.register_at_fork(after_in_child=adapter._after_fork)
 
 
 ADAPTER = TritonAdapter()
