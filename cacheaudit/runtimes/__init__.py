@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["EXTRA_VARIABLE", "activate", "adapter", "available", "deactivate", "flush_all",
            "layout_for", "layouts", "names", "policy_for", "reset", "spec", "specs"]
 
+
 def reset() -> None:
     """Forget every spec, layout and policy loaded, and the environment registry built from them:
     the next call reads `CACHEAUDIT_RUNTIMES` and the specs again (for tests and plugins that
