@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -23,6 +22,7 @@ from cacheaudit import envvars
 from cacheaudit.digest import StateCache, normalise_path
 from cacheaudit.ledger import Ledger, RunInfo, default_ledger_path, new_record_id, spool_record
 from cacheaudit.model import ArgToken, CompileRecord, CompilerIdentity, FileState, IncludeGraph
+from cacheaudit.problems import report_problem
 from cacheaudit.processes import runtime_process
 from cacheaudit.switches import (
     DISABLE_VARIABLE,
@@ -220,14 +220,6 @@ def record_event(*, runtime: str, kernel: str | None, event: str, observer: str,
     except Exception as exc:  # noqa: BLE001 - fail open inside the runtime
         return f"{type(exc).__name__}: {exc}"
     return store_in_process(record, observer=observer, env=env)
-
-
-def report_problem(problem: str, stream: object = None) -> None:
-    """One line on stderr, prefixed so that users can tell it from the compiler's own output."""
-    target = stream if stream is not None else sys.stderr
-    with contextlib.suppress(Exception):
-        target.write(f"cacheaudit: recording failed, the compile is unaffected: {problem}\n")  # type: ignore[attr-defined]
-        target.flush()  # type: ignore[attr-defined]
 
 
 def modified_since(states: Sequence[FileState], started_ns: int) -> list[FileState]:

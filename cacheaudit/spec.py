@@ -15,15 +15,13 @@ code the core calls: the layering (docs/design.md) holds although the core reads
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import os
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class CompilerSetting:
+class CompilerSetting(NamedTuple):
     """An environment variable through which a runtime is told which compiler to run.
 
     A recording session points it at the shim when `session_fills` is set and the user left it
@@ -39,9 +37,10 @@ class CompilerSetting:
     unless_set: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class RuntimeSpec:
-    """One runtime, as the registry and the core see it."""
+class RuntimeSpec(NamedTuple):
+    """One runtime, as the registry and the core see it. (Named tuples, not dataclasses: the
+    start-up hook reads every spec, and `dataclasses` would cost each Python process of a
+    session its imports of `inspect` and `ast`.)"""
 
     name: str
     """The runtime id written into records, entries and findings ("deepjit", "torch-ext")."""
@@ -75,7 +74,6 @@ class RuntimeSpec:
     """Variants the environment rows may name as "runtime:variant" ("rocm", "nvrtc")."""
     docs: str = ""
     """Its page, relative to the repository's docs/ ("runtimes/deepjit.md")."""
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
     def module(self, name: str) -> str:
         """The dotted module path of one of the spec's module fields."""
@@ -114,7 +112,7 @@ def specs() -> tuple[RuntimeSpec, ...]:
     found = []
     for package in _package_names():
         declared = importlib.import_module(f"{package}.spec").SPEC
-        found.append(dataclasses.replace(declared, package=package))
+        found.append(declared._replace(package=package))
     return tuple(found)
 
 

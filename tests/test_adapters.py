@@ -100,12 +100,12 @@ def test_a_failing_hook_never_breaks_the_import_even_under_warnings_as_errors(
     done = _python("""
         import sys
         sys.path.insert(0, sys.argv[1])
-        from cacheaudit import adapter, runtimes
+        from cacheaudit import importhooks
 
         def broken(module):
             raise RuntimeError("the adapter broke")
 
-        adapter.when_imported("some_runtime", broken)
+        importhooks.when_imported("some_runtime", broken)
         import some_runtime
         print(some_runtime.VALUE)
     """, str(tmp_path), flags=("-W", "error"))
@@ -171,7 +171,7 @@ def test_deactivate_switches_off_an_adapter_another_tool_wrapped(
 def test_a_child_forked_while_locks_are_held_can_take_them(tmp_path: Path) -> None:
     done = _python("""
         import json, os, sys, threading
-        from cacheaudit import adapter, recorder
+        from cacheaudit import importhooks, recorder
         from cacheaudit.runtimes.torch_ext import adapter as torch_ext
         from cacheaudit.runtimes.nvrtc import adapter as nvrtc
         from cacheaudit.runtimes.cuda_core import adapter as cuda_core
@@ -179,7 +179,7 @@ def test_a_child_forked_while_locks_are_held_can_take_them(tmp_path: Path) -> No
         from cacheaudit.model import CompileRecord
 
         locks = {
-            "adapters": lambda: adapter._lock,
+            "adapters": lambda: importhooks._lock,
             "recorder": lambda: recorder._HELD._lock,
             "nvrtc": lambda: nvrtc.ADAPTER._lock,
             "torch_ext": lambda: torch_ext.ADAPTER._lock,

@@ -99,7 +99,7 @@ def adapter(name: str) -> Adapter:
 
 
 def _report(problem: str) -> None:
-    from cacheaudit.recorder import report_problem
+    from cacheaudit.problems import report_problem
 
     report_problem(problem)
 
@@ -117,7 +117,7 @@ def activate(names: Sequence[str] | None = None) -> list[str]:
     """Install the named adapters (all by default) now or at their runtime's first import.
     Returns the names that were armed. Safe to call twice. Imports no adapter module whose
     runtime is not imported yet."""
-    from cacheaudit.adapter import when_imported
+    from cacheaudit.importhooks import when_imported
 
     known = _adapters()
     armed = []
@@ -149,7 +149,7 @@ def flush_all() -> None:
 
 def deactivate() -> None:
     """Uninstall every adapter and drop pending hooks."""
-    from cacheaudit.adapter import forget_hooks
+    from cacheaudit.importhooks import forget_hooks
 
     flush_all()
     forget_hooks()

@@ -1,0 +1,18 @@
+"""Problems of cacheaudit's own, reported where the user will see them without being stopped.
+
+Stdlib only: the post-import hooks, the adapters and the recorder all report through here, and
+none of them may fail the user's compile, import or test because reporting failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+
+def report_problem(problem: str, stream: object = None) -> None:
+    """One line on stderr, prefixed so that users can tell it from the compiler's own output."""
+    target = stream if stream is not None else sys.stderr
+    with contextlib.suppress(Exception):
+        target.write(f"cacheaudit: recording failed, the compile is unaffected: {problem}\n")  # type: ignore[attr-defined]
+        target.flush()  # type: ignore[attr-defined]
