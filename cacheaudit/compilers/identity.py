@@ -1,0 +1,247 @@
+"""Compiler identity: who really compiles, with which binary, version and host compiler.
+
+A path is not an identity: `identify` follows the PATH lookup and the wrappers (`wrappers`) to the
+binary that runs, hashes it, keeps its full `--version` text (run with the caller's environment, so
+that wrappers are honoured) and, for nvcc, identifies the host compiler chosen by `-ccbin`,
+`NVCC_CCBIN` or PATH. `--version` results are memoised across processes (`IdentityMemo`) under a
+key of the files' stat along the whole chain.
+
+Nothing here runs a subprocess at import time; only `identify` runs one (`--version`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+from cacheaudit.compilers.command import parse_command
+from cacheaudit.compilers.effective import effective_argv
+from cacheaudit.compilers.kinds import compiler_kind
+from cacheaudit.compilers.wrappers import resolve
+from cacheaudit.digest import hash_file, is_settled
+from cacheaudit.model import CompilerIdentity, json_digest
+from cacheaudit.programs import find_program, is_executable_file
+
+__all__ = [
+    "DictMemo",
+    "IdentityMemo",
+    "host_compiler_path",
+    "identify",
+    "identity_cache_key",
+]
+
+class IdentityMemo(Protocol):
+    """Where `identify` keeps `--version` results across processes (a ledger table, say).
+
+    `identify` asks `get(key)` before running `--version` and calls `put(key, identity)` after a
+    successful run, where `key` is `identity_cache_key(...)`: equal keys mean the same files with
+    the same size, mtime, ctime and inode along the whole chain, so the stored version text and
+    digest still hold. The stored identity's host is not used (host compilers are identified,
+    and memoised, on their own).
+    """
+
+    def get(self, key: str) -> CompilerIdentity | None: ...
+
+    def put(self, key: str, identity: CompilerIdentity) -> None: ...
+
+
+class DictMemo:
+    """An in-process `IdentityMemo`: enough for a long-lived adapter or a test."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, CompilerIdentity] = {}
+        self.hits = 0
+
+    def get(self, key: str) -> CompilerIdentity | None:
+        found = self.entries.get(key)
+        if found is not None:
+            self.hits += 1
+        return found
+
+    def put(self, key: str, identity: CompilerIdentity) -> None:
+        self.entries[key] = identity
+
+
+_LOCALE_VARIABLES = ("LANGUAGE", "LC_ALL", "LC_MESSAGES", "LANG")
+
+
+def identity_cache_key(path: str, resolved: str, wrappers: Sequence[str],
+                       env: Mapping[str, str]) -> str | None:
+    """A key under which a compiler's `--version` text and digest may be reused, or None.
+
+    It covers the path run (drivers print their own name: `g++ (Debian ...)`), every hop and the
+    resolved binary with (size, mtime_ns, ctime_ns, inode), and the locale variables (gcc
+    translates `--version`). None when a file cannot be stat'ed or the binary changed within the
+    timestamp-granularity window (`digest.is_settled`), when a stat match proves nothing.
+    """
+    parts: list[object] = ["cacheaudit-compiler-identity-v1", path, resolved]
+    now = time.time_ns()
+    for hop in (*wrappers, resolved):
+        try:
+            st = os.stat(hop)
+        except OSError:
+            return None
+        if not is_settled(st, now):
+            return None
+        parts.append((hop, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+    parts.append(tuple((name, env.get(name)) for name in _LOCALE_VARIABLES))
+    return json_digest(parts)
+
+
+def _run_version(path: str, env: Mapping[str, str], timeout: float,
+                 cwd: str | None) -> tuple[str, str | None]:
+    """(stdout then stderr, error). Runs in its own session so that a hang is killed whole."""
+    try:
+        proc = subprocess.Popen([path, "--version"], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(env),
+                                cwd=cwd, start_new_session=True)
+    except OSError as exc:
+        return "", f"cannot run {path} --version: {exc.strerror or exc}"
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            out, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = b"", b""
+        text = (out + err).decode("utf-8", "surrogateescape")
+        return text, f"{path} --version did not finish within {timeout:g} s"
+    text = (out + err).decode("utf-8", "surrogateescape")
+    if proc.returncode != 0:
+        return text, f"{path} --version exited with status {proc.returncode}"
+    return text, None
+
+
+def host_compiler_path(argv_tokens: Sequence[str], env: Mapping[str, str], cwd: str,
+                       skip: Callable[[str], bool] | None = None) -> tuple[str, str | None]:
+    """(name as nvcc would run it, absolute path or None) of nvcc's host compiler.
+
+    Measured with nvcc 13.0 (`-dryrun`): the last `-ccbin`/`--compiler-bindir` of the effective
+    argv wins, else `NVCC_CCBIN`. A directory X (relative to the working directory) means
+    `X/gcc` (not `X/g++`: nvcc fails with "X/gcc: No such file" when only g++ is there; it runs
+    `X/g++` only to link); a value with a slash is a path relative to the working directory;
+    a bare name is looked up on PATH. Without either, nvcc runs `gcc` from PATH for every
+    preprocess and compile step (and `g++` only for the final link).
+    """
+    command = parse_command("nvcc", argv_tokens)
+    ccbin = command.value_of("--compiler-bindir") or env.get("NVCC_CCBIN") or None
+    search_path = env.get("PATH")
+    if ccbin is None:
+        return "gcc", find_program("gcc", search_path, skip)
+    candidate = os.path.join(cwd, ccbin)
+    if os.path.isdir(candidate):
+        name = os.path.join(ccbin, "gcc")
+        full = os.path.abspath(os.path.join(cwd, name))
+        return name, full if is_executable_file(full) else None
+    if "/" in ccbin:
+        full = os.path.abspath(candidate)
+        return ccbin, full if is_executable_file(full) else None
+    return ccbin, find_program(ccbin, search_path, skip)
+
+
+def identify(invoked: str, *, env: Mapping[str, str],
+             skip: Callable[[str], bool] | None = None, timeout: float = 10.0,
+             argv: Sequence[str] = (), cwd: str | None = None,
+             memo: IdentityMemo | None = None, path: str | None = None) -> CompilerIdentity:
+    """Who compiles when `invoked` runs with `env` (and, for nvcc, `argv`): never raises.
+
+    `path` is the PATH lookup (with `skip`), `resolved` the binary after symlinks and forwarding
+    scripts, `wrappers` the hops, `version_text` the full `--version` output (stdout then stderr)
+    of `path` run with `env` (so wrappers are honoured), `digest`/`size`/`mtime_ns` those of
+    `resolved`. For nvcc, `host` is the host compiler's identity (see `host_compiler_path`);
+    `argv` may be the argv as given or the effective argv. Failures leave `error` set on the
+    identity concerned and keep whatever was collected; a host failure stays on `host`.
+    `path`, when given, is the program already chosen for `invoked` (the shim's
+    `CACHEAUDIT_REAL_<NAME>` override, say): it is used instead of a PATH lookup.
+    """
+    try:
+        cwd = cwd or os.getcwd()
+        found = os.path.abspath(os.path.join(cwd, path)) if path else None
+        return _identify(invoked, env=env, skip=skip, timeout=timeout, argv=argv, cwd=cwd,
+                         memo=memo, found=found)
+    except Exception as exc:  # noqa: BLE001 - identity is evidence; it must never break a compile
+        return CompilerIdentity(invoked=invoked, path="", resolved="",
+                                kind=compiler_kind(invoked), version_text="", digest=None,
+                                error=f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _identify(invoked: str, *, env: Mapping[str, str], skip: Callable[[str], bool] | None,
+              timeout: float, argv: Sequence[str], cwd: str, memo: IdentityMemo | None,
+              found: str | None = None) -> CompilerIdentity:
+    kind = compiler_kind(invoked)
+    search_path = env.get("PATH")
+    if found is not None:
+        where = f"at {found}"
+        found = found if is_executable_file(found) else None
+    elif "/" in invoked:
+        where = "as a path"
+        candidate = os.path.abspath(os.path.join(cwd, invoked))
+        found = candidate if is_executable_file(candidate) else None
+    else:
+        where = "on PATH"
+        found = find_program(invoked, search_path, skip)
+    if found is None:
+        return CompilerIdentity(invoked=invoked, path="", resolved="", kind=kind,
+                                version_text="", digest=None,
+                                error=f"compiler {invoked!r} not found {where}")
+    path = os.path.abspath(found)
+    resolution = resolve(path, search_path, skip)
+    if kind == "unknown":
+        for name in (resolution.resolved, *reversed(resolution.chain)):
+            if compiler_kind(name) != "unknown":
+                kind = compiler_kind(name)
+                break
+    host = None
+    if kind == "nvcc":
+        host = _host_identity(argv, env, cwd, skip, timeout, memo)
+    base = CompilerIdentity(invoked=invoked, path=path, resolved=resolution.resolved,
+                            kind=kind, version_text="", digest=None, wrappers=resolution.chain,
+                            host=host)
+    if resolution.problem is not None:
+        return dataclasses.replace(base, error=resolution.problem)
+    key = identity_cache_key(path, resolution.resolved, resolution.chain, env)
+    if memo is not None and key is not None:
+        known = memo.get(key)
+        if known is not None and known.error is None:
+            return dataclasses.replace(base, version_text=known.version_text,
+                                       digest=known.digest, size=known.size,
+                                       mtime_ns=known.mtime_ns)
+    errors: list[str] = []
+    size, mtime_ns, digest = -1, 0, None
+    try:
+        st = os.stat(resolution.resolved)
+        size, mtime_ns = st.st_size, st.st_mtime_ns
+        digest = hash_file(resolution.resolved)
+    except OSError as exc:
+        errors.append(f"cannot read {resolution.resolved}: {exc.strerror or exc}")
+    version_text, version_error = _run_version(path, env, timeout, cwd)
+    if version_error:
+        errors.append(version_error)
+    identity = dataclasses.replace(base, version_text=version_text, digest=digest, size=size,
+                                   mtime_ns=mtime_ns, error="; ".join(errors) or None)
+    if memo is not None and key is not None and identity.error is None and key == (
+            identity_cache_key(path, resolution.resolved, resolution.chain, env)):
+        memo.put(key, dataclasses.replace(identity, host=None))
+    return identity
+
+
+def _host_identity(argv: Sequence[str], env: Mapping[str, str], cwd: str,
+                   skip: Callable[[str], bool] | None, timeout: float,
+                   memo: IdentityMemo | None) -> CompilerIdentity:
+    tokens = [t.text for t in effective_argv("nvcc", argv, env, cwd)]
+    name, full = host_compiler_path(tokens, env, cwd, skip)
+    if full is None:
+        return CompilerIdentity(invoked=name, path="", resolved="", kind=compiler_kind(name),
+                                version_text="", digest=None,
+                                error=f"host compiler {name!r} not found")
+    return _identify(name, env=env, skip=skip, timeout=timeout, argv=(), cwd=cwd, memo=memo,
+                     found=full)
