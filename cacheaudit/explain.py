@@ -17,8 +17,7 @@ from cacheaudit.exceptions import UsageError
 from cacheaudit.ledger import Ledger
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import KeyCheck, TrackedSet
-from cacheaudit.runtimes import layouts as all_readers
-from cacheaudit.runtimes import policy_for
+from cacheaudit.runtimes import layouts, policy_for
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ def _entry_at(path: str, cache: StateCache) -> CacheEntry | None:
     path = os.path.abspath(path)
     directory = path if os.path.isdir(path) else os.path.dirname(path)
     while True:
-        for reader in all_readers():
+        for reader in layouts():
             if reader.is_root(directory):
                 for item in reader.read(directory, cache):
                     if isinstance(item, CacheEntry) and (

@@ -9,10 +9,13 @@ from __future__ import annotations
 import contextlib
 import sys
 
+RECORDING = "recording failed, the compile is unaffected: "
 
-def report_problem(problem: str, stream: object = None) -> None:
-    """One line on stderr, prefixed so that users can tell it from the compiler's own output."""
+
+def report_problem(problem: str, stream: object = None, *, prefix: str = RECORDING) -> None:
+    """One line on stderr, prefixed so that users can tell it from the compiler's own output
+    (by default as a recording problem that left the compile alone)."""
     target = stream if stream is not None else sys.stderr
     with contextlib.suppress(Exception):
-        target.write(f"cacheaudit: recording failed, the compile is unaffected: {problem}\n")  # type: ignore[attr-defined]
+        target.write(f"cacheaudit: {prefix}{problem}\n")  # type: ignore[attr-defined]
         target.flush()  # type: ignore[attr-defined]

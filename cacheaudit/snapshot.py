@@ -64,9 +64,11 @@ def _compilers(env: Mapping[str, str], timeout: float) -> list[dict[str, Any]]:
     from cacheaudit import runtimes
 
     nvcc = None
-    settings = [setting.name for declared in runtimes.specs()
+    settings = [setting for declared in runtimes.specs()
                 for setting in declared.compiler_settings if setting.compiler == "nvcc"]
-    for variable in settings:
+    # A setting that falls back to another (DeepGEMM's to DeepJIT's) is the more specific one:
+    # it is what its runtime runs, so it is asked first; sorted() keeps registry order otherwise.
+    for variable in [s.name for s in sorted(settings, key=lambda s: not s.unless_set)]:
         if env.get(variable):
             nvcc = env[variable]
             break
@@ -82,8 +84,12 @@ def _compilers(env: Mapping[str, str], timeout: float) -> list[dict[str, Any]]:
                                      timeout))
     for declared in runtimes.specs():
         if declared.snapshot is not None:
-            module = importlib.import_module(declared.module(declared.snapshot))
-            found.extend(module.compilers(env, timeout))
+            try:
+                module = importlib.import_module(declared.module(declared.snapshot))
+                found.extend(module.compilers(env, timeout))
+            except Exception as exc:  # noqa: BLE001 - one runtime's probe never stops a snapshot
+                found.append({"name": declared.name,
+                              "status": f"{COULD_NOT_COLLECT}: {type(exc).__name__}: {exc}"})
     return found
 
 

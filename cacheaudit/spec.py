@@ -102,18 +102,39 @@ by ":", each read like a built-in one."""
 
 def _package_names() -> list[str]:
     extra = [name for name in os.environ.get(EXTRA_VARIABLE, "").split(":") if name]
-    return [f"cacheaudit.runtimes.{name}" for name in BUILT_IN] + extra
+    return list(dict.fromkeys([f"cacheaudit.runtimes.{name}" for name in BUILT_IN] + extra))
 
 
 @functools.cache
 def specs() -> tuple[RuntimeSpec, ...]:
     """Every runtime's spec, built-in ones first, in registry order. A spec module is plain
-    data (it imports this module and nothing else of cacheaudit), read by name."""
-    found = []
+    data (it imports this module and nothing else of cacheaudit), read by name.
+
+    Fails open: a package named in `CACHEAUDIT_RUNTIMES` that cannot be read (a typo, a plugin
+    that is not installed in this environment, a spec that raises) is left out, said once on
+    stderr, and every other runtime keeps working; so is a second spec claiming a runtime id
+    already taken."""
+    found: dict[str, RuntimeSpec] = {}
     for package in _package_names():
-        declared = importlib.import_module(f"{package}.spec").SPEC
-        found.append(declared._replace(package=package))
-    return tuple(found)
+        try:
+            declared = importlib.import_module(f"{package}.spec").SPEC
+            if not isinstance(declared, RuntimeSpec):
+                raise TypeError(f"SPEC is a {type(declared).__name__}, not a RuntimeSpec")
+        except Exception as exc:  # noqa: BLE001 - one bad plugin never stops cacheaudit
+            _left_out(package, f"{type(exc).__name__}: {exc}")
+            continue
+        if declared.name in found:
+            _left_out(package, f"runtime {declared.name!r} is already declared by "
+                               f"{found[declared.name].package}")
+            continue
+        found[declared.name] = declared._replace(package=package)
+    return tuple(found.values())
+
+
+def _left_out(package: str, why: str) -> None:
+    from cacheaudit.problems import report_problem
+
+    report_problem(f"{EXTRA_VARIABLE}: runtime package {package!r} left out: {why}", prefix="")
 
 
 def spec(runtime: str) -> RuntimeSpec | None:

@@ -79,3 +79,36 @@ def test_the_check_sees_a_runtime_named_in_code(tmp_path: Path) -> None:
     module = tmp_path / "leaky.py"
     module.write_text('"""Docstrings may say DeepGEMM."""\nSETTING = "DG_JIT_NVCC_COMPILER"\n')
     assert _names_in_code(module) == [(2, "DG_JIT_NVCC_COMPILER")]
+
+
+def _contracts() -> dict[str, dict]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    with open(PACKAGE.parent / "pyproject.toml", "rb") as handle:
+        config = tomllib.load(handle)
+    return {c["id"]: c for c in config["tool"]["importlinter"]["contracts"]}
+
+
+def _top_level_modules() -> set[str]:
+    return {f"cacheaudit.{p.stem if p.is_file() else p.name}" for p in PACKAGE.iterdir()
+            if (p.suffix == ".py" and p.stem != "__init__")
+            or (p.is_dir() and (p / "__init__.py").exists())}
+
+
+def test_the_import_contracts_cover_every_module_and_runtime() -> None:
+    """A module or runtime package that the contracts do not list would go unchecked."""
+    from cacheaudit.spec import BUILT_IN
+
+    contracts = _contracts()
+    layered = {m.strip() for layer in contracts["layers"]["layers"]
+               for m in layer.replace("|", ":").split(":")}
+    assert _top_level_modules() - layered == set()
+    packages = {f"cacheaudit.runtimes.{name}" for name in BUILT_IN}
+    assert set(contracts["runtimes-independent"]["modules"]) == packages
+    outside = contracts["no-runtime-code-outside"]
+    assert set(outside["forbidden_modules"]) == packages | {"cacheaudit.runtimes._deepseek"}
+    assert set(outside["source_modules"]) == _top_level_modules() - {
+        "cacheaudit.runtimes", "cacheaudit.headers"}

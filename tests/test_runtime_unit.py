@@ -127,3 +127,30 @@ def test_an_implicit_input_of_the_toy_runtime_is_reported(toy) -> None:
     assert scanned.returncode == 0, scanned.stderr
     found = json.loads(scanned.stdout)["findings"]
     assert ("CA201", "CPATH") in [(f["code"], f["subject"]) for f in found]
+
+
+def test_every_spec_agrees_with_the_modules_it_names() -> None:
+    """The runtime id is written in the spec, the policy, the layout and the adapter: a mismatch
+    would quietly make every entry CA501 "no policy" or arm an adapter for the wrong module."""
+    docs = TESTS.parent / "docs"
+    for declared in runtimes.specs():
+        if declared.policy is not None:
+            assert runtimes.policy_for(declared.name).runtime == declared.name, declared.name
+        if declared.adapter is not None:
+            name = declared.package.rsplit(".", 1)[-1]
+            hooked = runtimes.adapter(name)
+            assert (hooked.runtime, hooked.module) == (declared.name, declared.adapter_imports)
+        if declared.docs:
+            assert (docs / declared.docs).is_file(), declared.docs
+    owned = {layout.runtime for layout in runtimes.layouts()}
+    assert owned <= set(runtimes.names())
+
+
+def test_a_runtime_package_that_cannot_be_read_is_left_out_and_said_once(tmp_path: Path) -> None:
+    env = dict(os.environ, CACHEAUDIT_RUNTIMES="no_such_runtime:no_such_runtime",
+               CACHEAUDIT_LEDGER=str(tmp_path / "ledger.db"))
+    done = _cacheaudit(env, "snapshot", "--json")
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "no_such_runtime" in line]
+    assert len(said) == 1 and "left out" in said[0], done.stderr
+    assert json.loads(done.stdout)["caches"] is not None

@@ -238,3 +238,19 @@ def test_one_failing_probe_is_a_line_not_a_failure(tmp_path: Path, part: str):
         env["DG_JIT_CACHE_DIR"] = str(broken)
     data = json.loads(snapshot(env, "--json")[0])
     assert data["system"]["cacheaudit"]
+
+
+def test_the_nvcc_reported_is_the_most_specific_setting_set(tmp_path) -> None:
+    """DG_JIT_NVCC_COMPILER falls back to DJ_JIT_NVCC_COMPILER: with both set, DeepGEMM runs the
+    first, and the snapshot reports it (as before the settings came from the specs)."""
+    from cacheaudit import snapshot
+
+    for name in ("dj", "dg"):
+        (tmp_path / name).mkdir()
+        fake = tmp_path / name / "nvcc"
+        fake.write_text(f"#!/bin/sh\necho 'nvcc: {name}'\n")
+        fake.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "DJ_JIT_NVCC_COMPILER": str(tmp_path / "dj" / "nvcc"),
+           "DG_JIT_NVCC_COMPILER": str(tmp_path / "dg" / "nvcc")}
+    [nvcc] = [c for c in snapshot._compilers(env, timeout=5) if c["name"] == "nvcc"]
+    assert nvcc["path"] == env["DG_JIT_NVCC_COMPILER"]

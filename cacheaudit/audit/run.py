@@ -15,10 +15,10 @@ from typing import Any, overload
 from cacheaudit.audit.checks import modified_during_compile
 from cacheaudit.audit.options import AuditOptions, keep
 from cacheaudit.audit.scan import ScanResult, discover, scan
+from cacheaudit.findings import make_finding
 from cacheaudit.ledger import Ledger
 from cacheaudit.model import CompileRecord, Finding
-from cacheaudit.runtimes import layouts as all_readers
-from cacheaudit.runtimes import policy_for
+from cacheaudit.runtimes import layouts, policy_for
 
 
 class _Earlier(Sequence[CompileRecord]):
@@ -78,7 +78,14 @@ def audit_records(records: Sequence[CompileRecord],
                 policy = policy_for(record.runtime)
             except KeyError:
                 continue  # a runtime without a policy carries no record-level checks
-            findings += policy.record_findings(record, _Earlier(run, index))
+            try:
+                findings += policy.record_findings(record, _Earlier(run, index))
+            except Exception as exc:  # noqa: BLE001 - one runtime's check never stops the audit
+                findings.append(make_finding(
+                    "CA501", subject=record.runtime, record=record,
+                    message=f"the record-level checks of runtime {record.runtime!r} failed: "
+                            f"{type(exc).__name__}: {exc}",
+                    how="the runtime's policy (record_findings)"))
     return findings
 
 
@@ -109,7 +116,7 @@ class RunReport:
 def roots_of(records: Iterable[CompileRecord]) -> list[str]:
     """Cache roots the records touched: found by walking up from each entry, output and working
     directory (the shim sees `<root>/tmp/<uuid>/kernel.cubin` before the runtime renames it)."""
-    readers = all_readers()
+    readers = layouts()
     candidates: set[str] = set()
     for record in records:
         paths = [record.entry or "", record.cwd] + [s.path for s in record.outputs]
@@ -139,7 +146,7 @@ def audit_run(ledger: Ledger, run_uuid: str, env: Mapping[str, str], *,
     defaults = [root for reader, root in discover([], env)]
     scanned = sorted(set(roots_of(records)) | {os.path.abspath(r) for r in roots}
                      | {r for r in ledger.known_roots() if os.path.isdir(r)} | set(defaults))
-    scanned = [root for root in scanned if any(r.is_root(root) for r in all_readers())]
+    scanned = [root for root in scanned if any(r.is_root(root) for r in layouts())]
     result = scan(scanned, env, ledger=ledger, options=options) if scanned else None
     # The scan attributed the run's compiles to their entries: read them again.
     records = ledger.records(where="runs.run_uuid = ?", params=(run_uuid,), with_files=True)

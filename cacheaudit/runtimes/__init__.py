@@ -53,13 +53,19 @@ def _attribute(module: str, attribute: str) -> Any:
 
 @functools.cache
 def layouts() -> tuple[Layout, ...]:
-    """One reader per layout, in registry order (runtimes that share a layout list it once)."""
+    """One reader per layout, in registry order (runtimes that share a layout list it once).
+    A layout that cannot be loaded (a broken plugin) is left out, said once on stderr."""
     seen: dict[str, Layout] = {}
     for declared in specs():
         if declared.layout is not None:
             module = declared.module(declared.layout)
-            if module not in seen:
+            if module in seen:
+                continue
+            try:
                 seen[module] = _attribute(module, "LAYOUT")
+            except Exception as exc:  # noqa: BLE001 - one bad plugin never stops a scan
+                _report_once(f"the layout of runtime {declared.name!r} cannot be loaded "
+                             f"({module}): {type(exc).__name__}: {exc}")
     return tuple(seen.values())
 
 
@@ -72,11 +78,18 @@ def layout_for(name: str) -> Layout:
 
 @functools.cache
 def policy_for(runtime: str) -> Policy:
-    """The policy that judges `runtime`'s entries; KeyError for a runtime without one."""
+    """The policy that judges `runtime`'s entries. KeyError, with the reason, for a runtime
+    without one or whose policy cannot be loaded (a broken plugin): its entries are then
+    unverified (CA501), never a crash."""
     declared = spec(runtime)
     if declared is None or declared.policy is None:
         raise KeyError(f"no policy for runtime {runtime!r}")
-    return _attribute(declared.module(declared.policy), "POLICIES")[runtime]  # type: ignore[no-any-return]
+    module = declared.module(declared.policy)
+    try:
+        return _attribute(module, "POLICIES")[runtime]  # type: ignore[no-any-return]
+    except Exception as exc:
+        raise KeyError(f"the policy of runtime {runtime!r} cannot be loaded ({module}): "
+                       f"{type(exc).__name__}: {exc}") from exc
 
 
 # ------------------------------------------------------------------------------ adapters
@@ -102,6 +115,13 @@ def _report(problem: str) -> None:
     from cacheaudit.problems import report_problem
 
     report_problem(problem)
+
+
+@functools.cache
+def _report_once(problem: str) -> None:
+    from cacheaudit.problems import report_problem
+
+    report_problem(problem, prefix="")
 
 
 def _installer(name: str) -> Callable[[ModuleType], None]:
