@@ -122,7 +122,7 @@ class CudaCorePolicy(Policy):
         if not inputs:
             return TrackedSet(frozenset(), error=(
                 "what the key covered was not observed: the compile was recorded without "
-                "cacheaudit's key observer (adapters.cuda_core)"), how=KEY_RECIPE)
+                "cacheaudit's key observer (the cuda.core adapter)"), how=KEY_RECIPE)
         source = inputs.get("extra_digest_source")
         if source == "cacheaudit.headers":
             files = _fingerprint_files(inputs)
