@@ -154,3 +154,29 @@ def test_a_runtime_package_that_cannot_be_read_is_left_out_and_said_once(tmp_pat
     said = [line for line in done.stderr.splitlines() if "no_such_runtime" in line]
     assert len(said) == 1 and "left out" in said[0], done.stderr
     assert json.loads(done.stdout)["caches"] is not None
+
+
+def test_a_runtime_whose_environment_contradicts_the_others_is_left_out_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cacheaudit import envvars
+
+    package = tmp_path / "badenv_rt"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "spec.py").write_text(
+        "from cacheaudit.spec import RuntimeSpec\n"
+        "SPEC = RuntimeSpec(name='badenv', title='BadEnv', environment='environment')\n")
+    (package / "environment.py").write_text(
+        "from cacheaudit.envvars import variable\n"
+        "ROWS = (variable('BADENV_DIR', 'cache-location', 'x', not_in_key=('deepjit',)),)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("CACHEAUDIT_RUNTIMES", "badenv_rt")
+    runtimes.reset()
+    try:
+        assert "deepjit" in (envvars.problem("badenv") or "")
+        assert envvars.problem("deepjit") is None
+        assert envvars.classify("CPATH", "deepjit") == envvars.KeyStatus.NOT_IN_KEY
+        assert "BADENV_DIR" not in envvars.compile_environment({"BADENV_DIR": "/x"})
+    finally:
+        monkeypatch.delenv("CACHEAUDIT_RUNTIMES")
+        runtimes.reset()

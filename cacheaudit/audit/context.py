@@ -82,11 +82,6 @@ class RegistryView:
     """Why the registry could not answer for the runtime (it does not know it)."""
 
 
-# A generic compile variable every runtime's rows answer for: asking about it tells whether the
-# registry knows a runtime even when the environment sets nothing.
-_REGISTRY_PROBE = "CPATH"
-
-
 @dataclass
 class Memos:
     """Answers shared by many entries, each computed once per scan."""
@@ -165,11 +160,11 @@ class AuditContext:
         view = self.memos.registry.get(runtime)
         if view is None:
             try:
-                envvars.is_implicit_input(_REGISTRY_PROBE, runtime)
-                implicit = frozenset(
+                problem = envvars.problem(runtime)
+                implicit = frozenset() if problem is not None else frozenset(
                     name for name in self.env_now if not envvars.selects_compiler(name)
                     and envvars.is_implicit_input(name, runtime))
-                view = RegistryView(implicit)
+                view = RegistryView(implicit, problem)
             except Exception as exc:  # noqa: BLE001 - the entry is reported unverified (CA501)
                 view = RegistryView(frozenset(), f"{type(exc).__name__}: {exc}")
             self.memos.registry[runtime] = view

@@ -119,10 +119,49 @@ def _declaration(spec: Any) -> Declaration:
 
 @functools.cache
 def registry() -> Registry:
-    """The generic rows merged with every registered runtime's declarations, built once."""
+    """The generic rows merged with every registered runtime's declarations, built once.
+
+    Fails open: a runtime whose declaration cannot be read or contradicts the others (a plugin's
+    row naming another runtime, a variable defined twice) is left out, and `problem(runtime)`
+    says why, so that its entries are reported unverified (CA501) while every other runtime is
+    judged as usual."""
     from cacheaudit.spec import specs
 
-    return Registry(_declaration(spec) for spec in specs())
+    declarations: list[Declaration] = []
+    problems: dict[str, str] = {}
+    for spec in specs():
+        try:
+            declarations.append(_declaration(spec))
+        except Exception as exc:  # noqa: BLE001 - reported per runtime
+            problems[spec.name] = f"its environment declaration cannot be read: " \
+                                  f"{type(exc).__name__}: {exc}"
+    try:
+        built = Registry(declarations)
+    except EnvVarsError:
+        # Find the declarations that break it, one at a time: only on this rare path, since
+        # every compile through the shim builds the registry.
+        accepted: list[Declaration] = []
+        for declaration in declarations:
+            try:
+                Registry([*accepted, declaration])
+            except EnvVarsError as exc:
+                problems[declaration.runtime] = f"its environment declaration is rejected: {exc}"
+                continue
+            accepted.append(declaration)
+        built = Registry(accepted)
+    for declaration in declarations:
+        if not declaration.rows and not declaration.families:
+            problems.setdefault(declaration.runtime, "it declares no environment variables")
+    built.problems.update(problems)
+    return built
+
+
+def problem(runtime: str) -> str | None:
+    """Why the registry cannot judge `runtime`'s environment, or None when it can."""
+    known = registry()
+    if runtime in known.problems:
+        return known.problems[runtime]
+    return None if runtime in known.runtimes else f"no runtime {runtime!r} is declared"
 
 
 def __getattr__(name: str) -> Any:

@@ -86,6 +86,8 @@ class Registry:
     def __init__(self, declarations: Iterable[Declaration],
                  generic: Iterable[Variable] = GENERIC_ROWS) -> None:
         declared = tuple(declarations)
+        self.problems: dict[str, str] = {}
+        """Runtimes the registry cannot judge, and why (filled in by whoever builds it)."""
         self.runtimes: tuple[str, ...] = (*(d.runtime for d in declared), SHIM)
         if len(set(self.runtimes)) != len(self.runtimes):
             raise EnvVarsError(f"a runtime declared twice: {', '.join(self.runtimes)}")

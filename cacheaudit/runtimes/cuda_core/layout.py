@@ -163,8 +163,8 @@ def read_entry(root: str, prefix: str, item: os.DirEntry[str], cache: StateCache
 
 def tmp_files(root: str, now_s: float | None = None) -> Iterator[CacheLeftover]:
     """Files in tmp/: each is a write that never reached os.replace (or one running now), judged
-    by cuda.core's own sweep age (unlike `cacheaudit.layout.tmp_leftovers`, where everything in tmp/ is a
-    crashed build)."""
+    by cuda.core's own sweep age (unlike `cacheaudit.layout.tmp_leftovers`, where everything in
+    tmp/ is a crashed build)."""
     tmp_dir = os.path.join(root, TMP)
     try:
         items = scandir_sorted(tmp_dir)
