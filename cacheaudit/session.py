@@ -19,11 +19,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from cacheaudit.exceptions import UsageError
+from cacheaudit.programs import find_program
 from cacheaudit.shim import (
     MASQUERADE_NAMES,
     install_masquerade,
     link_to_shim,
     real_variable,
+    strip_masquerade_dirs,
 )
 from cacheaudit.spec import CompilerSetting
 from cacheaudit.switches import (
@@ -38,22 +40,21 @@ from cacheaudit.switches import (
 _CXX_SETTINGS = {"CXX": "c++", "CC": "cc"}
 
 
-def _nvcc_settings() -> list[CompilerSetting]:
-    """The settings through which runtimes name their nvcc (their specs' `compiler_settings`),
-    each pointed at the shim; one per variable.
+def _compiler_settings() -> list[CompilerSetting]:
+    """The settings through which runtimes name their compiler (their specs'
+    `compiler_settings`), each pointed at the shim; one per variable.
 
-    Those with `session_fills` are set even when the user left them unset, to the nvcc the
-    runtime would take by default (`<CUDA home>/bin/nvcc`), but never while one of their
-    `unless_set` is set: a runtime that falls back to another setting (DeepGEMM 2.8+ to
-    DJ_JIT_NVCC_COMPILER) must keep following the user's.
+    Those with `session_fills` are set even when the user left them unset, to the compiler the
+    runtime would take by default (for nvcc `<CUDA home>/bin/nvcc`, as the runtimes find it),
+    but never while one of their `unless_set` is set: a runtime that falls back to another
+    setting (DeepGEMM 2.8+ to DJ_JIT_NVCC_COMPILER) must keep following the user's.
     """
     from cacheaudit import runtimes
 
     found: dict[str, CompilerSetting] = {}
     for declared in runtimes.specs():
         for setting in declared.compiler_settings:
-            if setting.compiler == "nvcc":
-                found.setdefault(setting.name, setting)
+            found.setdefault(setting.name, setting)
     return list(found.values())
 
 
@@ -176,17 +177,19 @@ def _point_at_shims(child: dict[str, str], original: Mapping[str, str], shims: s
     home = child.get("CUDA_HOME") or child.get("CUDA_PATH")
     if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
         default_nvcc = os.path.join(home, "bin", "nvcc")
-    for setting in _nvcc_settings():
-        name = setting.name
+    for setting in _compiler_settings():
+        name, family = setting.name, setting.compiler
         value = original.get(name)
         if single(value):
             assert value is not None
-            _point(child, name, _stand_in(child, shims, value, "nvcc"))
-        elif (not value and setting.session_fills and default_nvcc
-              and not any(original.get(other) for other in setting.unless_set)):
-            # Without any nvcc there is nothing to stand in for; pointing a runtime at the shim
-            # would only turn "nvcc not found" into "the shim found no nvcc".
-            _point(child, name, _stand_in(child, shims, default_nvcc, "nvcc"))
+            _point(child, name, _stand_in(child, shims, value, family))
+        elif (not value and setting.session_fills
+              and not any(original.get(other) for other in setting.unless_set)
+              and (default := default_nvcc if family == "nvcc" else find_program(
+                  family, strip_masquerade_dirs(original.get("PATH", os.defpath))))):
+            # Without the compiler there is nothing to stand in for; pointing a runtime at the
+            # shim would only turn "nvcc not found" into "the shim found no nvcc".
+            _point(child, name, _stand_in(child, shims, default, family))
     for name, family in _CXX_SETTINGS.items():
         value = original.get(name)
         if value in MASQUERADE_NAMES or not single(value):

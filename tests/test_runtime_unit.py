@@ -180,3 +180,29 @@ def test_a_runtime_whose_environment_contradicts_the_others_is_left_out_alone(
     finally:
         monkeypatch.delenv("CACHEAUDIT_RUNTIMES")
         runtimes.reset()
+
+
+def test_cacheaudit_run_records_the_toy_runtime_through_its_compiler_setting(
+        toy, tmp_path: Path) -> None:
+    """A recording session points every spec's compiler setting at the shim: ToyJIT, told to run
+    g++ by full path (TOYJIT_CXX), is recorded all the same, and a later scan ties its entry to
+    that compile."""
+    import shutil
+
+    env, include, cache = toy
+    env = dict(env, TOYJIT_CXX=shutil.which("g++") or "g++")
+    job = tmp_path / "job.py"
+    job.write_text("import os, sys\n"
+                   f"sys.path.insert(0, {str(TESTS)!r})\n"
+                   "from toyjit import runtime\n"
+                   f"print(runtime.compile('scaled', {SOURCE!r}, {str(include)!r}, "
+                   "dict(os.environ))[1])\n")
+    report = tmp_path / "report.json"
+    ran = _cacheaudit(env, "run", "--report-json", str(report), "--", sys.executable, str(job))
+    assert ran.returncode == 0, ran.stderr
+    assert "compile" in ran.stdout
+    assert json.loads(report.read_text())["events"].get("compile") == 1
+
+    scanned = _cacheaudit(env, "scan", "--json")
+    assert scanned.returncode == 0, scanned.stderr
+    assert json.loads(scanned.stdout)["matched"] == 1
