@@ -18,7 +18,6 @@ import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from cacheaudit.digest import is_settled, read_file
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
@@ -72,27 +71,12 @@ class ConfigurationChange:
     """How the policy knows which settings the runtime read."""
 
 
-class EnvFamilies(NamedTuple):
-    """The `<PREFIX>_JIT_*` families one entry's runtime reads, and the evidence for them."""
-
-    prefixes: tuple[str, ...]
-    """Empty when nothing says which of the policy's families the runtime read."""
-    how: str
-
-
 class Policy:
     """What one runtime's key covers. A runtime package subclasses this in its `policy.py`; every
     member but `runtime` and `tracked` has a default that holds for a runtime that keys nothing
     beyond what `tracked` returns, as coverage.py's plugin base documents its no-op hooks."""
 
     runtime: str = ""
-
-    env_prefixes: tuple[str, ...] = ()
-    """The `<PREFIX>_JIT_*` families this runtime reads (for CA203, CA204); none by default."""
-
-    flavour: str | None = None
-    """How it reads them: a flavour of the family's environment rules; required with
-    `env_prefixes`, None for a runtime that reads no such family."""
 
     caches_header_digests: bool = True
     """Whether the runtime's process keeps a header's digest from one lookup to the next (so a
@@ -141,12 +125,6 @@ class Policy:
         over an entry built before recording started; None (the default) when the entry does
         not say."""
         return None
-
-    def env_families(self, entry: CacheEntry, env: Mapping[str, str]) -> EnvFamilies:
-        """Which of `env_prefixes` the runtime that built `entry` reads, judged from the entry
-        and `env` (the environment it was configured from). Default: all of them, with nothing
-        to say which."""
-        return EnvFamilies(self.env_prefixes, "")
 
     def configuration_changes(self, entry: CacheEntry, first_env: Mapping[str, str],
                               env: Mapping[str, str]) -> list[ConfigurationChange]:

@@ -189,7 +189,7 @@ def test_cacheaudit_run_records_the_toy_runtime_through_its_compiler_setting(
     that compile."""
     import shutil
 
-    env, include, cache = toy
+    env, include, _cache = toy
     env = dict(env, TOYJIT_CXX=shutil.which("g++") or "g++")
     job = tmp_path / "job.py"
     job.write_text("import os, sys\n"

@@ -20,9 +20,10 @@ from collections.abc import Mapping, Sequence
 from cacheaudit.envvars import redact
 from cacheaudit.findings import make_finding
 from cacheaudit.model import CacheEntry, Finding
-from cacheaudit.policy import ConfigurationChange, Policy
+from cacheaudit.policy import ConfigurationChange
 from cacheaudit.runtimes import policy_for
 from cacheaudit.runtimes._deepseek.environment import FLAVOUR_NAMES, resolve_jit_settings
+from cacheaudit.runtimes._deepseek.policy import FamilyPolicy
 
 SCAN_FAMILY = "deepseek"
 """The `scan_family` of the three runtimes' policies: a `DJ_` value reaches all of them."""
@@ -34,7 +35,7 @@ def _jit_part(env: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in env.items() if "_JIT_" in name}
 
 
-def configuration_changes(policy: Policy, entry: CacheEntry, first_env: Mapping[str, str],
+def configuration_changes(policy: FamilyPolicy, entry: CacheEntry, first_env: Mapping[str, str],
                           env: Mapping[str, str]) -> list[ConfigurationChange]:
     """CA204's evidence for one compile: each setting of the families the runtime read (settled
     at construction, so judged by `first_env`) that it reads at construction and that `env`
@@ -81,7 +82,7 @@ def _families_found(entries: Sequence[CacheEntry],
             policy = policy_for(entry.runtime)
         except KeyError:
             continue
-        if policy.flavour is None:
+        if not isinstance(policy, FamilyPolicy) or policy.flavour is None:
             continue
         families = policy.env_families(entry, env)
         prefixes = families.prefixes or policy.env_prefixes

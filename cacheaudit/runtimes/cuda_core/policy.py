@@ -110,8 +110,6 @@ def _fingerprint_files(inputs: Mapping[str, Any]) -> list[str]:
 
 class CudaCorePolicy(Policy):
     runtime = "cuda-core"
-    env_prefixes: tuple[str, ...] = ()
-    flavour: str | None = None
     # The key takes the caller's extra_digest afresh at every compile: a live process keeps no
     # header digest of its own. A caller that reuses an old fingerprint is caught by
     # record_findings (CA106), not inferred from the process table.

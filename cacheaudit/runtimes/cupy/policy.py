@@ -41,8 +41,6 @@ KEY_RECIPE = ("CuPy's key: sha1 of (arch, options, NVRTC version, backend), the 
 
 class CupyPolicy(Policy):
     runtime = "cupy"
-    env_prefixes: tuple[str, ...] = ()
-    flavour: str | None = None
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         # The source is keyed as text (a saved .cu is a copy, not an input); no file is.

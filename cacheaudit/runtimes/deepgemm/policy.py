@@ -45,16 +45,15 @@ from collections.abc import Mapping, Sequence
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import (
     ConfigurationChange,
-    EnvFamilies,
     KeyCheck,
     KeyComponent,
-    Policy,
     TrackedSet,
     read_header,
     read_input,
 )
 from cacheaudit.runtimes._deepseek import checks as family_checks
 from cacheaudit.runtimes._deepseek.environment import FLAVOUR_NAMES
+from cacheaudit.runtimes._deepseek.policy import EnvFamilies, FamilyPolicy
 from cacheaudit.runtimes._deepseek.recipe import build_directory_pid, split_mix
 from cacheaudit.runtimes.deepgemm.layout import INCLUDE_HASH_PREFIX, PYTHON_HASH_LEN
 
@@ -233,7 +232,7 @@ def _library_version_tracked(include_dir: str) -> dict[str, str]:
     return names
 
 
-class DeepGemmPolicy(Policy):
+class DeepGemmPolicy(FamilyPolicy):
     reads_configuration_once = True  # the JIT's settings are read once per process
     scan_family = family_checks.SCAN_FAMILY
 

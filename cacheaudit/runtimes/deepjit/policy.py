@@ -28,16 +28,15 @@ from typing import Any
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import (
     ConfigurationChange,
-    EnvFamilies,
     KeyCheck,
     KeyComponent,
-    Policy,
     TrackedSet,
     read_header,
     read_input,
 )
 from cacheaudit.runtimes._deepseek import checks as family_checks
 from cacheaudit.runtimes._deepseek.environment import resolve_jit_settings
+from cacheaudit.runtimes._deepseek.policy import EnvFamilies, FamilyPolicy
 from cacheaudit.runtimes._deepseek.recipe import build_directory_pid, split_mix
 from cacheaudit.runtimes.deepjit.layout import mistyped, prefix_roots
 
@@ -269,7 +268,7 @@ def _same_directory(first: str, second: str) -> bool:
     return _real_directory(first) == _real_directory(second)
 
 
-class DeepJitPolicy(Policy):
+class DeepJitPolicy(FamilyPolicy):
     runtime = "deepjit"
     env_prefixes = ("DG", "EP")
     flavour = "deepjit"

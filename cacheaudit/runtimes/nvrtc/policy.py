@@ -44,9 +44,7 @@ def _short(digest: str | None) -> str:
 
 class NvrtcPolicy(Policy):
     runtime = "nvrtc"
-    env_prefixes: tuple[str, ...] = ()
     """NVRTC reads no `<PREFIX>_JIT_*` family (nor CPATH: platform-notes.md §2)."""
-    flavour: str | None = None
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         return TrackedSet(frozenset(), how=_NOTHING_KEYED)

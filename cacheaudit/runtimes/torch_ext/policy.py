@@ -39,7 +39,6 @@ TRACKED_HOW = ("ninja's deps log (-MMD: no -isystem or C/CPLUS_INCLUDE_PATH head
 
 class TorchExtPolicy(Policy):
     runtime = "torch-ext"
-    env_prefixes: tuple[str, ...] = ()
     flavour: str | None = None  # torch reads no <PREFIX>_JIT_* family
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:

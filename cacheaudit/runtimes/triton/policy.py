@@ -197,9 +197,7 @@ def _key_parts(record: CompileRecord | None) -> dict[str, Any] | None:
 
 class TritonPolicy(Policy):
     runtime = RUNTIME
-    env_prefixes: tuple[str, ...] = ()
     """Triton has no `<PREFIX>_JIT_*` family, so CA203/CA204 never apply."""
-    flavour: str | None = None
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         """The files Triton's key reads by content: the extern libraries (libdevice). The @jit
