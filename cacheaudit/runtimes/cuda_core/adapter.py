@@ -12,20 +12,22 @@
 The cache must be a `ProgramCacheResource` instance (Program.compile checks). So this adapter:
 
 - observes keys: wraps `make_program_cache_key` in `cuda.core.utils._program_cache` and
-  `cuda.core.utils`, and remembers what each key was made from (source, options, target,
-  name expressions, `extra_digest`), without changing the key or any exception;
+  `cuda.core.utils` (`keys.key_observer`), and remembers what each key was made from (source,
+  options, target, name expressions, `extra_digest`), without changing the key or any
+  exception;
 - observes the two caches cuda.core ships: `FileStreamProgramCache.__getitem__`/`__setitem__`
   (a hit is "disk-hit", the entry is `<root>/entries/<2>/<62>`) and `InMemoryProgramCache`'s
   ("memory-hit", no entry on disk); a store is a "compile" record;
 - `AuditedProgramCache(inner)` wraps any other `ProgramCacheResource` (a user's own backend) and
   records the same way; pass it as `cache=`.
 
-What a compile record carries (`extra["key_inputs"]`): what the key covered, field by field, so
-that the policy can recompute it; whether `extra_digest` was given and by whom (this process's
-`cacheaudit.headers`, whose files are then known, or the caller); and, in the case cuda.core's
-guard misses (a program name without a directory, a quoted `#include`, no `extra_digest`: NVRTC
-then reads the header from the process's working directory, and the key never sees it), the
-headers NVRTC read, from its own trace (`cacheaudit.headers`), as the record's include graph.
+What a compile record carries (`extra["key_inputs"]`, `keys.describe_key`): what the key
+covered, field by field, so that the policy can recompute it (`keys.recompute_key`); whether
+`extra_digest` was given and by whom (this process's `cacheaudit.headers`, whose files are then
+known, or the caller); and, in the case cuda.core's guard misses (a program name without a
+directory, a quoted `#include`, no `extra_digest`: NVRTC then reads the header from the
+process's working directory, and the key never sees it), the headers NVRTC read, from its own
+trace (`cacheaudit.headers`), as the record's include graph.
 
 Cost on a hit: the runtime's disk hit is ~55-70 µs; the adapter counts the hit in a buffer,
 grouped by key, cache, served bytes (an xxh3) and environment (a snapshot shared while it does
@@ -46,10 +48,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import itertools
 import os
-import re
 import socket
 import threading
 import time
@@ -68,7 +68,6 @@ from cacheaudit.adapter import (
     environ_data,
     environ_snapshot,
     environ_text,
-    jsonable,
     memory_state,
 )
 from cacheaudit.digest import StateCache
@@ -79,6 +78,16 @@ from cacheaudit.runtimes.cuda_core.headers import (
     fingerprint_headers,
     header_digest,
     issued,
+)
+from cacheaudit.runtimes.cuda_core.keys import (
+    ORIGINAL_ATTRIBUTE,
+    as_key_bytes,
+    code_bytes,
+    describe_key,
+    hit_key_inputs,
+    is_unguarded,
+    key_observer,
+    observer_switch,
 )
 
 __all__ = [
@@ -94,22 +103,16 @@ __all__ = [
 
 RUNTIME = "cuda-core"
 OBSERVER = "adapter:cuda_core"
-_ORIGINAL = "__cacheaudit_original__"
-_SWITCH = "__cacheaudit_switch__"
 
 _CONTEXTS_MAX = 4096
+"""Keys whose inputs are remembered (the oldest go first)."""
 _PENDING_MAX = 256
 """Distinct (key, entry, bytes, test) hit groups kept before a write."""
 _PENDING_AGE_NS = 5_000_000_000
-_CODE_LIMIT = 256 * 1024
-"""Sources up to this size are kept in the compile record, so that the key can be recomputed."""
 
 _time_ns = time.time_ns
 _xxh3 = xxhash.xxh3_128_hexdigest
 _ENVIRON_DATA = environ_data()
-
-_QUOTED_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\r\n]+)"', re.MULTILINE)
-_MACRO_INCLUDE = re.compile(rb"^[ \t]*#[ \t]*include[ \t]+[A-Za-z_]", re.MULTILINE)
 
 
 class _Local(threading.local):
@@ -163,129 +166,13 @@ def _environ_watcher(original: Callable[..., Any]) -> Callable[..., Any]:
             # a new one, and snapshots the environment after reading it.
             _environ_generation = next(_GENERATIONS)
 
-    setattr(method, _ORIGINAL, original)
+    setattr(method, ORIGINAL_ATTRIBUTE, original)
     return method
 
 
 def _environ_watched() -> bool:
     return (_ENVIRON_CLASS.__setitem__ is _environ_watch[0]
             and _ENVIRON_CLASS.__delitem__ is _environ_watch[1])
-
-
-# ------------------------------------------------------------------------------ key inputs
-
-
-def _code_bytes(code: object) -> bytes:
-    if isinstance(code, str):
-        return code.encode("utf-8")
-    if isinstance(code, (bytes, bytearray, memoryview)):
-        return bytes(code)
-    return str(code).encode("utf-8", "surrogateescape")
-
-
-def _options_summary(options: object) -> dict[str, object]:
-    if not dataclasses.is_dataclass(options):
-        return {"repr": repr(options)}
-    return {f.name: jsonable(getattr(options, f.name)) for f in dataclasses.fields(options)
-            if getattr(options, f.name, None) is not None}
-
-
-@functools.lru_cache(maxsize=1)
-def _nvrtc_version() -> str:
-    """The version probe cuda.core mixes into NVRTC keys ("13.0"), or its failure label."""
-    try:
-        from cuda.core.utils._program_cache import _keys
-
-        major, minor = _keys._nvrtc_version()
-        return f"{major}.{minor}"
-    except Exception as exc:  # noqa: BLE001 - cuda.core keys the failure's class name the same way
-        return f"probe_failed:{type(exc).__name__}"
-
-
-def _option_bytes(options: object, code_type: str, target_type: str) -> list[bytes] | None:
-    """The option bytes cuda.core's key hashes: `as_bytes("nvrtc")` for C++ (its
-    `_NvrtcBackend.option_fingerprint`), `as_bytes("nvvm")` for NVVM. PTX keys hash the linker's
-    view, which needs a driver probe: not repeated here (None)."""
-    backend = {"c++": "nvrtc", "nvvm": "nvvm"}.get(code_type)
-    if backend is None:
-        return None
-    try:
-        return [bytes(o) for o in options.as_bytes(backend, target_type)]  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - the key itself was made: this is evidence only
-        return None
-
-
-def _name_tags(name_expressions: object) -> list[str]:
-    tags = []
-    for name in name_expressions or ():  # type: ignore[attr-defined]
-        if isinstance(name, bytes):
-            tags.append("b:" + name.decode("utf-8", "surrogateescape"))
-        else:
-            tags.append("s:" + str(name))
-    return sorted(tags)
-
-
-def is_unguarded(code: object, options: object, extra_digest: object = None,
-                 code_type: str = "c++") -> bool:
-    """The case cuda.core's header guard misses: NVRTC, a program name without a directory
-    (NVRTC then resolves quoted includes against the process's working directory), a quoted
-    `#include` (or one through a macro) in the source, and no `extra_digest`."""
-    if str(code_type).lower() != "c++" or extra_digest is not None:
-        return False
-    if getattr(options, "no_source_include", False):
-        return False  # measured: NVRTC then no longer searches the working directory
-    name = getattr(options, "name", None)
-    if isinstance(name, str) and ("/" in name or "\\" in name):
-        return False  # refused by cuda.core without an extra_digest
-    raw = _code_bytes(code)
-    return bool(_QUOTED_INCLUDE.search(raw) or _MACRO_INCLUDE.search(raw))
-
-
-def describe_key(code: object, code_type: str, options: object, target_type: str,
-                 name_expressions: object = (), extra_digest: object = None,
-                 *, keep_code: bool = True) -> dict[str, Any]:
-    """What a cuda.core program-cache key covers, field by field (JSON-able): the compile
-    record's `extra["key_inputs"]`, from which the policy recomputes the key."""
-    code_type = str(code_type).lower()
-    target_type = str(target_type).lower()
-    raw = _code_bytes(code)
-    option_bytes = _option_bytes(options, code_type, target_type)
-    fingerprint = issued(extra_digest) if extra_digest is not None else None
-    digest_bytes: bytes | None = None
-    if extra_digest is not None:
-        with contextlib.suppress(TypeError, ValueError):
-            digest_bytes = bytes(extra_digest)  # type: ignore[call-overload]
-    try:
-        from cuda.core.utils._program_cache import _keys
-
-        schema: object = _keys._KEY_SCHEMA_VERSION
-    except Exception:  # noqa: BLE001
-        schema = None
-    name = getattr(options, "name", None)
-    inputs: dict[str, Any] = {
-        "schema": schema,
-        "code_type": code_type,
-        "target_type": target_type,
-        "code_sha256": hashlib.sha256(raw).hexdigest(),
-        "code_size": len(raw),
-        "name": name,
-        "options": _options_summary(options),
-        "option_bytes": None if option_bytes is None else [
-            o.decode("utf-8", "surrogateescape") for o in option_bytes],
-        "name_expressions": _name_tags(name_expressions),
-        "nvrtc_version": _nvrtc_version() if code_type == "c++" else None,
-        "extra_digest": digest_bytes.hex() if digest_bytes is not None else None,
-        "extra_digest_source": (None if extra_digest is None else
-                                "cacheaudit.headers" if fingerprint is not None else "caller"),
-        "unguarded": is_unguarded(raw, options, extra_digest, code_type),
-        "quoted_includes": sorted({m.decode("utf-8", "surrogateescape")
-                                   for m in _QUOTED_INCLUDE.findall(raw)}),
-    }
-    if fingerprint is not None:
-        inputs["fingerprint"] = fingerprint.to_dict()
-    if keep_code and len(raw) <= _CODE_LIMIT:
-        inputs["code"] = raw.decode("utf-8", "surrogateescape")
-    return inputs
 
 
 # ------------------------------------------------------------------------------ state
@@ -341,6 +228,14 @@ class _Recorder(HitBuffer):
         consistent triple; generation -1: not watched, compare the whole environment."""
 
     # ---------------------------------------------------------------- hot paths
+
+    def note_key(self, key: bytes, kwargs: dict[str, Any]) -> None:
+        """A key `make_program_cache_key` returned, and what it was made from (the key
+        observer's `note`)."""
+        contexts = self.contexts
+        contexts[key] = (_time_ns(), kwargs)
+        if len(contexts) > _CONTEXTS_MAX:
+            self.trim()
 
     def trim(self) -> None:
         contexts = self.contexts
@@ -427,7 +322,7 @@ class _Recorder(HitBuffer):
         if environ.disabled:
             return
         now = time.time_ns()
-        key_bytes = _key_bytes(key)
+        key_bytes = as_key_bytes(key)
         context = self.contexts.get(key_bytes)
         cwd = os.getcwd()
         notes: list[str] = []
@@ -477,7 +372,7 @@ class _Recorder(HitBuffer):
             return fingerprint.graph(), fingerprint.paths, "extra-digest", notes
         if inputs.get("code_type") != "c++":
             return None, None, None, notes
-        raw = _code_bytes(kwargs.get("code"))
+        raw = code_bytes(kwargs.get("code"))
         options = kwargs.get("options")
         reads_files = (inputs.get("unguarded") or extra_digest is not None) and (
             b"#" in raw or getattr(options, "pre_include", None))
@@ -509,7 +404,7 @@ class _Recorder(HitBuffer):
     def hit_records(self, hits: Sequence[_Hit]) -> list[tuple[CompileRecord, Environ]]:
         records = []
         for hit in hits:
-            key_bytes = _key_bytes(hit.key)
+            key_bytes = as_key_bytes(hit.key)
             # cuda.core names the entry, as it did for the store: one layout, never copied here.
             entry = _entry_path(hit.files, hit.key) if hit.files is not None else None
             context = self.contexts.get(key_bytes)
@@ -519,18 +414,10 @@ class _Recorder(HitBuffer):
             kernel = None
             if context is not None:
                 kwargs = context[1]
-                options = kwargs.get("options")
-                kernel = getattr(options, "name", None)
+                kernel = getattr(kwargs.get("options"), "name", None)
                 digest = kwargs.get("extra_digest")
                 fingerprint = issued(digest) if digest is not None else None
-                extra["key_inputs"] = {
-                    "name": kernel,
-                    "extra_digest": None if digest is None else _digest_hex(digest),
-                    "extra_digest_source": (None if digest is None else "cacheaudit.headers"
-                                            if fingerprint is not None else "caller"),
-                    "unguarded": is_unguarded(kwargs.get("code"), options, digest,
-                                              kwargs.get("code_type", "c++")),
-                }
+                extra["key_inputs"] = hit_key_inputs(kwargs, fingerprint)
                 changes = self._changed_before(key_bytes, fingerprint, hit.last_ns)
                 if changes:
                     extra["changed_before_hit"] = changes
@@ -568,22 +455,6 @@ class _Recorder(HitBuffer):
                                 "current": new.to_dict()})
         return changes
 
-def _key_bytes(key: object) -> bytes:
-    # cuda.core's _as_key_bytes: str keys are UTF-8, "k" and b"k" are one entry.
-    if isinstance(key, (bytes, bytearray)):
-        return bytes(key)
-    if isinstance(key, str):
-        return key.encode("utf-8")
-    return repr(key).encode("utf-8", "surrogateescape")
-
-
-def _digest_hex(digest: object) -> str | None:
-    try:
-        return bytes(digest).hex()  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        return None
-
-
 def _value_bytes(value: object) -> bytes:
     try:
         from cuda.core.utils._program_cache._abc import _extract_bytes
@@ -615,26 +486,6 @@ def _quietly() -> Iterator[None]:
 # ------------------------------------------------------------------------------ the hooks
 
 
-def _key_observer(original: Callable[..., bytes], switch: Switch) -> Callable[..., bytes]:
-    contexts = _RECORDER.contexts  # never rebound: captured once, for the hit path's sake
-
-    @functools.wraps(original)
-    def make_program_cache_key(*args: Any, **kwargs: Any) -> bytes:
-        key = original(*args, **kwargs)
-        if switch.on:
-            try:
-                contexts[key if type(key) is bytes else _key_bytes(key)] = (_time_ns(), kwargs)
-                if len(contexts) > _CONTEXTS_MAX:
-                    _RECORDER.trim()
-            except Exception as exc:  # noqa: BLE001 - fail open
-                _RECORDER.problem(exc, "key")
-        return key
-
-    setattr(make_program_cache_key, _ORIGINAL, original)
-    setattr(make_program_cache_key, _SWITCH, switch)
-    return make_program_cache_key
-
-
 def _getitem_hook(original: Callable[[Any, Any], bytes], event: Event, switch: Switch
                   ) -> Callable[[Any, Any], bytes]:
     disk = event == "disk-hit"
@@ -650,7 +501,7 @@ def _getitem_hook(original: Callable[[Any, Any], bytes], event: Event, switch: S
                 _RECORDER.problem(exc, "hit")
         return data
 
-    setattr(__getitem__, _ORIGINAL, original)
+    setattr(__getitem__, ORIGINAL_ATTRIBUTE, original)
     return __getitem__
 
 
@@ -674,7 +525,7 @@ def _setitem_hook(original: Callable[[Any, Any, Any], None], event: Event, switc
             except Exception as exc:  # noqa: BLE001 - fail open
                 _RECORDER.problem(exc, "store")
 
-    setattr(__setitem__, _ORIGINAL, original)
+    setattr(__setitem__, ORIGINAL_ATTRIBUTE, original)
     return __setitem__
 
 
@@ -734,10 +585,10 @@ class CudaCoreAdapter(Adapter):
         import cuda.core.utils._program_cache as package
 
         original = package.make_program_cache_key
-        live = getattr(original, _SWITCH, None)
-        if isinstance(live, Switch) and live.on:
+        live = observer_switch(original)
+        if live is not None and live.on:
             return  # observed already, by another copy of this module (a reload)
-        observer = _key_observer(original, switch)
+        observer = key_observer(original, switch, _RECORDER.note_key, _RECORDER.problem)
         replacements: list[tuple[object, str, object]] = [
             (package, "make_program_cache_key", observer)]
         if getattr(utils, "make_program_cache_key", None) is original:
