@@ -82,7 +82,7 @@ from cacheaudit.runtimes.cuda_core.headers import (
 from cacheaudit.runtimes.cuda_core.keys import (
     ORIGINAL_ATTRIBUTE,
     as_key_bytes,
-    code_bytes,
+    covered_reads,
     describe_key,
     hit_key_inputs,
     is_unguarded,
@@ -124,7 +124,7 @@ class _Local(threading.local):
 
 _LOCAL = _Local()
 _QUIETING: list[object] = []
-"""One token per `_quietly` section running in any thread (append and remove are atomic): while
+"""One token per `quietly` section running in any thread (append and remove are atomic): while
 it is empty, which is always without an AuditedProgramCache, hooks skip the thread-local."""
 
 
@@ -344,7 +344,7 @@ class _Recorder(HitBuffer):
                                   kwargs.get("name_expressions", ()),
                                   kwargs.get("extra_digest"))
             extra["key_inputs"] = inputs
-            graph, tracked, watch_kind, graph_notes = self._reads(kwargs, inputs)
+            graph, tracked, watch_kind, graph_notes = covered_reads(kwargs, inputs)
             notes += graph_notes
             if graph is not None and watch_kind is not None:
                 self.watch[key_bytes] = _Watch(watch_kind, tuple(f.state for f in graph.files))
@@ -362,36 +362,6 @@ class _Recorder(HitBuffer):
             observer=OBSERVER, notes=tuple(notes), extra=extra, modified_during_compile=modified)
         ADAPTER._write_with_hits(((record, environ),))
 
-    def _reads(self, kwargs: Mapping[str, Any], inputs: Mapping[str, Any]
-               ) -> tuple[IncludeGraph | None, tuple[str, ...] | None, str | None, list[str]]:
-        """The files the compile read, as far as they can be known, and which the key covers."""
-        notes: list[str] = []
-        extra_digest = kwargs.get("extra_digest")
-        fingerprint = issued(extra_digest) if extra_digest is not None else None
-        if fingerprint is not None:
-            return fingerprint.graph(), fingerprint.paths, "extra-digest", notes
-        if inputs.get("code_type") != "c++":
-            return None, None, None, notes
-        raw = code_bytes(kwargs.get("code"))
-        options = kwargs.get("options")
-        reads_files = (inputs.get("unguarded") or extra_digest is not None) and (
-            b"#" in raw or getattr(options, "pre_include", None))
-        if not reads_files:
-            return None, (), None, notes
-        try:
-            traced = fingerprint_headers(raw, options, target_type=inputs["target_type"])
-        except Exception as exc:  # noqa: BLE001 - evidence, not a failure
-            notes.append(f"the headers this compile read could not be found: "
-                         f"{type(exc).__name__}: {exc}")
-            return None, (() if extra_digest is None else None), None, notes
-        notes += [f"header trace: {n}" for n in traced.notes if not n.startswith("not files")]
-        if extra_digest is None:
-            # Nothing the compile read from disk is in the key.
-            return traced.graph(), (), "untracked", notes
-        notes.append("extra_digest came from the caller, not from cacheaudit.headers: whether "
-                     "it covers these headers is not known")
-        return traced.graph(), None, None, notes
-
     def _output(self, entry: str | None, key: bytes, value: object) -> FileState:
         if entry is not None:
             state = self.states.capture(entry)
@@ -406,7 +376,7 @@ class _Recorder(HitBuffer):
         for hit in hits:
             key_bytes = as_key_bytes(hit.key)
             # cuda.core names the entry, as it did for the store: one layout, never copied here.
-            entry = _entry_path(hit.files, hit.key) if hit.files is not None else None
+            entry = entry_path(hit.files, hit.key) if hit.files is not None else None
             context = self.contexts.get(key_bytes)
             extra: dict[str, Any] = {"cache": hit.event.split("-")[0], "hits": hit.count}
             if hit.count > 1:
@@ -455,6 +425,7 @@ class _Recorder(HitBuffer):
                                 "current": new.to_dict()})
         return changes
 
+
 def _value_bytes(value: object) -> bytes:
     try:
         from cuda.core.utils._program_cache._abc import _extract_bytes
@@ -469,7 +440,7 @@ _RECORDER = _Recorder()
 
 
 @contextlib.contextmanager
-def _quietly() -> Iterator[None]:
+def quietly() -> Iterator[None]:
     """While an AuditedProgramCache calls its inner cache, the class hooks stay silent: one
     lookup, one record."""
     token = object()
@@ -505,7 +476,7 @@ def _getitem_hook(original: Callable[[Any, Any], bytes], event: Event, switch: S
     return __getitem__
 
 
-def _entry_path(cache: object, key: object) -> str | None:
+def entry_path(cache: object, key: object) -> str | None:
     path_for_key = getattr(cache, "_path_for_key", None)
     if path_for_key is None:
         return None
@@ -521,7 +492,7 @@ def _setitem_hook(original: Callable[[Any, Any, Any], None], event: Event, switc
         original(self, key, value)
         if switch.on and not (_QUIETING and _LOCAL.quiet):
             try:
-                _RECORDER.store(key, value, event, _entry_path(self, key) if disk else None)
+                _RECORDER.store(key, value, event, entry_path(self, key) if disk else None)
             except Exception as exc:  # noqa: BLE001 - fail open
                 _RECORDER.problem(exc, "store")
 
@@ -640,105 +611,10 @@ def _flush_hits() -> None:
     ADAPTER.flush()
 
 
-# ------------------------------------------------------------------------------ the wrapper
-
-_MISSING = object()
-_AUDITED: type | None = None
-
-
-def _audited_class() -> type:
-    """Built on first use: it must subclass cuda.core's ProgramCacheResource (Program.compile
-    checks), and importing cuda.core at module import is not allowed."""
-    global _AUDITED
-    if _AUDITED is not None:
-        return _AUDITED
-    from cuda.core.utils._program_cache import (
-        FileStreamProgramCache,
-        InMemoryProgramCache,
-        ProgramCacheResource,
-    )
-
-    class _AuditedProgramCache(ProgramCacheResource):
-        """Any ProgramCacheResource, with its lookups and stores recorded."""
-
-        def __init__(self, inner: Any, *, event: str | None = None) -> None:
-            if not isinstance(inner, ProgramCacheResource):
-                raise TypeError("AuditedProgramCache wraps a cuda.core ProgramCacheResource, "
-                                f"not {type(inner).__name__}")
-            if event is None:
-                event = "memory-hit" if isinstance(inner, InMemoryProgramCache) else "disk-hit"
-            if event not in ("disk-hit", "memory-hit"):
-                raise ValueError("event must be 'disk-hit' or 'memory-hit'")
-            self._inner = inner
-            self._event: Event = "memory-hit" if event == "memory-hit" else "disk-hit"
-            self._files = isinstance(inner, FileStreamProgramCache)
-            try:
-                ADAPTER.observe_keys()
-            except Exception as exc:  # noqa: BLE001 - fail open: records without key inputs
-                _RECORDER.problem(exc, "observe keys")
-
-        @property
-        def inner(self) -> Any:
-            return self._inner
-
-        def _hit(self, key: Any, data: bytes) -> None:
-            try:
-                _RECORDER.hit(key, data, self._event,
-                              self._inner if self._files else None)
-            except Exception as exc:  # noqa: BLE001 - fail open
-                _RECORDER.problem(exc, "hit")
-
-        def __getitem__(self, key: Any) -> bytes:
-            with _quietly():
-                data = self._inner[key]
-            self._hit(key, data)
-            return data  # type: ignore[no-any-return]
-
-        def get(self, key: Any, default: bytes | None = None) -> bytes | None:
-            with _quietly():
-                data = self._inner.get(key, _MISSING)
-            if data is _MISSING:
-                return default
-            self._hit(key, data)
-            return data  # type: ignore[no-any-return]
-
-        def __setitem__(self, key: Any, value: Any) -> None:
-            with _quietly():
-                self._inner[key] = value
-            try:
-                _RECORDER.store(key, value, self._event,
-                                _entry_path(self._inner, key) if self._files else None)
-            except Exception as exc:  # noqa: BLE001 - fail open
-                _RECORDER.problem(exc, "store")
-
-        def __delitem__(self, key: Any) -> None:
-            with _quietly():
-                del self._inner[key]
-
-        def __len__(self) -> int:
-            return len(self._inner)
-
-        def clear(self) -> None:
-            self._inner.clear()
-
-        def close(self) -> None:
-            self._inner.close()
-
-        def __getattr__(self, name: str) -> Any:
-            if name.startswith("__") or name in ("_inner", "_event", "_files"):
-                raise AttributeError(name)
-            return getattr(self._inner, name)
-
-        def __repr__(self) -> str:
-            return f"AuditedProgramCache({self._inner!r})"
-
-    _AuditedProgramCache.__name__ = _AuditedProgramCache.__qualname__ = "AuditedProgramCache"
-    _AUDITED = _AuditedProgramCache
-    return _AUDITED
-
-
 def AuditedProgramCache(inner: Any, *, event: str | None = None) -> Any:
     """Wrap a cuda.core `ProgramCacheResource` so that its lookups and stores are recorded; pass
     the result as `Program.compile(..., cache=...)`. `event` says what a hit is ("disk-hit" by
-    default, "memory-hit" for an InMemoryProgramCache)."""
-    return _audited_class()(inner, event=event)
+    default, "memory-hit" for an InMemoryProgramCache). See `audited.py`."""
+    from cacheaudit.runtimes.cuda_core.audited import audited_class
+
+    return audited_class()(inner, event=event)

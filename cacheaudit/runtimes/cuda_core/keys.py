@@ -15,7 +15,8 @@ One recipe, two halves, so that what is recorded is what is recomputed:
 - at the compile (the adapter): `key_observer` wraps `make_program_cache_key` and hands every key
   and the keyword arguments it was made from to the adapter's memory, changing neither the key
   nor any exception; `describe_key` turns those arguments into the record's `key_inputs`, field
-  by field (JSON-able), `hit_key_inputs` into the part a hit record carries;
+  by field (JSON-able), `hit_key_inputs` into the part a hit record carries; `covered_reads`
+  says which of the files the compile read the key covers;
 - at the audit (the policy): `recorded_key_inputs` reads them back, `recompute_key` hashes them
   as cuda.core does, `entry_name` names the FileStreamProgramCache entry of a key.
 
@@ -37,6 +38,7 @@ from cacheaudit.model import CompileRecord
 
 if TYPE_CHECKING:
     from cacheaudit.adapter import Switch
+    from cacheaudit.model import IncludeGraph
     from cacheaudit.runtimes.cuda_core.headers import HeaderFingerprint
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "KeyRecipeError",
     "as_key_bytes",
     "code_bytes",
+    "covered_reads",
     "describe_key",
     "digest_hex",
     "digest_source",
@@ -246,6 +249,43 @@ def hit_key_inputs(kwargs: Mapping[str, Any],
         "unguarded": is_unguarded(kwargs.get("code"), options, digest,
                                   kwargs.get("code_type", "c++")),
     }
+
+
+def covered_reads(kwargs: Mapping[str, Any], inputs: Mapping[str, Any]
+                  ) -> tuple[IncludeGraph | None, tuple[str, ...] | None, str | None, list[str]]:
+    """The files a compile read, as far as they can be known, and which of them its key
+    covers: the include graph, the tracked paths (None: not known), how a later hit of the key
+    is to watch them ("extra-digest": covered by a `cacheaudit.headers` fingerprint; "untracked":
+    outside the key; None: not watched), and notes. `kwargs` as `make_program_cache_key` was
+    called, `inputs` its `describe_key`. May run NVRTC's trace pass (`fingerprint_headers`)."""
+    from cacheaudit.runtimes.cuda_core.headers import fingerprint_headers, issued
+
+    notes: list[str] = []
+    extra_digest = kwargs.get("extra_digest")
+    fingerprint = issued(extra_digest) if extra_digest is not None else None
+    if fingerprint is not None:
+        return fingerprint.graph(), fingerprint.paths, "extra-digest", notes
+    if inputs.get("code_type") != "c++":
+        return None, None, None, notes
+    raw = code_bytes(kwargs.get("code"))
+    options = kwargs.get("options")
+    reads_files = (inputs.get("unguarded") or extra_digest is not None) and (
+        b"#" in raw or getattr(options, "pre_include", None))
+    if not reads_files:
+        return None, (), None, notes
+    try:
+        traced = fingerprint_headers(raw, options, target_type=inputs["target_type"])
+    except Exception as exc:  # noqa: BLE001 - evidence, not a failure
+        notes.append(f"the headers this compile read could not be found: "
+                     f"{type(exc).__name__}: {exc}")
+        return None, (() if extra_digest is None else None), None, notes
+    notes += [f"header trace: {n}" for n in traced.notes if not n.startswith("not files")]
+    if extra_digest is None:
+        # Nothing the compile read from disk is in the key.
+        return traced.graph(), (), "untracked", notes
+    notes.append("extra_digest came from the caller, not from cacheaudit.headers: whether "
+                 "it covers these headers is not known")
+    return traced.graph(), None, None, notes
 
 
 # ------------------------------------------------------------------------------ the observer
