@@ -282,7 +282,7 @@ def test_a_compile_then_a_disk_hit_with_the_same_key(adapter: Any, ledger_path: 
     assert inputs["nvrtc_version"].count(".") == 1
     assert compile_record.graph is None  # nothing included: nothing read
 
-    from cacheaudit.runtimes.cuda_core.policy import recompute_key
+    from cacheaudit.runtimes.cuda_core.keys import recompute_key
 
     assert recompute_key(inputs, None) == key
 
@@ -961,7 +961,7 @@ def test_reader_names_a_directory_where_an_entry_file_belongs(tmp_path: Path) ->
 
 
 def test_key_recomputation_takes_a_program_name_that_is_not_utf8() -> None:
-    from cacheaudit.runtimes.cuda_core.policy import recompute_key
+    from cacheaudit.runtimes.cuda_core.keys import recompute_key
 
     inputs = {"code_type": "c++", "schema": 2, "code": "extern \"C\" __global__ void k() {}",
               "option_bytes": ["-arch=sm_90"], "nvrtc_version": "13.0", "target_type": "cubin",

@@ -12,20 +12,22 @@
 The cache must be a `ProgramCacheResource` instance (Program.compile checks). So this adapter:
 
 - observes keys: wraps `make_program_cache_key` in `cuda.core.utils._program_cache` and
-  `cuda.core.utils`, and remembers what each key was made from (source, options, target,
-  name expressions, `extra_digest`), without changing the key or any exception;
+  `cuda.core.utils` (`keys.key_observer`), and remembers what each key was made from (source,
+  options, target, name expressions, `extra_digest`), without changing the key or any
+  exception;
 - observes the two caches cuda.core ships: `FileStreamProgramCache.__getitem__`/`__setitem__`
   (a hit is "disk-hit", the entry is `<root>/entries/<2>/<62>`) and `InMemoryProgramCache`'s
   ("memory-hit", no entry on disk); a store is a "compile" record;
 - `AuditedProgramCache(inner)` wraps any other `ProgramCacheResource` (a user's own backend) and
   records the same way; pass it as `cache=`.
 
-What a compile record carries (`extra["key_inputs"]`): what the key covered, field by field, so
-that the policy can recompute it; whether `extra_digest` was given and by whom (this process's
-`cacheaudit.headers`, whose files are then known, or the caller); and, in the case cuda.core's
-guard misses (a program name without a directory, a quoted `#include`, no `extra_digest`: NVRTC
-then reads the header from the process's working directory, and the key never sees it), the
-headers NVRTC read, from its own trace (`cacheaudit.headers`), as the record's include graph.
+What a compile record carries (`extra["key_inputs"]`, `keys.describe_key`): what the key
+covered, field by field, so that the policy can recompute it (`keys.recompute_key`); whether
+`extra_digest` was given and by whom (this process's `cacheaudit.headers`, whose files are then
+known, or the caller); and, in the case cuda.core's guard misses (a program name without a
+directory, a quoted `#include`, no `extra_digest`: NVRTC then reads the header from the
+process's working directory, and the key never sees it), the headers NVRTC read, from its own
+trace (`cacheaudit.headers`), as the record's include graph.
 
 Cost on a hit: the runtime's disk hit is ~55-70 µs; the adapter counts the hit in a buffer,
 grouped by key, cache, served bytes (an xxh3) and environment (a snapshot shared while it does
@@ -46,10 +48,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import itertools
 import os
-import re
 import socket
 import threading
 import time
@@ -68,7 +68,6 @@ from cacheaudit.adapter import (
     environ_data,
     environ_snapshot,
     environ_text,
-    jsonable,
     memory_state,
 )
 from cacheaudit.digest import StateCache
@@ -79,6 +78,16 @@ from cacheaudit.runtimes.cuda_core.headers import (
     fingerprint_headers,
     header_digest,
     issued,
+)
+from cacheaudit.runtimes.cuda_core.keys import (
+    ORIGINAL_ATTRIBUTE,
+    as_key_bytes,
+    covered_reads,
+    describe_key,
+    hit_key_inputs,
+    is_unguarded,
+    key_observer,
+    observer_switch,
 )
 
 __all__ = [
@@ -94,22 +103,16 @@ __all__ = [
 
 RUNTIME = "cuda-core"
 OBSERVER = "adapter:cuda_core"
-_ORIGINAL = "__cacheaudit_original__"
-_SWITCH = "__cacheaudit_switch__"
 
 _CONTEXTS_MAX = 4096
+"""Keys whose inputs are remembered (the oldest go first)."""
 _PENDING_MAX = 256
 """Distinct (key, entry, bytes, test) hit groups kept before a write."""
 _PENDING_AGE_NS = 5_000_000_000
-_CODE_LIMIT = 256 * 1024
-"""Sources up to this size are kept in the compile record, so that the key can be recomputed."""
 
 _time_ns = time.time_ns
 _xxh3 = xxhash.xxh3_128_hexdigest
 _ENVIRON_DATA = environ_data()
-
-_QUOTED_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\r\n]+)"', re.MULTILINE)
-_MACRO_INCLUDE = re.compile(rb"^[ \t]*#[ \t]*include[ \t]+[A-Za-z_]", re.MULTILINE)
 
 
 class _Local(threading.local):
@@ -121,7 +124,7 @@ class _Local(threading.local):
 
 _LOCAL = _Local()
 _QUIETING: list[object] = []
-"""One token per `_quietly` section running in any thread (append and remove are atomic): while
+"""One token per `quietly` section running in any thread (append and remove are atomic): while
 it is empty, which is always without an AuditedProgramCache, hooks skip the thread-local."""
 
 
@@ -163,129 +166,13 @@ def _environ_watcher(original: Callable[..., Any]) -> Callable[..., Any]:
             # a new one, and snapshots the environment after reading it.
             _environ_generation = next(_GENERATIONS)
 
-    setattr(method, _ORIGINAL, original)
+    setattr(method, ORIGINAL_ATTRIBUTE, original)
     return method
 
 
 def _environ_watched() -> bool:
     return (_ENVIRON_CLASS.__setitem__ is _environ_watch[0]
             and _ENVIRON_CLASS.__delitem__ is _environ_watch[1])
-
-
-# ------------------------------------------------------------------------------ key inputs
-
-
-def _code_bytes(code: object) -> bytes:
-    if isinstance(code, str):
-        return code.encode("utf-8")
-    if isinstance(code, (bytes, bytearray, memoryview)):
-        return bytes(code)
-    return str(code).encode("utf-8", "surrogateescape")
-
-
-def _options_summary(options: object) -> dict[str, object]:
-    if not dataclasses.is_dataclass(options):
-        return {"repr": repr(options)}
-    return {f.name: jsonable(getattr(options, f.name)) for f in dataclasses.fields(options)
-            if getattr(options, f.name, None) is not None}
-
-
-@functools.lru_cache(maxsize=1)
-def _nvrtc_version() -> str:
-    """The version probe cuda.core mixes into NVRTC keys ("13.0"), or its failure label."""
-    try:
-        from cuda.core.utils._program_cache import _keys
-
-        major, minor = _keys._nvrtc_version()
-        return f"{major}.{minor}"
-    except Exception as exc:  # noqa: BLE001 - cuda.core keys the failure's class name the same way
-        return f"probe_failed:{type(exc).__name__}"
-
-
-def _option_bytes(options: object, code_type: str, target_type: str) -> list[bytes] | None:
-    """The option bytes cuda.core's key hashes: `as_bytes("nvrtc")` for C++ (its
-    `_NvrtcBackend.option_fingerprint`), `as_bytes("nvvm")` for NVVM. PTX keys hash the linker's
-    view, which needs a driver probe: not repeated here (None)."""
-    backend = {"c++": "nvrtc", "nvvm": "nvvm"}.get(code_type)
-    if backend is None:
-        return None
-    try:
-        return [bytes(o) for o in options.as_bytes(backend, target_type)]  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - the key itself was made: this is evidence only
-        return None
-
-
-def _name_tags(name_expressions: object) -> list[str]:
-    tags = []
-    for name in name_expressions or ():  # type: ignore[attr-defined]
-        if isinstance(name, bytes):
-            tags.append("b:" + name.decode("utf-8", "surrogateescape"))
-        else:
-            tags.append("s:" + str(name))
-    return sorted(tags)
-
-
-def is_unguarded(code: object, options: object, extra_digest: object = None,
-                 code_type: str = "c++") -> bool:
-    """The case cuda.core's header guard misses: NVRTC, a program name without a directory
-    (NVRTC then resolves quoted includes against the process's working directory), a quoted
-    `#include` (or one through a macro) in the source, and no `extra_digest`."""
-    if str(code_type).lower() != "c++" or extra_digest is not None:
-        return False
-    if getattr(options, "no_source_include", False):
-        return False  # measured: NVRTC then no longer searches the working directory
-    name = getattr(options, "name", None)
-    if isinstance(name, str) and ("/" in name or "\\" in name):
-        return False  # refused by cuda.core without an extra_digest
-    raw = _code_bytes(code)
-    return bool(_QUOTED_INCLUDE.search(raw) or _MACRO_INCLUDE.search(raw))
-
-
-def describe_key(code: object, code_type: str, options: object, target_type: str,
-                 name_expressions: object = (), extra_digest: object = None,
-                 *, keep_code: bool = True) -> dict[str, Any]:
-    """What a cuda.core program-cache key covers, field by field (JSON-able): the compile
-    record's `extra["key_inputs"]`, from which the policy recomputes the key."""
-    code_type = str(code_type).lower()
-    target_type = str(target_type).lower()
-    raw = _code_bytes(code)
-    option_bytes = _option_bytes(options, code_type, target_type)
-    fingerprint = issued(extra_digest) if extra_digest is not None else None
-    digest_bytes: bytes | None = None
-    if extra_digest is not None:
-        with contextlib.suppress(TypeError, ValueError):
-            digest_bytes = bytes(extra_digest)  # type: ignore[call-overload]
-    try:
-        from cuda.core.utils._program_cache import _keys
-
-        schema: object = _keys._KEY_SCHEMA_VERSION
-    except Exception:  # noqa: BLE001
-        schema = None
-    name = getattr(options, "name", None)
-    inputs: dict[str, Any] = {
-        "schema": schema,
-        "code_type": code_type,
-        "target_type": target_type,
-        "code_sha256": hashlib.sha256(raw).hexdigest(),
-        "code_size": len(raw),
-        "name": name,
-        "options": _options_summary(options),
-        "option_bytes": None if option_bytes is None else [
-            o.decode("utf-8", "surrogateescape") for o in option_bytes],
-        "name_expressions": _name_tags(name_expressions),
-        "nvrtc_version": _nvrtc_version() if code_type == "c++" else None,
-        "extra_digest": digest_bytes.hex() if digest_bytes is not None else None,
-        "extra_digest_source": (None if extra_digest is None else
-                                "cacheaudit.headers" if fingerprint is not None else "caller"),
-        "unguarded": is_unguarded(raw, options, extra_digest, code_type),
-        "quoted_includes": sorted({m.decode("utf-8", "surrogateescape")
-                                   for m in _QUOTED_INCLUDE.findall(raw)}),
-    }
-    if fingerprint is not None:
-        inputs["fingerprint"] = fingerprint.to_dict()
-    if keep_code and len(raw) <= _CODE_LIMIT:
-        inputs["code"] = raw.decode("utf-8", "surrogateescape")
-    return inputs
 
 
 # ------------------------------------------------------------------------------ state
@@ -341,6 +228,14 @@ class _Recorder(HitBuffer):
         consistent triple; generation -1: not watched, compare the whole environment."""
 
     # ---------------------------------------------------------------- hot paths
+
+    def note_key(self, key: bytes, kwargs: dict[str, Any]) -> None:
+        """A key `make_program_cache_key` returned, and what it was made from (the key
+        observer's `note`)."""
+        contexts = self.contexts
+        contexts[key] = (_time_ns(), kwargs)
+        if len(contexts) > _CONTEXTS_MAX:
+            self.trim()
 
     def trim(self) -> None:
         contexts = self.contexts
@@ -427,7 +322,7 @@ class _Recorder(HitBuffer):
         if environ.disabled:
             return
         now = time.time_ns()
-        key_bytes = _key_bytes(key)
+        key_bytes = as_key_bytes(key)
         context = self.contexts.get(key_bytes)
         cwd = os.getcwd()
         notes: list[str] = []
@@ -449,7 +344,7 @@ class _Recorder(HitBuffer):
                                   kwargs.get("name_expressions", ()),
                                   kwargs.get("extra_digest"))
             extra["key_inputs"] = inputs
-            graph, tracked, watch_kind, graph_notes = self._reads(kwargs, inputs)
+            graph, tracked, watch_kind, graph_notes = covered_reads(kwargs, inputs)
             notes += graph_notes
             if graph is not None and watch_kind is not None:
                 self.watch[key_bytes] = _Watch(watch_kind, tuple(f.state for f in graph.files))
@@ -467,36 +362,6 @@ class _Recorder(HitBuffer):
             observer=OBSERVER, notes=tuple(notes), extra=extra, modified_during_compile=modified)
         ADAPTER._write_with_hits(((record, environ),))
 
-    def _reads(self, kwargs: Mapping[str, Any], inputs: Mapping[str, Any]
-               ) -> tuple[IncludeGraph | None, tuple[str, ...] | None, str | None, list[str]]:
-        """The files the compile read, as far as they can be known, and which the key covers."""
-        notes: list[str] = []
-        extra_digest = kwargs.get("extra_digest")
-        fingerprint = issued(extra_digest) if extra_digest is not None else None
-        if fingerprint is not None:
-            return fingerprint.graph(), fingerprint.paths, "extra-digest", notes
-        if inputs.get("code_type") != "c++":
-            return None, None, None, notes
-        raw = _code_bytes(kwargs.get("code"))
-        options = kwargs.get("options")
-        reads_files = (inputs.get("unguarded") or extra_digest is not None) and (
-            b"#" in raw or getattr(options, "pre_include", None))
-        if not reads_files:
-            return None, (), None, notes
-        try:
-            traced = fingerprint_headers(raw, options, target_type=inputs["target_type"])
-        except Exception as exc:  # noqa: BLE001 - evidence, not a failure
-            notes.append(f"the headers this compile read could not be found: "
-                         f"{type(exc).__name__}: {exc}")
-            return None, (() if extra_digest is None else None), None, notes
-        notes += [f"header trace: {n}" for n in traced.notes if not n.startswith("not files")]
-        if extra_digest is None:
-            # Nothing the compile read from disk is in the key.
-            return traced.graph(), (), "untracked", notes
-        notes.append("extra_digest came from the caller, not from cacheaudit.headers: whether "
-                     "it covers these headers is not known")
-        return traced.graph(), None, None, notes
-
     def _output(self, entry: str | None, key: bytes, value: object) -> FileState:
         if entry is not None:
             state = self.states.capture(entry)
@@ -509,9 +374,9 @@ class _Recorder(HitBuffer):
     def hit_records(self, hits: Sequence[_Hit]) -> list[tuple[CompileRecord, Environ]]:
         records = []
         for hit in hits:
-            key_bytes = _key_bytes(hit.key)
+            key_bytes = as_key_bytes(hit.key)
             # cuda.core names the entry, as it did for the store: one layout, never copied here.
-            entry = _entry_path(hit.files, hit.key) if hit.files is not None else None
+            entry = entry_path(hit.files, hit.key) if hit.files is not None else None
             context = self.contexts.get(key_bytes)
             extra: dict[str, Any] = {"cache": hit.event.split("-")[0], "hits": hit.count}
             if hit.count > 1:
@@ -519,18 +384,10 @@ class _Recorder(HitBuffer):
             kernel = None
             if context is not None:
                 kwargs = context[1]
-                options = kwargs.get("options")
-                kernel = getattr(options, "name", None)
+                kernel = getattr(kwargs.get("options"), "name", None)
                 digest = kwargs.get("extra_digest")
                 fingerprint = issued(digest) if digest is not None else None
-                extra["key_inputs"] = {
-                    "name": kernel,
-                    "extra_digest": None if digest is None else _digest_hex(digest),
-                    "extra_digest_source": (None if digest is None else "cacheaudit.headers"
-                                            if fingerprint is not None else "caller"),
-                    "unguarded": is_unguarded(kwargs.get("code"), options, digest,
-                                              kwargs.get("code_type", "c++")),
-                }
+                extra["key_inputs"] = hit_key_inputs(kwargs, fingerprint)
                 changes = self._changed_before(key_bytes, fingerprint, hit.last_ns)
                 if changes:
                     extra["changed_before_hit"] = changes
@@ -568,21 +425,6 @@ class _Recorder(HitBuffer):
                                 "current": new.to_dict()})
         return changes
 
-def _key_bytes(key: object) -> bytes:
-    # cuda.core's _as_key_bytes: str keys are UTF-8, "k" and b"k" are one entry.
-    if isinstance(key, (bytes, bytearray)):
-        return bytes(key)
-    if isinstance(key, str):
-        return key.encode("utf-8")
-    return repr(key).encode("utf-8", "surrogateescape")
-
-
-def _digest_hex(digest: object) -> str | None:
-    try:
-        return bytes(digest).hex()  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        return None
-
 
 def _value_bytes(value: object) -> bytes:
     try:
@@ -598,7 +440,7 @@ _RECORDER = _Recorder()
 
 
 @contextlib.contextmanager
-def _quietly() -> Iterator[None]:
+def quietly() -> Iterator[None]:
     """While an AuditedProgramCache calls its inner cache, the class hooks stay silent: one
     lookup, one record."""
     token = object()
@@ -613,26 +455,6 @@ def _quietly() -> Iterator[None]:
 
 
 # ------------------------------------------------------------------------------ the hooks
-
-
-def _key_observer(original: Callable[..., bytes], switch: Switch) -> Callable[..., bytes]:
-    contexts = _RECORDER.contexts  # never rebound: captured once, for the hit path's sake
-
-    @functools.wraps(original)
-    def make_program_cache_key(*args: Any, **kwargs: Any) -> bytes:
-        key = original(*args, **kwargs)
-        if switch.on:
-            try:
-                contexts[key if type(key) is bytes else _key_bytes(key)] = (_time_ns(), kwargs)
-                if len(contexts) > _CONTEXTS_MAX:
-                    _RECORDER.trim()
-            except Exception as exc:  # noqa: BLE001 - fail open
-                _RECORDER.problem(exc, "key")
-        return key
-
-    setattr(make_program_cache_key, _ORIGINAL, original)
-    setattr(make_program_cache_key, _SWITCH, switch)
-    return make_program_cache_key
 
 
 def _getitem_hook(original: Callable[[Any, Any], bytes], event: Event, switch: Switch
@@ -650,11 +472,11 @@ def _getitem_hook(original: Callable[[Any, Any], bytes], event: Event, switch: S
                 _RECORDER.problem(exc, "hit")
         return data
 
-    setattr(__getitem__, _ORIGINAL, original)
+    setattr(__getitem__, ORIGINAL_ATTRIBUTE, original)
     return __getitem__
 
 
-def _entry_path(cache: object, key: object) -> str | None:
+def entry_path(cache: object, key: object) -> str | None:
     path_for_key = getattr(cache, "_path_for_key", None)
     if path_for_key is None:
         return None
@@ -670,11 +492,11 @@ def _setitem_hook(original: Callable[[Any, Any, Any], None], event: Event, switc
         original(self, key, value)
         if switch.on and not (_QUIETING and _LOCAL.quiet):
             try:
-                _RECORDER.store(key, value, event, _entry_path(self, key) if disk else None)
+                _RECORDER.store(key, value, event, entry_path(self, key) if disk else None)
             except Exception as exc:  # noqa: BLE001 - fail open
                 _RECORDER.problem(exc, "store")
 
-    setattr(__setitem__, _ORIGINAL, original)
+    setattr(__setitem__, ORIGINAL_ATTRIBUTE, original)
     return __setitem__
 
 
@@ -734,10 +556,10 @@ class CudaCoreAdapter(Adapter):
         import cuda.core.utils._program_cache as package
 
         original = package.make_program_cache_key
-        live = getattr(original, _SWITCH, None)
-        if isinstance(live, Switch) and live.on:
+        live = observer_switch(original)
+        if live is not None and live.on:
             return  # observed already, by another copy of this module (a reload)
-        observer = _key_observer(original, switch)
+        observer = key_observer(original, switch, _RECORDER.note_key, _RECORDER.problem)
         replacements: list[tuple[object, str, object]] = [
             (package, "make_program_cache_key", observer)]
         if getattr(utils, "make_program_cache_key", None) is original:
@@ -789,105 +611,10 @@ def _flush_hits() -> None:
     ADAPTER.flush()
 
 
-# ------------------------------------------------------------------------------ the wrapper
-
-_MISSING = object()
-_AUDITED: type | None = None
-
-
-def _audited_class() -> type:
-    """Built on first use: it must subclass cuda.core's ProgramCacheResource (Program.compile
-    checks), and importing cuda.core at module import is not allowed."""
-    global _AUDITED
-    if _AUDITED is not None:
-        return _AUDITED
-    from cuda.core.utils._program_cache import (
-        FileStreamProgramCache,
-        InMemoryProgramCache,
-        ProgramCacheResource,
-    )
-
-    class _AuditedProgramCache(ProgramCacheResource):
-        """Any ProgramCacheResource, with its lookups and stores recorded."""
-
-        def __init__(self, inner: Any, *, event: str | None = None) -> None:
-            if not isinstance(inner, ProgramCacheResource):
-                raise TypeError("AuditedProgramCache wraps a cuda.core ProgramCacheResource, "
-                                f"not {type(inner).__name__}")
-            if event is None:
-                event = "memory-hit" if isinstance(inner, InMemoryProgramCache) else "disk-hit"
-            if event not in ("disk-hit", "memory-hit"):
-                raise ValueError("event must be 'disk-hit' or 'memory-hit'")
-            self._inner = inner
-            self._event: Event = "memory-hit" if event == "memory-hit" else "disk-hit"
-            self._files = isinstance(inner, FileStreamProgramCache)
-            try:
-                ADAPTER.observe_keys()
-            except Exception as exc:  # noqa: BLE001 - fail open: records without key inputs
-                _RECORDER.problem(exc, "observe keys")
-
-        @property
-        def inner(self) -> Any:
-            return self._inner
-
-        def _hit(self, key: Any, data: bytes) -> None:
-            try:
-                _RECORDER.hit(key, data, self._event,
-                              self._inner if self._files else None)
-            except Exception as exc:  # noqa: BLE001 - fail open
-                _RECORDER.problem(exc, "hit")
-
-        def __getitem__(self, key: Any) -> bytes:
-            with _quietly():
-                data = self._inner[key]
-            self._hit(key, data)
-            return data  # type: ignore[no-any-return]
-
-        def get(self, key: Any, default: bytes | None = None) -> bytes | None:
-            with _quietly():
-                data = self._inner.get(key, _MISSING)
-            if data is _MISSING:
-                return default
-            self._hit(key, data)
-            return data  # type: ignore[no-any-return]
-
-        def __setitem__(self, key: Any, value: Any) -> None:
-            with _quietly():
-                self._inner[key] = value
-            try:
-                _RECORDER.store(key, value, self._event,
-                                _entry_path(self._inner, key) if self._files else None)
-            except Exception as exc:  # noqa: BLE001 - fail open
-                _RECORDER.problem(exc, "store")
-
-        def __delitem__(self, key: Any) -> None:
-            with _quietly():
-                del self._inner[key]
-
-        def __len__(self) -> int:
-            return len(self._inner)
-
-        def clear(self) -> None:
-            self._inner.clear()
-
-        def close(self) -> None:
-            self._inner.close()
-
-        def __getattr__(self, name: str) -> Any:
-            if name.startswith("__") or name in ("_inner", "_event", "_files"):
-                raise AttributeError(name)
-            return getattr(self._inner, name)
-
-        def __repr__(self) -> str:
-            return f"AuditedProgramCache({self._inner!r})"
-
-    _AuditedProgramCache.__name__ = _AuditedProgramCache.__qualname__ = "AuditedProgramCache"
-    _AUDITED = _AuditedProgramCache
-    return _AUDITED
-
-
 def AuditedProgramCache(inner: Any, *, event: str | None = None) -> Any:
     """Wrap a cuda.core `ProgramCacheResource` so that its lookups and stores are recorded; pass
     the result as `Program.compile(..., cache=...)`. `event` says what a hit is ("disk-hit" by
-    default, "memory-hit" for an InMemoryProgramCache)."""
-    return _audited_class()(inner, event=event)
+    default, "memory-hit" for an InMemoryProgramCache). See `audited.py`."""
+    from cacheaudit.runtimes.cuda_core.audited import audited_class
+
+    return audited_class()(inner, event=event)

@@ -1,14 +1,7 @@
 """cuda.core's program-cache key: what it covers, recomputed; and the headers it does not see.
 
-Source: cuda_core/cuda/core/utils/_program_cache/_keys.py (`make_program_cache_key`, key schema
-v2, cuda-core 1.2.2). The key is SHA-256 over labelled, length-prefixed parts, in this order:
-
-1. "schema" (2); the backend's version probe: for C++ (NVRTC) "nvrtc" = "<major>.<minor>" of
-   `nvrtcVersion()` (a failed probe mixes "nvrtc_probe_failed" and the exception's class name);
-2. "code_type", "target_type", "code" (the source text as UTF-8);
-3. "option_count" and each "option": `ProgramOptions.as_bytes("nvrtc", target_type)`;
-4. "names_count" and each "name": the sorted name expressions, tagged "s:" or "b:";
-5. "options_name" (`ProgramOptions.name`, when not None) and "extra_digest" (when given).
+The key's recipe, and the key recomputed from a compile record's `key_inputs`, are in `keys.py`
+(the adapter describes the inputs with the same module).
 
 Covered: the source text, the flags, the NVRTC major.minor, the program name. Not covered: any
 file. The key refuses (ValueError) `include_path`, `pre_include`, `pch`, `use_pch`, `pch_dir` and a
@@ -27,85 +20,23 @@ disk now); a caller's own digest cannot be verified (CA501).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from cacheaudit.findings import make_finding, state_text
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import KeyCheck, KeyComponent, Policy, TrackedSet
+from cacheaudit.runtimes.cuda_core.keys import (
+    FROM_CALLER,
+    FROM_HEADERS,
+    KEY_RECIPE,
+    KeyRecipeError,
+    entry_name,
+    fingerprint_files,
+    recompute_key,
+    recorded_key_inputs,
+)
 
-KEY_RECIPE = ("cuda.core program-cache key (schema v2): NVRTC major.minor, code type and "
-              "target, the source text, the NVRTC option flags, name expressions, options.name "
-              "and extra_digest; files enter only through extra_digest")
-
-
-class KeyRecipeError(ValueError):
-    """The recorded key inputs do not allow the key to be recomputed (the message says why)."""
-
-
-def recompute_key(inputs: Mapping[str, Any], extra_digest: bytes | None) -> bytes:
-    """cuda.core's key for an NVRTC (C++) compile, from a compile record's `key_inputs` and an
-    `extra_digest` (the recorded one, or one recomputed from the headers now)."""
-    if inputs.get("code_type") != "c++":
-        raise KeyRecipeError(f"only NVRTC (c++) keys are recomputed, not "
-                             f"{inputs.get('code_type')!r} (their version probes need a driver "
-                             "or libNVVM)")
-    if inputs.get("schema") != 2:
-        raise KeyRecipeError(f"key schema {inputs.get('schema')!r}: only schema 2 is known")
-    code = inputs.get("code")
-    if code is None:
-        raise KeyRecipeError("the source text was too large to keep in the record")
-    options = inputs.get("option_bytes")
-    if options is None:
-        raise KeyRecipeError("the option flags were not recorded")
-    version = str(inputs.get("nvrtc_version"))
-    hasher = hashlib.sha256(usedforsecurity=False)
-
-    def update(label: str, payload: bytes) -> None:
-        hasher.update(label.encode("ascii"))
-        hasher.update(len(payload).to_bytes(8, "big"))
-        hasher.update(payload)
-
-    update("schema", b"2")
-    if version.startswith("probe_failed:"):
-        update("nvrtc_probe_failed", version.split(":", 1)[1].encode())
-    else:
-        update("nvrtc", version.encode("ascii"))
-    update("code_type", b"c++")
-    update("target_type", str(inputs.get("target_type")).encode("ascii"))
-    update("code", str(code).encode("utf-8", "surrogateescape"))
-    update("option_count", str(len(options)).encode("ascii"))
-    for option in options:
-        update("option", str(option).encode("utf-8", "surrogateescape"))
-    names = list(inputs.get("name_expressions") or [])
-    update("names_count", str(len(names)).encode("ascii"))
-    for name in names:
-        update("name", str(name).encode("utf-8", "surrogateescape"))
-    if inputs.get("name") is not None:
-        update("options_name", str(inputs["name"]).encode("utf-8", "surrogateescape"))
-    if extra_digest is not None:
-        update("extra_digest", bytes(extra_digest))
-    return hasher.digest()
-
-
-def entry_name(key: bytes) -> str:
-    """The file name FileStreamProgramCache gives a key: sha256 hex (entries/<2>/<62>)."""
-    return hashlib.sha256(key, usedforsecurity=False).hexdigest()
-
-
-def _inputs(record: CompileRecord | None) -> Mapping[str, Any]:
-    if record is None:
-        return {}
-    inputs = record.extra.get("key_inputs")
-    return inputs if isinstance(inputs, Mapping) else {}
-
-
-def _fingerprint_files(inputs: Mapping[str, Any]) -> list[str]:
-    fingerprint = inputs.get("fingerprint")
-    if isinstance(fingerprint, Mapping):
-        return [str(p) for p in fingerprint.get("files") or []]
-    return []
+__all__ = ["POLICIES", "CudaCorePolicy", "KeyRecipeError", "recompute_key"]
 
 
 class CudaCorePolicy(Policy):
@@ -116,18 +47,18 @@ class CudaCorePolicy(Policy):
     caches_header_digests = False
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
-        inputs = _inputs(record)
+        inputs = recorded_key_inputs(record)
         if not inputs:
             return TrackedSet(frozenset(), error=(
                 "what the key covered was not observed: the compile was recorded without "
                 "cacheaudit's key observer (the cuda.core adapter)"), how=KEY_RECIPE)
         source = inputs.get("extra_digest_source")
-        if source == "cacheaudit.headers":
-            files = _fingerprint_files(inputs)
+        if source == FROM_HEADERS:
+            files = fingerprint_files(inputs)
             return TrackedSet(frozenset(files), how=(
                 f"{KEY_RECIPE}; extra_digest is the cacheaudit.headers fingerprint over "
                 f"{len(files)} header(s)"))
-        if source == "caller":
+        if source == FROM_CALLER:
             graph = record.graph.paths if record is not None and record.graph else ()
             return TrackedSet(frozenset(graph), error=(
                 f"extra_digest was computed by the caller, not by cacheaudit.headers: whether it "
@@ -142,19 +73,19 @@ class CudaCorePolicy(Policy):
     def key_components(self, entry: CacheEntry | None, record: CompileRecord | None
                        ) -> tuple[list[KeyComponent], bytes | None, str]:
         """The labelled parts and the key as cuda.core would compute it now."""
-        inputs = _inputs(record)
+        inputs = recorded_key_inputs(record)
         if not inputs:
             return [], None, "no recorded key inputs"
         extra: bytes | None = None
         digest_note = "none"
         if inputs.get("extra_digest") is not None:
-            if inputs.get("extra_digest_source") == "cacheaudit.headers":
+            if inputs.get("extra_digest_source") == FROM_HEADERS:
                 from cacheaudit.runtimes.cuda_core.headers import digest_now
 
                 fingerprint = inputs.get("fingerprint") or {}
-                extra = digest_now(_fingerprint_files(inputs), fingerprint.get("missing") or ())
+                extra = digest_now(fingerprint_files(inputs), fingerprint.get("missing") or ())
                 digest_note = (f"cacheaudit.headers fingerprint over "
-                               f"{len(_fingerprint_files(inputs))} header(s), recomputed now")
+                               f"{len(fingerprint_files(inputs))} header(s), recomputed now")
             else:
                 return [], None, ("extra_digest came from the caller: its recipe is unknown, so "
                                   "the key cannot be recomputed from the headers now")
@@ -209,7 +140,7 @@ class CudaCorePolicy(Policy):
         if record.runtime != "cuda-core":
             return []
         findings: list[Finding] = []
-        inputs = _inputs(record)
+        inputs = recorded_key_inputs(record)
         for change in record.extra.get("changed_before_hit") or []:
             path = str(change.get("path"))
             recorded = state_text(change.get("recorded") or {})

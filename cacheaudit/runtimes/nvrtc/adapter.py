@@ -19,15 +19,15 @@ measurements with NVRTC 13.0.88 (docs/runtimes/nvrtc.md lists them):
   for quoted includes found beside a program name without a directory, the bare include name
   for an in-memory header (which wins over any file of that name). The option leaves the cubin,
   PTX and LTO-IR byte-identical. A trace file that already exists makes ptxas fail ("Parsed
-  trace file not in expected format"), so every compile gets a fresh name.
+  trace file not in expected format"), so every compile gets a fresh name (`trace.TraceFiles`).
 - Where the option would change what NVRTC does, it is not added and a shadow pass takes the
   graph instead (a second program with the same source, name and headers, compiled with
   `--fdevice-syntax-only`, the PCH options removed, and the trace: `trace.trace_pass`, which
-  cuda.core's header fingerprint runs too): NVRTC refuses a PCH whose
-  creating command line differs from the current one in the presence of `--fdevice-time-trace`
-  (warning #629-D, then a fresh compile), so explicit `--create-pch`/`--use-pch` files (they
-  outlive the process) and automatic PCHs made in this process without the trace (before
-  installation, or by Cython callers) must keep seeing the command line they were made with.
+  cuda.core's header fingerprint runs too): NVRTC refuses a PCH whose creating command line
+  differs from the current one in the presence of `--fdevice-time-trace`, so compiles with
+  explicit PCH files, and automatic-PCH compiles while this process holds a PCH made without
+  the trace, keep their command line (`pch.PchBook.trace_refusal`; pch.py tells what a record
+  says of the PCH a compile created or reused).
 - A compile that fails where the trace option can be the cause (NVRTC refuses the option or
   cannot write the trace, or the log names the trace: ptxas fails on a trace file that exists
   already) is run again exactly as the caller asked, and that result is returned: the option
@@ -42,7 +42,8 @@ each in-memory header (`<memory>/<include name>`), and the outputs (`<memory>/<n
 `.ptx`, `.ltoir`, `.optixir`). Their `FileState`s carry the real size and xxh3-128 of the bytes,
 with `mtime_ns`, `ctime_ns` and `inode` 0 (there is no file) and `settled` True (a Python bytes
 object cannot change). NVRTC's builtin header (`__nv_nvrtc_builtin_header.h`) comes from
-`libnvrtc-builtins.so`, and is recorded as that library file.
+`libnvrtc-builtins.so`, and is recorded as that library file; the compiler identity is the
+libnvrtc loaded into the process (library.py).
 
 Reach: the functions are replaced as attributes of `cuda.bindings.nvrtc`, which catches Python
 callers that look them up on the module at call time (`nvrtc.nvrtcCompileProgram(...)`, as
@@ -54,11 +55,9 @@ own bindings.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import importlib
-import itertools
 import os
 import re
 import time
@@ -68,7 +67,6 @@ from typing import Any
 
 from cacheaudit.adapter import Adapter, Switch, memory_path, memory_state
 from cacheaudit.model import (
-    MEMORY_PREFIX,
     ArgToken,
     CompileRecord,
     CompilerIdentity,
@@ -76,35 +74,38 @@ from cacheaudit.model import (
     GraphFile,
     IncludeGraph,
 )
-from cacheaudit.processes import start_ns
+from cacheaudit.runtimes.nvrtc.library import builtins_library, nvrtc_identity
+from cacheaudit.runtimes.nvrtc.pch import PchBook, pch_event
 from cacheaudit.runtimes.nvrtc.trace import (
-    NVRTC_PCH_AUTO,
-    NVRTC_PCH_CREATE,
-    NVRTC_PCH_DIR,
-    NVRTC_PCH_USE,
+    BUILTIN_HEADER,
     NVRTC_TRACE_OPTIONS,
+    TraceFiles,
+    has_option,
+    option_value,
     read_trace,
     result_code,
     result_name,
     trace_pass,
+    trace_path_resolver,
 )
+
+__all__ = [
+    "ADAPTER",
+    "BUILTIN_HEADER",
+    "NvrtcAdapter",
+    "has_option",
+    "memory_state",
+    "option_value",
+]
 
 # MEMORY_PREFIX (cacheaudit.model) names what NVRTC reads or writes in memory: sources,
 # in-memory headers, outputs.
-
-BUILTIN_HEADER = "__nv_nvrtc_builtin_header.h"
-"""The header NVRTC reads first in every fresh front-end pass, served by libnvrtc-builtins."""
 
 TRACE_METHOD = "nvrtc --fdevice-time-trace"
 CALLER_TRACE_METHOD = "nvrtc --fdevice-time-trace (the caller's own)"
 SHADOW_METHOD = "nvrtc --fdevice-syntax-only --fdevice-time-trace (shadow pass)"
 OBSERVER = "adapter:nvrtc"
 
-
-_CREATED = re.compile(rb'creating precompiled header file "([^"\n]+)"')
-_USED = re.compile(rb'using precompiled header file "([^"\n]+)"')
-_LIBNVRTC = re.compile(r"^libnvrtc(\.alt)?\.so")
-_LIBNVRTC_BUILTINS = re.compile(r"^libnvrtc-builtins(\.alt)?\.so")
 
 _PATCHED = ("nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcDestroyProgram")
 _GETTERS = ("nvrtcGetProgramLogSize", "nvrtcGetProgramLog", "nvrtcGetPCHCreateStatus",
@@ -120,7 +121,6 @@ _OUTPUTS = (("cubin", "nvrtcGetCUBINSize", "nvrtcGetCUBIN"),
 _SUCCESS = 0
 _INVALID_OPTION = 5
 _INTERNAL_ERROR = 11
-_NO_PCH_CREATE_ATTEMPTED = 13
 _TIME_TRACE_FILE_WRITE_FAILED = 17
 _TRACE_CODES = frozenset({_INVALID_OPTION, _INTERNAL_ERROR, _TIME_TRACE_FILE_WRITE_FAILED})
 """Failures the trace option itself can cause, whatever the log says: an NVRTC that does not
@@ -133,63 +133,6 @@ _PROGRAM_LIMIT = 4096
 
 
 # ------------------------------------------------------------------------------ pure helpers
-
-
-def option_value(options: Sequence[str], names: Sequence[str]) -> str | None:
-    """The value of the last `name=value` option among `names`; "" for a bare `name`."""
-    found: str | None = None
-    for option in options:
-        head, sep, value = option.partition("=")
-        if head in names:
-            found = value if sep else ""
-    return found
-
-
-def has_option(options: Sequence[str], names: Sequence[str]) -> bool:
-    return option_value(options, names) is not None
-
-
-def mapped_library(pattern: re.Pattern[str]) -> str | None:
-    """The first file mapped into this process whose basename matches: the library really
-    loaded, whichever of libnvrtc.so.13 and libnvrtc.alt.so.13 that is."""
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="surrogateescape") as handle:
-            for line in handle:
-                parts = line.split(None, 5)
-                if len(parts) == 6:
-                    path = parts[5].rstrip("\n")
-                    if path.startswith("/") and pattern.match(os.path.basename(path)):
-                        return path
-    except OSError:
-        return None
-    return None
-
-
-def _resolver(cwd: str) -> Callable[[str], str]:
-    """`os.path.realpath` of paths NVRTC printed, relative ones against `cwd`, with each
-    directory resolved once per compile: a trace of a thousand headers in a few dozen
-    directories costs a thousand `lstat`s instead of ten thousand."""
-    directories: dict[str, str] = {}
-
-    def resolve(written: str) -> str:
-        head, tail = os.path.split(os.path.join(cwd, written))
-        real = directories.get(head)
-        if real is None:
-            real = directories[head] = os.path.realpath(head)
-        path = os.path.join(real, tail)
-        return os.path.realpath(path) if not tail or tail in (".", "..") \
-            or os.path.islink(path) else path
-
-    return resolve
-
-
-def _remove_own_directory(path: str, pid: int) -> None:
-    """At exit, the private trace directory goes, but only in the process that made it: a
-    forked child inherits the handler and must not pull it from under its parent."""
-    if os.getpid() == pid:
-        import shutil
-
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _bind(args: tuple[Any, ...], kwargs: Mapping[str, Any],
@@ -233,17 +176,6 @@ class _Program:
     headers: tuple[tuple[str, bytes], ...]
 
 
-@dataclass(frozen=True)
-class _PchCreation:
-    """A PCH this process's NVRTC made, with the header states its compile recorded."""
-
-    record_id: str
-    file: str | None
-    kernel: str
-    states: Mapping[str, FileState]
-    traced: bool
-
-
 @dataclass
 class _Plan:
     """One compile as the wrapper prepared it."""
@@ -281,16 +213,8 @@ class NvrtcAdapter(Adapter):
         self._cache: Any = None
         self._identity: CompilerIdentity | None = None
         self._builtins: str | None = None
-        self._trace_dir: str | None = None
-        self._trace_pid = 0
-        self._counter = itertools.count()
-        self._known_pchs: set[str] = set()
-        self._pch_created: dict[str, _PchCreation] = {}
-        self._last_creation: _PchCreation | None = None
-        self._foreign_pch: str | None = None
-        self._inflight: dict[int, int] = {}
-        self._inflight_ids = itertools.count()
-        self._start_ns: int | None = None
+        self._traces = TraceFiles(prefix="cacheaudit-nvrtc-")
+        self._pch = PchBook()
 
     # -------------------------------------------------------------------------- install
 
@@ -312,6 +236,9 @@ class NvrtcAdapter(Adapter):
         self._module = None
         self._originals = {}
         self._programs.clear()
+
+    def _after_fork_in_child(self) -> None:
+        self._pch.after_fork()
 
     # -------------------------------------------------------------------------- wrappers
 
@@ -346,9 +273,7 @@ class NvrtcAdapter(Adapter):
                 if plan.own_trace and plan.trace_file:
                     with contextlib.suppress(OSError):
                         os.unlink(plan.trace_file)
-                if plan.inflight is not None:
-                    with self._lock:
-                        self._inflight.pop(plan.inflight, None)
+                self._pch.traced_compile_ended(plan.inflight)
 
         return nvrtcCompileProgram
 
@@ -467,20 +392,11 @@ class NvrtcAdapter(Adapter):
             else:
                 plan.skipped = "the caller's --fdevice-time-trace names no file"
             return plan
-        if has_option(texts, NVRTC_PCH_CREATE) or has_option(texts, NVRTC_PCH_USE):
+        refusal = self._pch.trace_refusal(texts, plan.cwd)
+        if refusal is not None:
             plan.shadow = True
-            plan.skipped = ("NVRTC compares a PCH's command line with the current one, "
-                            "--fdevice-time-trace included, and PCH files outlive the process: "
-                            "the trace is taken by a shadow pass instead")
+            plan.skipped = refusal
             return plan
-        if has_option(texts, NVRTC_PCH_AUTO):
-            foreign = self._foreign_auto_pch(texts, plan.cwd)
-            if foreign is not None:
-                plan.shadow = True
-                plan.skipped = (f"this process holds a PCH made without the trace ({foreign}): "
-                                "adding it would make NVRTC refuse that PCH; the trace is taken "
-                                "by a shadow pass instead")
-                return plan
         try:
             path = self._new_trace_path()
         except OSError as exc:
@@ -490,62 +406,12 @@ class NvrtcAdapter(Adapter):
         plan.trace_file = path + ".json"
         plan.own_trace = True
         plan.method = TRACE_METHOD
-        if has_option(texts, NVRTC_PCH_AUTO):
-            # A PCH that appears while this compile runs may be its own: not foreign (yet).
-            with self._lock:
-                plan.inflight = next(self._inflight_ids)
-                self._inflight[plan.inflight] = time.time_ns()
+        plan.inflight = self._pch.traced_compile_started(texts)
         return plan
 
     def _new_trace_path(self) -> str:
-        import tempfile
-
         with self._lock:
-            if self._trace_dir is None or self._trace_pid != os.getpid():
-                self._trace_dir = tempfile.mkdtemp(prefix="cacheaudit-nvrtc-")
-                self._trace_pid = os.getpid()
-                atexit.register(_remove_own_directory, self._trace_dir, self._trace_pid)
-            while True:
-                path = os.path.join(self._trace_dir, f"trace-{next(self._counter)}")
-                # ptxas parses an existing trace file and fails on one it did not write.
-                if not os.path.lexists(path + ".json"):
-                    return path
-
-    def _pch_dirs(self, options: Sequence[str], cwd: str) -> list[str]:
-        """Where this process's automatic PCHs go: `--pch-dir`, else NVRTC's per-process
-        `__nvrtc_auto_pch_<pid>_<n>` directories in TMPDIR (or /tmp)."""
-        explicit = option_value(options, NVRTC_PCH_DIR)
-        if explicit:
-            return [os.path.realpath(os.path.join(cwd, explicit))]
-        # Probed by name rather than by listing TMPDIR, which may hold thousands of entries.
-        roots = {os.environ.get("TMPDIR") or "/tmp", "/tmp"}
-        return [path for root in sorted(roots) for n in range(4)
-                if os.path.isdir(path := os.path.join(root, f"__nvrtc_auto_pch_{os.getpid()}_{n}"))]
-
-    def _foreign_auto_pch(self, options: Sequence[str], cwd: str) -> str | None:
-        """A PCH this process's NVRTC made without the trace option, if any (then sticky):
-        every automatic PCH in NVRTC's in-process registry must see the same command line."""
-        if self._foreign_pch is not None:
-            return self._foreign_pch
-        if self._start_ns is None:
-            self._start_ns = start_ns(os.getpid()) or 0
-        since = self._start_ns - 1_000_000_000
-        with self._lock:
-            until = min(self._inflight.values(), default=None)
-        for directory in self._pch_dirs(options, cwd):
-            with contextlib.suppress(OSError), os.scandir(directory) as entries:
-                for entry in entries:
-                    if not entry.name.endswith(".pch"):
-                        continue
-                    path = os.path.realpath(entry.path)
-                    if path in self._known_pchs:
-                        continue
-                    with contextlib.suppress(OSError):
-                        mtime = entry.stat().st_mtime_ns
-                        if mtime >= since and (until is None or mtime < until):
-                            self._foreign_pch = path
-                            return path
-        return None
+            return self._traces.new_path()
 
     # -------------------------------------------------------------------------- after
 
@@ -589,14 +455,17 @@ class NvrtcAdapter(Adapter):
             problem = plan.skipped or "no trace was taken"
         graph_files = self._graph_files(details, plan) if details is not None else None
 
-        pch = self._pch_event(plan, log, ok, details)
+        traced = plan.trace_option is not None
+        pch = pch_event(plan.options, plan.cwd, log, ok, lambda: self._pch_create_status(plan),
+                        traced, details)
         outputs = self._outputs(plan) if ok else []
         if pch is not None:
             extra["pch"] = pch
             if pch["event"] == "created" and pch.get("file") and os.path.exists(pch["file"]):
                 outputs.append(self._cache.capture(pch["file"]))
             if pch["event"] == "reused":
-                self._reuse(pch, plan, graph_files)
+                memory = dict(program.headers) if program is not None else {}
+                self._pch.reuse(pch, memory, traced, graph_files, self._cache.capture)
                 if graph_files is not None and pch.get("file"):
                     graph_files.append(GraphFile(self._cache.capture(pch["file"]), pch["file"]))
         graph = IncludeGraph(files=tuple(graph_files), method=method) \
@@ -604,7 +473,8 @@ class NvrtcAdapter(Adapter):
         extra["trace"]["method"] = method if graph is not None else None
         graph_problem = (problem or "no trace was taken") if graph is None else None
         if pch is not None and pch["event"] == "created" and ok:
-            self._remember_creation(pch, record_id, program, graph, plan)
+            self._pch.remember_creation(pch, record_id, program.name if program is not None
+                                        else "", graph, plan.options, plan.cwd, traced)
 
         sources = (memory_state(program.name, program.source),) if program is not None else ()
         modified: tuple[str, ...] = ()
@@ -695,7 +565,7 @@ class NvrtcAdapter(Adapter):
         memory = dict(plan.program.headers) if plan.program is not None else {}
         files: list[GraphFile] = []
         seen: set[str] = set()
-        resolve = _resolver(plan.cwd)
+        resolve = trace_path_resolver(plan.cwd)
         for written in details:
             if written in memory:
                 state = memory_state(written, memory[written])
@@ -710,163 +580,29 @@ class NvrtcAdapter(Adapter):
                 files.append(GraphFile(state=state, written=written))
         return files
 
-    # -------------------------------------------------------------------------- PCH
-
-    def _pch_event(self, plan: _Plan, log: bytes, ok: bool,
-                   details: Sequence[str] | None) -> dict[str, Any] | None:
-        """What this compile did with a PCH: from NVRTC's log ("creating"/"using precompiled
-        header file"), else from nvrtcGetPCHCreateStatus and the trace (a compile that reuses a
-        PCH opens no header, not even the builtin one)."""
-        options = plan.options
-        auto = has_option(options, NVRTC_PCH_AUTO)
-        explicit_create = option_value(options, NVRTC_PCH_CREATE)
-        explicit_use = option_value(options, NVRTC_PCH_USE)
-        if not (auto or explicit_create or explicit_use):
-            return None
-        used, created = _USED.search(log), _CREATED.search(log)
-        if used:
-            return {"event": "reused", "file": self._pch_path(used.group(1), plan.cwd),
-                    "how": "NVRTC's log: using precompiled header file"}
-        if created:
-            return {"event": "created", "file": self._pch_path(created.group(1), plan.cwd),
-                    "how": "NVRTC's log: creating precompiled header file"}
-        if not ok:
-            return None
-        status = None
+    def _pch_create_status(self, plan: _Plan) -> int | None:
+        """nvrtcGetPCHCreateStatus of the compile's program; None when it cannot be asked."""
         getter = self._getters.get("nvrtcGetPCHCreateStatus")
         if getter is not None:
             with contextlib.suppress(Exception):
-                status = result_code(getter(plan.prog))
-        if status == _SUCCESS:
-            file = self._pch_path(os.fsencode(explicit_create), plan.cwd) \
-                if explicit_create else None
-            return {"event": "created", "file": file,
-                    "how": "nvrtcGetPCHCreateStatus: NVRTC_SUCCESS"}
-        if (status == _NO_PCH_CREATE_ATTEMPTED and plan.trace_option is not None
-                and details is not None and BUILTIN_HEADER not in details):
-            file = self._pch_path(os.fsencode(explicit_use), plan.cwd) if explicit_use else None
-            return {"event": "reused", "file": file,
-                    "how": "no header opened by the front end (the trace) and no PCH created "
-                           "(nvrtcGetPCHCreateStatus); NVRTC printed no PCH message"}
+                return result_code(getter(plan.prog))
         return None
-
-    @staticmethod
-    def _pch_path(raw: bytes, cwd: str) -> str:
-        return os.path.realpath(os.path.join(cwd, os.fsdecode(raw)))
-
-    def _remember_creation(self, pch: dict[str, Any], record_id: str, program: _Program | None,
-                           graph: IncludeGraph | None, plan: _Plan) -> None:
-        file = pch.get("file")
-        traced = plan.trace_option is not None
-        if file is None and traced:
-            # No message: the new file in the PCH directory is the one NVRTC just wrote.
-            fresh = []
-            for directory in self._pch_dirs(plan.options, plan.cwd):
-                with contextlib.suppress(OSError), os.scandir(directory) as entries:
-                    fresh += [os.path.realpath(e.path) for e in entries
-                              if e.name.endswith(".pch")
-                              and os.path.realpath(e.path) not in self._known_pchs]
-            self._known_pchs.update(fresh)
-            if len(fresh) == 1:
-                file = pch["file"] = fresh[0]
-        creation = _PchCreation(
-            record_id=record_id, file=file,
-            kernel=program.name if program is not None else "",
-            states={f.path: f.state for f in graph.files} if graph is not None else {},
-            traced=traced)
-        with self._lock:
-            if file is not None:
-                if traced and has_option(plan.options, NVRTC_PCH_AUTO):
-                    self._known_pchs.add(file)
-                self._pch_created[file] = creation
-            self._last_creation = creation
-
-    def _reuse(self, pch: dict[str, Any], plan: _Plan,
-               graph_files: list[GraphFile] | None) -> None:
-        """For a compile that reused a PCH: the states now of the headers the PCH stands for,
-        and which of them changed since the compile that created it recorded them."""
-        file = pch.get("file")
-        creation = self._pch_created.get(file) if file else None
-        if creation is None and file is None:
-            creation = self._last_creation
-            if creation is not None:
-                pch["file_assumed"] = creation.file
-        if creation is None:
-            pch["created_by"] = None
-            pch["note"] = ("the compile that created this PCH was not observed (before "
-                           "cacheaudit was installed, through a caller it cannot see, or in "
-                           "another process)")
-            return
-        pch["created_by"] = creation.record_id
-        exact = plan.trace_option is not None and graph_files is not None and file is not None
-        # Only this compile's own trace tells which headers it read itself, past the PCH.
-        read_now = {f.path for f in graph_files or ()} if exact else set()
-        pch["coverage"] = "exact" if exact else "assumed"
-        pch["coverage_how"] = (
-            "the headers the creating compile opened that this compile's own trace did not"
-            if exact else "every header the creating compile opened (this compile's trace "
-                          "cannot tell which of them the PCH holds)")
-        memory = dict(plan.program.headers) if plan.program is not None else {}
-        headers, changed = [], []
-        for path, recorded in creation.states.items():
-            if path in read_now or (file is not None and path == file):
-                continue
-            if path.startswith(MEMORY_PREFIX):
-                name = path[len(MEMORY_PREFIX):]
-                content = memory.get(name)
-                if content is None:
-                    content = next((c for n, c in memory.items() if memory_path(n) == path),
-                                   None)
-                now = (memory_state(name, content) if content is not None
-                       else FileState.missing(path, error="not among this program's headers"))
-            else:
-                now = self._cache.capture(path)
-            headers.append(now.to_dict())
-            if not recorded.same_content(now):
-                changed.append({"path": path, "recorded": recorded.digest,
-                                "current": now.digest if now.exists else None})
-        pch["headers"] = headers
-        pch["changed"] = changed
 
     # -------------------------------------------------------------------------- identity
 
     def _compiler(self) -> CompilerIdentity:
-        """libnvrtc as loaded into this process: its path, content hash and nvrtcVersion."""
+        """libnvrtc as loaded into this process (`library.nvrtc_identity`), kept once known."""
         if self._identity is not None:
             return self._identity
-        from cacheaudit.digest import read_state
-
-        error = None
-        path = mapped_library(_LIBNVRTC)
-        if path is None:
-            try:
-                from cuda.pathfinder import load_nvidia_dynamic_lib
-
-                path = load_nvidia_dynamic_lib("nvrtc").abs_path
-            except Exception as exc:  # noqa: BLE001 - identity is evidence, not a requirement
-                error = f"libnvrtc not found: {type(exc).__name__}: {exc}"
-        version = ""
-        with contextlib.suppress(Exception):
-            answer = self._getters["nvrtcVersion"]()
-            if result_code(answer) == _SUCCESS:
-                version = f"NVRTC {answer[1]}.{answer[2]} (nvrtcVersion)"
-        resolved = os.path.realpath(path) if path else ""
-        state = read_state(resolved) if resolved else None
-        if state is not None and not state.readable:
-            error = error or state.error or "libnvrtc is unreadable"
-        identity = CompilerIdentity(
-            invoked="libnvrtc", path=path or "", resolved=resolved, kind="nvrtc",
-            version_text=version, digest=state.digest if state else None,
-            size=state.size if state else -1, mtime_ns=state.mtime_ns if state else 0,
-            error=error)
-        if path is not None and not error:
+        identity = nvrtc_identity(self._getters.get("nvrtcVersion"))
+        if identity.path and not identity.error:
             self._identity = identity
         return identity
 
     def _builtins_library(self) -> str | None:
         if self._builtins is None:
-            found = mapped_library(_LIBNVRTC_BUILTINS)
-            self._builtins = os.path.realpath(found) if found else None
+            self._builtins = builtins_library()
         return self._builtins
+
 
 ADAPTER = NvrtcAdapter()

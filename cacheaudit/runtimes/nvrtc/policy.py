@@ -9,7 +9,7 @@ or on disk, the same process keeps getting the binary of the old header, and the
 compute their own keys; their policies judge those.
 
 So there is no entry to key, and this policy's work is `record_findings`, over the records the
-NVRTC adapter writes (cacheaudit/runtimes/nvrtc/adapter.py):
+NVRTC adapter writes (runtimes/nvrtc/adapter.py; what a record says of a PCH: pch.py):
 
 - CA106 when a compile reused a PCH and a header the PCH stands for differs between the record of
   the compile that created the PCH (its include graph, captured right after that compile) and the

@@ -5,10 +5,13 @@ Given `--fdevice-time-trace=<path>` it writes `<path>.json`, a Chrome trace whos
 Header File" events name every header it opened, nested and unused ones too, as it resolved them
 (docs/runtimes/nvrtc.md). This module holds what every reader of that trace needs:
 
-- the option names (`NVRTC_TRACE_OPTIONS`, the PCH options), and `nvrtc_shadow_options`: the
-  caller's options for a pass of one's own, without what would replace the header reads (a PCH)
-  or write the caller's files (`--time`, the caller's own trace);
-- `device_time_trace_headers` and `read_trace`: the headers a trace lists;
+- the option names (`NVRTC_TRACE_OPTIONS`, the PCH options), `option_value` and `has_option` to
+  read them, and `nvrtc_shadow_options`: the caller's options for a pass of one's own, without
+  what would replace the header reads (a PCH) or write the caller's files (`--time`, the
+  caller's own trace);
+- `device_time_trace_headers` and `read_trace`: the headers a trace lists (`BUILTIN_HEADER`
+  first in every fresh front-end pass), and `trace_path_resolver` to resolve them;
+  `TraceFiles`: fresh names for trace files, in a private directory of the process's own;
 - `trace_pass`: the pass itself. A second program with the same source, name and in-memory
   headers, compiled front end only (`--fdevice-syntax-only`: every header opened, no code made)
   with the trace, then destroyed. The NVRTC adapter runs it where adding the trace to the
@@ -21,7 +24,9 @@ handed the functions to call.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import itertools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +35,7 @@ from typing import Any
 from cacheaudit.graph import DepfileError
 
 __all__ = [
+    "BUILTIN_HEADER",
     "NVRTC_PCH_AUTO",
     "NVRTC_PCH_CREATE",
     "NVRTC_PCH_DIR",
@@ -37,13 +43,17 @@ __all__ = [
     "NVRTC_SYNTAX_ONLY",
     "NVRTC_TRACE_OPTIONS",
     "NvrtcUnavailable",
+    "TraceFiles",
     "TracePass",
     "device_time_trace_headers",
+    "has_option",
     "nvrtc_shadow_options",
+    "option_value",
     "read_trace",
     "result_code",
     "result_name",
     "trace_pass",
+    "trace_path_resolver",
     "unwrapped",
 ]
 
@@ -59,9 +69,27 @@ _NVRTC_PCH_VALUED = (*NVRTC_PCH_CREATE, *NVRTC_PCH_USE, *NVRTC_PCH_DIR, "--pch-v
 _NVRTC_WRITES_FILES = ("--time", "-time", *NVRTC_TRACE_OPTIONS)
 """Options whose value is a file NVRTC writes: a shadow pass must not write the caller's."""
 
+BUILTIN_HEADER = "__nv_nvrtc_builtin_header.h"
+"""The header NVRTC reads first in every fresh front-end pass, served by libnvrtc-builtins: a
+trace without it is of a compile that reused a PCH."""
+
 _SUCCESS = 0
 _PASS_FUNCTIONS = ("nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcDestroyProgram",
                    "nvrtcGetProgramLogSize", "nvrtcGetProgramLog")
+
+
+def option_value(options: Sequence[str], names: Sequence[str]) -> str | None:
+    """The value of the last `name=value` option among `names`; "" for a bare `name`."""
+    found: str | None = None
+    for option in options:
+        head, sep, value = option.partition("=")
+        if head in names:
+            found = value if sep else ""
+    return found
+
+
+def has_option(options: Sequence[str], names: Sequence[str]) -> bool:
+    return option_value(options, names) is not None
 
 
 def nvrtc_shadow_options(options: Sequence[bytes]) -> list[bytes]:
@@ -107,6 +135,61 @@ def read_trace(path: str) -> tuple[list[str] | None, str | None]:
         return None, f"NVRTC wrote no trace at {path}"
     except (OSError, DepfileError) as exc:
         return None, f"the trace {path} is unreadable: {exc}"
+
+
+def trace_path_resolver(cwd: str) -> Callable[[str], str]:
+    """`os.path.realpath` of the paths a trace names, relative ones against `cwd` (the compile's
+    working directory), with each
+    directory resolved once per compile: a trace of a thousand headers in a few dozen
+    directories costs a thousand `lstat`s instead of ten thousand."""
+    directories: dict[str, str] = {}
+
+    def resolve(written: str) -> str:
+        head, tail = os.path.split(os.path.join(cwd, written))
+        real = directories.get(head)
+        if real is None:
+            real = directories[head] = os.path.realpath(head)
+        path = os.path.join(real, tail)
+        return os.path.realpath(path) if not tail or tail in (".", "..") \
+            or os.path.islink(path) else path
+
+    return resolve
+
+
+def _remove_own_directory(path: str, pid: int) -> None:
+    """At exit, the private trace directory goes, but only in the process that made it: a
+    forked child inherits the handler and must not pull it from under its parent."""
+    if os.getpid() == pid:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class TraceFiles:
+    """Fresh paths for `--fdevice-time-trace=<path>` (NVRTC writes `<path>.json`) in a private
+    directory, made on first use, again in a forked child, and removed at exit by the process
+    that made it. A trace file that exists already makes ptxas fail ("Parsed trace file not in
+    expected format"), so no name is handed out twice. Not locked: callers serialise."""
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        self._directory: str | None = None
+        self._pid = 0
+        self._counter = itertools.count()
+
+    def new_path(self) -> str:
+        """A path whose `.json` does not exist. Raises OSError when no directory can be made."""
+        import tempfile
+
+        if self._directory is None or self._pid != os.getpid():
+            self._directory = tempfile.mkdtemp(prefix=self._prefix)
+            self._pid = os.getpid()
+            atexit.register(_remove_own_directory, self._directory, self._pid)
+        while True:
+            path = os.path.join(self._directory, f"trace-{next(self._counter)}")
+            # ptxas parses an existing trace file and fails on one it did not write.
+            if not os.path.lexists(path + ".json"):
+                return path
 
 
 def result_code(result: Any) -> int | None:

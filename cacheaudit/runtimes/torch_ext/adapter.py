@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from cacheaudit.digest import StateCache
     from cacheaudit.graph import DependencyPass
     from cacheaudit.model import FileState, IncludeGraph
-    from cacheaudit.runtimes.torch_ext.layout import BuildFile, DryRun
+    from cacheaudit.runtimes.torch_ext.ninja import BuildFile, DryRun
 
 RUNTIME = "torch-ext"
 MODULE = "torch.utils.cpp_extension"
@@ -331,7 +331,7 @@ class TorchExtAdapter(Adapter):
         return call
 
     def _before_ninja(self, call: _Call) -> None:
-        from cacheaudit.runtimes.torch_ext.layout import BUILD_FILE, ninja_dry_run, read_build_file
+        from cacheaudit.runtimes.torch_ext.ninja import BUILD_FILE, ninja_dry_run, read_build_file
 
         call.ninja = True
         build = call.build = read_build_file(os.path.join(call.build_dir, BUILD_FILE))
@@ -354,7 +354,7 @@ class TorchExtAdapter(Adapter):
         import tempfile
 
         from cacheaudit import compilers, graph
-        from cacheaudit.runtimes.torch_ext.layout import strip_wrapper
+        from cacheaudit.runtimes.torch_ext.ninja import strip_wrapper
 
         if call.workdir is None:
             call.workdir = tempfile.mkdtemp(prefix="cacheaudit-torch-ext-")
@@ -435,7 +435,7 @@ class TorchExtAdapter(Adapter):
 
     def _tracked(self, build: BuildFile, call: _Call) -> tuple[str, ...]:
         from cacheaudit.graph import NinjaDepsLogError
-        from cacheaudit.runtimes.torch_ext.layout import read_deps_log, tracked_paths
+        from cacheaudit.runtimes.torch_ext.ninja import read_deps_log, tracked_paths
 
         try:
             deps = read_deps_log(call.build_dir)
@@ -465,7 +465,8 @@ class TorchExtAdapter(Adapter):
     def _lookup(self, call: _Call, module: str, version: int | None, event: str,
                 build: BuildFile | None = None) -> None:
         """A disk hit: ninja found nothing to do (or another process built it)."""
-        from cacheaudit.runtimes.torch_ext.layout import BUILD_FILE, read_build_file
+        from cacheaudit.runtimes.torch_ext.layout import entry_key
+        from cacheaudit.runtimes.torch_ext.ninja import BUILD_FILE, read_build_file
 
         if build is None:
             build = read_build_file(os.path.join(call.build_dir, BUILD_FILE))
@@ -475,11 +476,12 @@ class TorchExtAdapter(Adapter):
         library = build.library
         outputs = (cache.capture(os.path.join(call.build_dir, library)),) if library else ()
         extra = _extra(call, module, version)
-        self._record(kernel=call.name, event=event, key=build.key, entry=call.build_dir,
+        key = entry_key(build)
+        self._record(kernel=call.name, event=event, key=key, entry=call.build_dir,
                      cwd=call.build_dir, sources=states, outputs=outputs, tracked=tracked,
                      started_ns=call.started_ns, duration_ns=time.time_ns() - call.started_ns,
                      notes=tuple(call.notes), extra=extra)
-        self._seen[call.build_dir] = _Seen(name=call.name, key=build.key, tracked=tracked,
+        self._seen[call.build_dir] = _Seen(name=call.name, key=key, tracked=tracked,
                                            outputs=outputs)
 
     def _compile(self, call: _Call, module: str, version: int | None, build: BuildFile,
@@ -488,6 +490,7 @@ class TorchExtAdapter(Adapter):
 
         from cacheaudit import compilers
         from cacheaudit.recorder import modified_since
+        from cacheaudit.runtimes.torch_ext.layout import entry_key
         from cacheaudit.switches import is_masquerade_dir
 
         cache = self._state_cache()
@@ -503,7 +506,7 @@ class TorchExtAdapter(Adapter):
                         for o in ([build.library] if build.library else []) + list(build.objects))
         first = next((p for p in call.passes if p.tokens), None)
         if first is None and build.compile_edges:
-            from cacheaudit.runtimes.torch_ext.layout import strip_wrapper
+            from cacheaudit.runtimes.torch_ext.ninja import strip_wrapper
 
             tokens, _ = strip_wrapper(shlex.split(build.compile_edges[0].command))
         else:
@@ -528,7 +531,8 @@ class TorchExtAdapter(Adapter):
         notes = list(call.notes)
         if error is not None:
             notes.append(f"the build failed: {type(error).__name__}: {str(error)[:500]}")
-        self._record(kernel=call.name, event="compile", key=build.key, entry=call.build_dir,
+        key = entry_key(build)
+        self._record(kernel=call.name, event="compile", key=key, entry=call.build_dir,
                      compiler=compiler, argv=tuple(tokens[1:]), effective_argv=effective,
                      cwd=call.build_dir, sources=sources, graph=include_graph, outputs=outputs,
                      tracked=tracked, exit_code=0 if error is None else 1, started_ns=started,
@@ -536,7 +540,7 @@ class TorchExtAdapter(Adapter):
                      notes=tuple(notes), extra=extra,
                      modified_during_compile=tuple(s.path for s in late))
         self._seen[call.build_dir] = _Seen(
-            name=call.name, key=build.key, tracked=tracked, outputs=outputs[:1],
+            name=call.name, key=key, tracked=tracked, outputs=outputs[:1],
             failed=error is not None)
 
     def _graph(self, call: _Call, cache: StateCache, killed: bool
@@ -586,7 +590,8 @@ class TorchExtAdapter(Adapter):
         """torch skipped ninja: record the hit with the tracked files as they are now, so that a
         header changed since the build in this process is on the record (CA106). A hit that
         shows nothing new since the last recorded one is only counted."""
-        from cacheaudit.runtimes.torch_ext.layout import BUILD_FILE, read_build_file
+        from cacheaudit.runtimes.torch_ext.layout import entry_key
+        from cacheaudit.runtimes.torch_ext.ninja import BUILD_FILE, read_build_file
 
         seen = self._seen.get(call.build_dir)
         notes = list(call.notes)
@@ -596,7 +601,7 @@ class TorchExtAdapter(Adapter):
             library = build.library
             outputs = (self._state_cache().capture(os.path.join(call.build_dir, library)),) \
                 if library else ()
-            seen = self._seen[call.build_dir] = _Seen(name=call.name, key=build.key,
+            seen = self._seen[call.build_dir] = _Seen(name=call.name, key=entry_key(build),
                                                       tracked=tracked, outputs=outputs)
             notes.append("the first lookup cacheaudit saw in this process: torch had built or "
                          "loaded the extension before the adapter was installed")
