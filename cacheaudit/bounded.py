@@ -116,8 +116,7 @@ def check(data: bytes | str, *, max_bytes: int, max_depth: int = MAX_DEPTH) -> N
     than `max_depth`; cheap when it holds fewer openers than `max_depth`. Bytes are taken as
     UTF-8 (`loads` re-encodes the UTF-16 and UTF-32 the decoder also accepts)."""
     if len(data) > max_bytes:
-        raise Refused("size", f"is {_size_text(len(data))}, more than the limit of "
-                              f"{_size_text(max_bytes)}")
+        raise Refused("size", f"is larger than the limit of {_size_text(max_bytes)}")
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     if raw.count(b"[") + raw.count(b"{") <= max_depth:
         return
