@@ -36,6 +36,10 @@ RECORD_BYTES = 64 * 1024 * 1024
 """A spooled record, a value stored in a ledger, a snapshot: a record whose include graph lists
 20,000 headers is about 4 MB as JSON."""
 
+SOURCE_BYTES = 16 * 1024 * 1024
+"""A source file cacheaudit hands to a compiler for a dependency pass (a generated kernel is a
+few kilobytes; a large hand-written translation unit a few hundred)."""
+
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 # Everything but quotes and brackets goes before the depth is counted.
@@ -144,6 +148,15 @@ def loads(data: bytes | str, *, max_bytes: int = RECORD_BYTES,
         # UnicodeDecodeError is a ValueError; RecursionError cannot happen under the depth limit
         # and is caught all the same: whatever the decoder meets stays this document's problem.
         raise Refused("syntax", _one_line(str(exc))) from None
+
+
+def loads_or(data: bytes | str, default: Any, *, max_bytes: int = RECORD_BYTES,
+             max_depth: int = MAX_DEPTH) -> Any:
+    """`loads`, or `default` where it refuses (a value whose loss the caller can live with)."""
+    try:
+        return loads(data, max_bytes=max_bytes, max_depth=max_depth)
+    except Refused:
+        return default
 
 
 def _one_line(text: str) -> str:
