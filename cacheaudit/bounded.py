@@ -44,7 +44,9 @@ _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXE
 
 # Everything but quotes and brackets goes before the depth is counted.
 _NOT_SYNTAX = bytes(b for b in range(256) if b not in b'"[]{}')
-_STEP: tuple[int, ...] = tuple(1 if b in b"[{" else -1 if b in b"]}" else 0 for b in range(256))
+_ONE_KIND = bytes.maketrans(b"{}", b"[]")
+_STEP: tuple[int, ...] = tuple(1 if b == ord("[") else -1 if b == ord("]") else 0
+                               for b in range(256))
 _CHUNK = 1 << 16
 _PEEL_PASSES = 8
 
@@ -64,20 +66,21 @@ def _size_text(count: int) -> str:
 
 
 def _deepest(brackets: bytes, stop: int) -> int:
-    """The running depth's maximum over a text of brackets only, given up as soon as it passes
+    """The running depth's maximum over a text of `[` and `]` only, given up as soon as it passes
     `stop` (a document nested 100,000 deep is judged on its first kilobyte)."""
     deepest = level = 0
     for start in range(0, len(brackets), _CHUNK):
         part = brackets[start:start + _CHUNK]
         deepest = max(deepest, level + max(accumulate(map(_STEP.__getitem__, part))))
-        level += part.count(b"[") + part.count(b"{") - part.count(b"]") - part.count(b"}")
+        level += part.count(b"[") - part.count(b"]")
         if deepest > stop:
             break
     return deepest
 
 
 def outside_strings(data: bytes) -> bytes:
-    """The brackets of a UTF-8 JSON text that lie outside its strings, in order.
+    """The brackets of a UTF-8 JSON text that lie outside its strings, in order, all spelt
+    `[` and `]` (depth counts both kinds alike).
 
     Escapes go first (a run of backslashes pairs up from its start, as the decoder reads it;
     then escaped quotes), then everything but quotes and brackets. Any two adjacent quotes can
@@ -88,7 +91,8 @@ def outside_strings(data: bytes) -> bytes:
     """
     reduced = (data.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_SYNTAX)
                .replace(b'""', b""))
-    return b"".join(reduced.split(b'"')[::2]) if b'"' in reduced else reduced
+    bare = b"".join(reduced.split(b'"')[::2]) if b'"' in reduced else reduced
+    return bare.translate(_ONE_KIND)
 
 
 def exceeds_depth(data: bytes, max_depth: int) -> bool:
@@ -103,7 +107,7 @@ def exceeds_depth(data: bytes, max_depth: int) -> bool:
     bare = outside_strings(data)
     peeled, passes = bare, 0
     while peeled and passes < _PEEL_PASSES:
-        shorter = peeled.replace(b"[]", b"").replace(b"{}", b"")
+        shorter = peeled.replace(b"[]", b"")
         if len(shorter) == len(peeled):
             break
         peeled, passes = shorter, passes + 1
