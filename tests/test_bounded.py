@@ -305,7 +305,7 @@ _JSON = st.recursive(
     max_leaves=40)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.one_of(_TEXT, _TEXT.map(lambda t: t.encode("utf-8", "surrogatepass")),
                       st.binary(max_size=200)),
        max_depth=st.integers(0, 8), max_bytes=st.integers(0, 300))
@@ -320,7 +320,7 @@ def test_the_reader_raises_only_its_own_error_and_never_exceeds_its_limits(
     assert _depth(value) <= max_depth
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(value=_JSON, extra_depth=st.integers(0, 3))
 def test_the_reader_agrees_with_json_within_its_limits_and_refuses_beyond(
         value: Any, extra_depth: int):
@@ -334,7 +334,7 @@ def test_the_reader_agrees_with_json_within_its_limits_and_refuses_beyond(
         assert refused.value.kind == "depth"
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(depth=st.integers(65, 20_000), closed=st.booleans(), noise=st.sampled_from(
     ["", '"]]}}"', '"\\\\"', '"\\""', "1, "]))
 def test_deep_documents_are_refused_before_decoding(depth: int, closed: bool, noise: str):
