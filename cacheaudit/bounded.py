@@ -9,10 +9,10 @@ when it is larger than its limit or nested deeper than its limit, and every fail
 `Refused` (a ValueError) with a one-line reason, so the caller can make it a finding for that one
 file and go on.
 
-The depth check runs at C speed on the raw text: strings are cut out (an unterminated one runs
-to the end, so the scan stays linear), the remaining brackets are counted, and the running depth
-is taken only when there are more openers than the limit allows. Standard library only: the
-ledger, the layouts and the tell layer all use it.
+The depth check runs at C speed on the raw text and is skipped when the text holds fewer
+openers than the limit: strings are cut out (`outside_strings`; an unterminated one runs to the
+end), empty pairs peeled off, and the running depth taken only where that cannot decide
+(`exceeds_depth`). Standard library only: the ledger, the layouts and the tell layer all use it.
 """
 
 from __future__ import annotations
