@@ -350,18 +350,9 @@ def diff_snapshots(
     import json
 
     from cacheaudit import output
-    from cacheaudit.snapshot import diff
+    from cacheaudit.snapshot import diff, load_snapshot
 
-    def load(path: Path) -> dict:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"{path}: not a snapshot taken with --json ({exc})") from exc
-        if not isinstance(data, dict) or "format" not in data:
-            raise UsageError(f"{path}: not a snapshot taken with --json")
-        return data
-
-    groups = diff(load(before), load(after))
+    groups = diff(load_snapshot(str(before)), load_snapshot(str(after)))
     if json_output:
         sys.stdout.write(json.dumps(groups, indent=2) + "\n")
     else:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
+from typing import Any
 
+from cacheaudit import bounded
 from cacheaudit.digest import StateCache, read_file
 from cacheaudit.model import CacheEntry, CacheLeftover, FileState
 
@@ -38,6 +40,25 @@ class Layout:
     def read(self, root: str, cache: StateCache) -> Iterator[CacheEntry | CacheLeftover]:
         """Every entry and leftover under `root`. File states come from `cache`."""
         raise NotImplementedError
+
+
+JSON_LIMIT = bounded.CACHE_FILE_BYTES
+"""How large a metadata file in a cache may be before a reader refuses to parse it."""
+
+
+def read_json(path: str) -> Any:
+    """A metadata file of a cache, parsed within `bounded`'s limits (size, nesting depth), never
+    waiting on a FIFO. Raises OSError (`NotARegularFile` for a FIFO or a device, as
+    `read_file`), or `bounded.Refused` with a one-line reason."""
+    return bounded.loads(read_file(path, JSON_LIMIT + 1), max_bytes=JSON_LIMIT)
+
+
+def refusal_text(name: str, exc: bounded.Refused) -> str | None:
+    """How a reader words a refused metadata file `name` when the refusal is about the limits
+    or the file's kind (None for a syntax error: each reader has its own words for those)."""
+    if exc.kind == "syntax":
+        return None
+    return f"{name} {exc.reason}: not parsed (a runtime never writes one like it)"
 
 
 TMP_DIR_REASON = ("temporary build directory that was never committed "
@@ -70,6 +91,34 @@ def scandir_sorted(path: str) -> list[os.DirEntry[str]]:
     Raises OSError as os.scandir does."""
     with os.scandir(path) as it:
         return sorted(it, key=lambda e: e.name)
+
+
+def is_directory(entry: os.DirEntry[str]) -> bool:
+    """`entry.is_dir()` (symlinks followed) that says False where the target cannot be reached:
+    a symlink loop (`ln -s loop loop`) or a denied directory on the way raises OSError there."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def unreachable(path: str) -> OSError | None:
+    """The error that following `path` meets when it is a symlink that leads nowhere readable
+    (ELOOP for a loop, EACCES), or None: a dangling symlink (ENOENT) is not unreachable but
+    missing, which readers report in their own words."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return exc
+    return None
+
+
+def unreachable_reason(exc: OSError) -> str:
+    """A leftover's reason for a symlink that cannot be followed."""
+    return (f"symlink that cannot be followed ({exc.strerror or exc}): whatever looks it up "
+            "fails the same way")
 
 
 def lstat_mtime_ns(entry: os.DirEntry[str]) -> int:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cacheaudit import __version__, envvars, probes
+from cacheaudit import __version__, bounded, envvars, probes
 from cacheaudit.findings import ns_iso
 from cacheaudit.probes import COULD_NOT_COLLECT
 
@@ -336,6 +336,52 @@ def to_markdown(snapshot: Mapping[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------ diff
+
+
+SNAPSHOT_BYTES = bounded.RECORD_BYTES
+"""How large a snapshot given to `diff` may be: one from a bug report is data from elsewhere."""
+
+# The parts `diff` reads, and the shape each must have: (key, container, keys each item holds).
+_SHAPES: tuple[tuple[tuple[str, ...], type, str | None], ...] = (
+    (("compilers",), list, "name"), (("packages",), dict, None),
+    (("environment",), dict, None), (("environment", "variables"), dict, None),
+    (("environment", "jit_settings"), list, "setting"), (("caches",), list, "root"),
+    (("system",), dict, None))
+
+
+def load_snapshot(path: str) -> dict[str, Any]:
+    """A snapshot file (taken with --json, perhaps on another machine) for `diff`, read within
+    `bounded`'s limits and checked for the shape `diff` reads. Raises UsageError, one line."""
+    from cacheaudit.exceptions import UsageError
+
+    try:
+        data = bounded.load_file(path, max_bytes=SNAPSHOT_BYTES)
+    except (OSError, bounded.Refused) as exc:
+        reason = exc.reason if isinstance(exc, bounded.Refused) else (
+            f"{type(exc).__name__}: {exc.strerror or exc}")
+        raise UsageError(f"{path}: not a snapshot taken with --json ({reason})") from None
+    if not isinstance(data, dict) or "format" not in data:
+        raise UsageError(f"{path}: not a snapshot taken with --json")
+    if (problem := _shape_problem(data)) is not None:
+        raise UsageError(f"{path}: not a snapshot taken with --json ({problem})")
+    return data
+
+
+def _shape_problem(data: Mapping[str, Any]) -> str | None:
+    for keys, container, item_key in _SHAPES:
+        value: Any = data
+        for key in keys:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        if value is None:
+            continue  # an older or partial snapshot: diff compares what both have
+        where = ".".join(keys)
+        if not isinstance(value, container):
+            return f"{where} is a JSON {type(value).__name__}, not {container.__name__}"
+        if item_key is not None and not all(
+                isinstance(item, Mapping) and isinstance(item.get(item_key), str)
+                for item in value):
+            return f"an item of {where} is not an object with a {item_key!r} string"
+    return None
 
 
 def diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:

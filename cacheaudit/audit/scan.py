@@ -15,12 +15,13 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import stat
 import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from cacheaudit import compilers
+from cacheaudit import bounded, compilers
 from cacheaudit.audit.checks import (
     compiler_findings,
     configuration_findings,
@@ -217,6 +218,16 @@ class Auditor:
 
         kind = compilers.compiler_kind(argv[0])
         command_line = compilers.parse_command(kind, argv[1:])
+        refused = refuse_inputs(entry, command_line, cwd)
+        if refused is not None:
+            subject, why = refused
+            findings.append(make_finding(
+                "CA501", subject=subject, entry=entry,
+                message=f"the entry predates recording and its inputs cannot be reconstructed: "
+                        f"{why}: not compiled",
+                how="the entry's source and include directories, checked before any "
+                    "dependency pass"))
+            return None
         with tempfile.TemporaryDirectory(prefix="cacheaudit-scan-") as workdir:
             depfile = os.path.join(workdir, "deps.d")
             result = graph_module.start_dependency_pass(
@@ -256,6 +267,56 @@ class Auditor:
         judged = [(entry, policy) for entry in entries
                   if (policy := policy_of(entry)[0]) is not None]
         return scan_environment_findings(self.context, entries, judged)
+
+
+# ------------------------------------------------------------------ reconstruction guard
+
+
+SOURCE_LIMIT = bounded.SOURCE_BYTES
+"""The largest source a dependency pass is run on: a generated kernel is kilobytes."""
+
+# Where no include directory of a real build lies, and where a header read never ends.
+_DEVICE_TREES = ("/dev", "/proc", "/sys")
+
+
+def refuse_inputs(entry: CacheEntry, command: compilers.ParsedCommand,
+                  cwd: str) -> tuple[str, str] | None:
+    """(path, why) when the inputs of an entry's recorded command are not fit to be compiled,
+    else None: each source must be a regular file of at most `SOURCE_LIMIT` bytes (a FIFO would
+    hang the compiler, `/dev/urandom` would feed it without end), and each include directory
+    that exists must be a directory outside the device trees. Asked before any compiler runs:
+    whatever a cache holds, the scan stays bounded."""
+    sources = [os.path.join(cwd, source) for source in command.sources]
+    if entry.source is not None and entry.source.path not in sources:
+        sources.append(entry.source.path)
+    for path in sources:
+        name = os.path.basename(path)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue  # the compiler says so itself, as the pass always did
+        except OSError as exc:
+            return path, f"{name} cannot be reached ({exc.strerror or exc})"
+        if not stat.S_ISREG(st.st_mode):
+            return path, f"{name} is {bounded.file_kind(st.st_mode)}, not a regular file"
+        if st.st_size > SOURCE_LIMIT:
+            return path, (f"{name} is {st.st_size:,} bytes, more than the {SOURCE_LIMIT:,} a "
+                          "source may have")
+    for _option, directory in command.include_dirs:
+        path = os.path.join(cwd, directory)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue  # compilers skip a missing include directory
+        except OSError as exc:
+            return path, f"include directory {directory} cannot be reached ({exc.strerror or exc})"
+        if not stat.S_ISDIR(st.st_mode):
+            return path, (f"include directory {directory} is {bounded.file_kind(st.st_mode)}, "
+                          "not a directory")
+        real = os.path.realpath(path)
+        if any(real == tree or real.startswith(tree + "/") for tree in _DEVICE_TREES):
+            return path, f"include directory {directory} lies in {real}, a device tree"
+    return None
 
 
 # ------------------------------------------------------------------------------ scanning

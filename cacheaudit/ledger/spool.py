@@ -11,6 +11,7 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
+from cacheaudit import bounded
 from cacheaudit.ledger.store import Ledger
 from cacheaudit.ledger.values import RunInfo, default_ledger_path
 from cacheaudit.model import (
@@ -118,8 +119,17 @@ def spool_record(ledger_path: str, record: CompileRecord, run: RunInfo) -> str:
     return final
 
 
+def read_spooled(path: str) -> Any:
+    """A spool file parsed within `bounded`'s limits: never waiting on a FIFO, never deeper or
+    larger than a record can be. Undecodable path bytes come back as the writer kept them
+    (surrogateescape). Raises OSError, or `bounded.Refused` (a ValueError: set aside as .bad)."""
+    return bounded.load_file(path, max_bytes=bounded.RECORD_BYTES,
+                             decode=lambda data: data.decode("utf-8", "surrogateescape"))
+
+
 # What a spooled record that can never be stored raises: a value the schema refuses (an unknown
-# event, a missing start time) or a field of the wrong type.
+# event, a missing start time), a field of the wrong type, or a file `read_spooled` refuses
+# (`bounded.Refused` is a ValueError).
 _UNSTORABLE = (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.DataError, OverflowError,
                ValueError, KeyError, TypeError, AttributeError)
 
@@ -140,8 +150,7 @@ def ingest_spool(ledger: Ledger) -> int:
     for name in names:
         path = os.path.join(directory, name)
         try:
-            with open(path, encoding="utf-8", errors="surrogateescape") as handle:
-                record, run = record_from_json(json.load(handle))
+            record, run = record_from_json(read_spooled(path))
             added += ledger.add_records([record], run)
         except OSError:
             continue  # gone (another reader took it) or unreadable now: try again next time

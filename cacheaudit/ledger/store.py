@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sqlite3
 import time
@@ -12,7 +11,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from cacheaudit import __version__
+from cacheaudit import __version__, bounded
 from cacheaudit.exceptions import LedgerError
 from cacheaudit.ledger.rows import (
     STATE_COLUMNS,
@@ -41,6 +40,8 @@ from cacheaudit.model import (
     split_stored_extra,
 )
 
+_BLOB_COLUMNS = ("tracked_id", "effective_argv_id", "extra_id", "argv_id", "env_id", "notes_id")
+
 
 class Ledger:
     """An open ledger file. Use `Ledger.open()`; close it, or use it as a context manager."""
@@ -52,6 +53,7 @@ class Ledger:
         self._graph_cache: dict[int, IncludeGraph] = {}
         self._compiler_cache: dict[int, CompilerIdentity] = {}
         self._blob_cache: dict[int, Any] = {}
+        self._refused_blobs: dict[int, str] = {}
 
     # ---------------------------------------------------------------- opening
 
@@ -322,7 +324,14 @@ class Ledger:
             return None
         if blob_id not in self._blob_cache:
             body = _value(self.conn, "SELECT body FROM blobs WHERE id = ?", (blob_id,))
-            self._blob_cache[blob_id] = json.loads(body) if body is not None else None
+            try:
+                value = bounded.loads(body) if body is not None else None
+            except bounded.Refused as exc:
+                # A ledger from elsewhere may hold anything: the record loses this one value
+                # and says so in its notes, instead of every report that reads it failing.
+                self._refused_blobs[blob_id] = f"ledger value {blob_id} {exc}: left out"
+                value = None
+            self._blob_cache[blob_id] = value
         return self._blob_cache[blob_id]
 
     def load_compiler(self, compiler_id: int | None) -> CompilerIdentity | None:
@@ -337,7 +346,7 @@ class Ledger:
                 return None
             self._compiler_cache[compiler_id] = CompilerIdentity(
                 invoked=row["invoked"], path=row["path"], resolved=row["resolved"],
-                wrappers=tuple(json.loads(row["wrappers"])), kind=row["kind"],
+                wrappers=tuple(bounded.loads_or(row["wrappers"], [])), kind=row["kind"],
                 version_text=row["version_text"], digest=row["binary_digest"], size=row["size"],
                 mtime_ns=row["mtime_ns"], host=self.load_compiler(row["host_id"]),
                 error=row["error"])
@@ -414,9 +423,14 @@ class Ledger:
             tracked=tuple(tracked) if tracked is not None else None,
             exit_code=row["exit_code"], signal=row["signal"], duration_ns=row["duration_ns"],
             pid=row["pid"], host=row["host"], test_id=row["test_id"], observer=row["observer"],
-            notes=tuple(self._load_blob(row["notes_id"]) or ()), extra=extra,
+            notes=tuple(self._load_blob(row["notes_id"]) or ()) + self._refusals(row),
+            extra=extra,
             run_uuid=row["run_uuid"], graph_id=None if with_graphs else row["graph_id"],
             **facts)
+
+    def _refusals(self, row: Row) -> tuple[str, ...]:
+        return tuple(self._refused_blobs[row[c]] for c in _BLOB_COLUMNS
+                     if row[c] in self._refused_blobs)
 
     def add_tests(self, run: RunInfo, tests: Iterable[TestWindow]) -> None:
         rows = list(tests)
@@ -448,7 +462,7 @@ class Ledger:
         rows = _rows(self.conn, "SELECT run_uuid, label, started_ns, host, pid, command FROM runs")
         return {r["run_uuid"]: RunInfo(run_uuid=r["run_uuid"], label=r["label"],
                                        started_ns=r["started_ns"], host=r["host"], pid=r["pid"],
-                                       command=tuple(json.loads(r["command"]))
+                                       command=tuple(bounded.loads_or(r["command"], []))
                                        if r["command"] else None)
                 for r in rows}
 

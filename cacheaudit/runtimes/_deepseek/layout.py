@@ -17,7 +17,16 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from cacheaudit.digest import StateCache
-from cacheaudit.layout import lstat_mtime_ns, outside, scandir_sorted, tmp_leftovers, unlistable
+from cacheaudit.layout import (
+    is_directory,
+    lstat_mtime_ns,
+    outside,
+    scandir_sorted,
+    tmp_leftovers,
+    unlistable,
+    unreachable,
+    unreachable_reason,
+)
 from cacheaudit.model import CacheEntry, CacheLeftover
 
 # DeepJIT DiskCache::entry: the tag is [A-Za-z0-9_]+ (asserted), the digest is
@@ -109,7 +118,7 @@ def has_entry_named(cache_dir: str, pattern: re.Pattern[str]) -> bool:
     try:
         with os.scandir(cache_dir) as it:
             for entry in it:
-                if pattern.fullmatch(entry.name) and entry.is_dir():
+                if pattern.fullmatch(entry.name) and is_directory(entry):
                     return True
     except OSError:
         return False
@@ -124,7 +133,7 @@ def has_tmp_named(tmp_dir: str, pattern: re.Pattern[str], *, dirs: bool, limit: 
             for count, entry in enumerate(it):
                 if count >= limit:
                     break
-                if pattern.fullmatch(entry.name) and entry.is_dir() == dirs:
+                if pattern.fullmatch(entry.name) and is_directory(entry) == dirs:
                     return True
     except OSError:
         return False
@@ -134,8 +143,10 @@ def has_tmp_named(tmp_dir: str, pattern: re.Pattern[str], *, dirs: bool, limit: 
 def cache_leftover(runtime: str, layout: str, root: str, entry: os.DirEntry[str],
                    dir_reason: str) -> CacheLeftover:
     """A non-entry in cache/: a stray file, a dangling link, or an odd-named directory."""
-    if entry.is_dir():
+    if is_directory(entry):
         reason = dir_reason
+    elif entry.is_symlink() and (error := unreachable(entry.path)) is not None:
+        reason = unreachable_reason(error)
     elif entry.is_symlink() and not os.path.exists(entry.path):
         try:
             target = os.readlink(entry.path)
@@ -172,9 +183,12 @@ def read_cache_root(root: str, cache: StateCache, *, runtime: str, layout: str,
     boundary = os.path.realpath(cache_dir)
     for item in listing:
         match = own.fullmatch(item.name)
-        if match and item.is_dir():
+        if match and (is_directory(item)
+                      or (item.is_symlink() and unreachable(item.path) is not None)):
+            # An entry that is a symlink loop is still this runtime's entry: its reader says
+            # it cannot be listed (CA402 for that entry) and the others are judged as ever.
             yield read_entry(root, item, match.group(1), match.group(2), boundary, cache)
-        elif other.fullmatch(item.name) and item.is_dir():
+        elif other.fullmatch(item.name) and is_directory(item):
             continue
         else:
             yield cache_leftover(runtime, layout, root, item, odd_name_reason)

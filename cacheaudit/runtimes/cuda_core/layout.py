@@ -41,10 +41,12 @@ from cacheaudit.digest import StateCache
 from cacheaudit.layout import (
     Layout,
     binary_format,
+    is_directory,
     lstat_mtime_ns,
     read_head,
     scandir_sorted,
     unlistable,
+    unreachable,
 )
 from cacheaudit.model import CacheEntry, CacheLeftover
 
@@ -83,7 +85,7 @@ class CudaCoreReader(Layout):
             return True
         try:
             with os.scandir(entries) as it:
-                return any(SUBDIR_RE.fullmatch(e.name) and e.is_dir() for e in it)
+                return any(SUBDIR_RE.fullmatch(e.name) and is_directory(e) for e in it)
         except OSError:
             return False
 
@@ -111,7 +113,7 @@ class CudaCoreReader(Layout):
                 continue
             for item in files:
                 named = NAME_RE.fullmatch(item.name) is not None
-                if named and not item.is_dir():
+                if named and not is_directory(item):
                     yield read_entry(root, subdir.name, item, cache)
                     continue
                 if named:
@@ -133,7 +135,10 @@ def read_entry(root: str, prefix: str, item: os.DirEntry[str], cache: StateCache
     problems: list[str] = []
     if item.is_symlink():
         target = os.path.realpath(path)
-        if not os.path.exists(path):
+        if (error := unreachable(path)) is not None:
+            problems.append(f"a symlink that cannot be followed ({error.strerror or error}): a "
+                            "lookup of this key fails on it, and the next store replaces it")
+        elif not os.path.exists(path):
             try:
                 pointed = os.readlink(path)
             except OSError:

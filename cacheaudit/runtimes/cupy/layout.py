@@ -49,11 +49,13 @@ from cacheaudit.digest import StateCache
 from cacheaudit.layout import (
     Layout,
     binary_format,
+    is_directory,
     lstat_mtime_ns,
     read_file,
     read_head,
     scandir_sorted,
     unlistable,
+    unreachable,
 )
 from cacheaudit.model import CacheEntry, CacheLeftover, FileState, content_digest
 
@@ -145,7 +147,7 @@ class CupyReader(Layout):
         names = {item.name for item in listing}
         for item in listing:
             match = ENTRY_RE.fullmatch(item.name)
-            if match and not item.is_dir():
+            if match and not is_directory(item):
                 yield read_entry(root, item, match.group(1), names, cache)
                 continue
             source = SOURCE_RE.fullmatch(item.name)
@@ -156,9 +158,9 @@ class CupyReader(Layout):
                         reason=("source saved by CUPY_CACHE_SAVE_CUDA_SOURCE for an entry that "
                                 "is gone"), mtime_ns=lstat_mtime_ns(item))
                 continue
-            if JITIFY_RE.fullmatch(item.name) and not item.is_dir():
+            if JITIFY_RE.fullmatch(item.name) and not is_directory(item):
                 continue  # Jitify's header cache: CuPy's, but not a kernel entry
-            if item.is_dir():
+            if is_directory(item):
                 reason = "a directory in CuPy's kernel cache: CuPy writes flat files only"
             elif TMP_RE.fullmatch(item.name):
                 reason = ("temporary file of a write that never reached os.replace "
@@ -175,6 +177,9 @@ def read_entry(root: str, item: os.DirEntry[str], digest: str, names: set[str],
     path = item.path
     problems: list[str] = []
     meta: dict[str, Any] = {"kind": item.name.rsplit(".", 1)[1]}
+    if item.is_symlink() and (error := unreachable(path)) is not None:
+        problems.append(f"the entry is a symlink that cannot be followed "
+                        f"({error.strerror or error}): CuPy's lookup of this key fails on it")
     binary = cache.capture(path)
     if binary.exists and binary.digest is None:
         problems.append(f"the entry cannot be read: {binary.error}")

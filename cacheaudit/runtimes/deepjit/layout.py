@@ -52,13 +52,13 @@ symlinked cache/ on another disk is an ordinary setup).
 from __future__ import annotations
 
 import functools
-import json
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from cacheaudit.bounded import Refused
 from cacheaudit.digest import StateCache
-from cacheaudit.layout import Layout, capture, read_file, unique_paths
+from cacheaudit.layout import Layout, capture, read_json, refusal_text, unique_paths
 from cacheaudit.model import CacheEntry, CacheLeftover
 from cacheaudit.runtimes._deepseek.layout import (
     DEEPGEMM_ENTRY_RE,
@@ -158,18 +158,18 @@ def _pick_backend(names: Mapping[str, os.DirEntry[str]]) -> tuple[str, str]:
 
 
 def read_meta(path: str) -> tuple[dict[str, Any], str | None]:
-    """meta.json parsed once: (object, None), or ({}, why it is unusable)."""
+    """meta.json parsed once, within the size and depth limits of `bounded`: (object, None), or
+    ({}, why it is unusable)."""
     try:
-        data = read_file(path)
+        meta = read_json(path)
     except FileNotFoundError:
         return {}, (f"{META} is missing: the compiler identity and configuration DeepJIT "
                     "records for every entry cannot be checked")
     except OSError as exc:
         return {}, f"{META} cannot be read: {type(exc).__name__}: {exc.strerror or exc}"
-    try:
-        meta = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return {}, f"{META} is not valid JSON ({exc}): DeepJIT writes it whole, so it was damaged"
+    except Refused as exc:
+        return {}, refusal_text(META, exc) or (
+            f"{META} is not valid JSON ({exc}): DeepJIT writes it whole, so it was damaged")
     if not isinstance(meta, dict):
         return {}, f"{META} holds a JSON {type(meta).__name__}, not the object DeepJIT writes"
     return meta, None

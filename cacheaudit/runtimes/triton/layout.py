@@ -43,22 +43,26 @@ Triton version of every entry.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from cacheaudit.bounded import Refused
 from cacheaudit.digest import StateCache
 from cacheaudit.layout import (
     Layout,
     capture,
+    is_directory,
     lstat_mtime_ns,
     outside,
-    read_file,
+    read_json,
+    refusal_text,
     scandir_sorted,
     unique_paths,
     unlistable,
+    unreachable,
+    unreachable_reason,
 )
 from cacheaudit.model import CacheEntry, CacheLeftover
 from cacheaudit.runtimes.triton.policy import base32_name, key_from_name
@@ -101,7 +105,7 @@ class TritonReader(Layout):
             with os.scandir(path) as it:
                 looked = 0
                 for item in it:
-                    if not KEY_RE.fullmatch(item.name) or not item.is_dir():
+                    if not KEY_RE.fullmatch(item.name) or not is_directory(item):
                         continue
                     looked += 1
                     if _has_kernel_files(item.path):
@@ -120,7 +124,14 @@ class TritonReader(Layout):
             return
         boundary = os.path.realpath(root)
         for item in listing:
-            if not item.is_dir():
+            if not is_directory(item):
+                if (item.is_symlink() and KEY_RE.fullmatch(item.name)
+                        and (error := unreachable(item.path)) is not None):
+                    # A key directory that is a symlink loop: Triton's lookup of the key fails
+                    # on it, so it is said, and the other keys are read as ever.
+                    yield CacheLeftover(runtime=RUNTIME, layout=LAYOUT_NAME, root=root,
+                                        path=item.path, reason=unreachable_reason(error),
+                                        mtime_ns=lstat_mtime_ns(item))
                 continue  # Triton writes nothing directly into the root; leave strays alone
             if not KEY_RE.fullmatch(item.name):
                 yield CacheLeftover(runtime=RUNTIME, layout=LAYOUT_NAME, root=root, path=item.path,
@@ -154,17 +165,16 @@ def _kernel_names(names: Mapping[str, os.DirEntry[str]]) -> list[str]:
     return sorted(found)
 
 
-def read_json(path: str, what: str) -> tuple[Any, str | None]:
-    """A json file parsed once: (value, None), or (None, why it is unusable)."""
+def read_metadata(path: str, what: str) -> tuple[Any, str | None]:
+    """A json file parsed once, within the size and depth limits of `bounded`: (value, None),
+    or (None, why it is unusable)."""
     try:
-        data = read_file(path)
+        return read_json(path), None
     except OSError as exc:
         return None, f"{what} cannot be read: {type(exc).__name__}: {exc.strerror or exc}"
-    try:
-        return json.loads(data), None
-    except (ValueError, UnicodeDecodeError) as exc:
-        return None, (f"{what} is not valid JSON ({exc}): Triton treats the key as a miss "
-                      "and overwrites it")
+    except Refused as exc:
+        return None, refusal_text(what, exc) or (
+            f"{what} is not valid JSON ({exc}): Triton treats the key as a miss and overwrites it")
 
 
 def read_key_directory(root: str, item: os.DirEntry[str], boundary: str,
@@ -197,7 +207,7 @@ def read_entry(root: str, path: str, kernel: str, names: Mapping[str, os.DirEntr
     meta_name = f"{kernel}.json"
     meta: dict[str, Any] = {}
     if meta_name in names:
-        value, why = read_json(os.path.join(path, meta_name), meta_name)
+        value, why = read_metadata(os.path.join(path, meta_name), meta_name)
         if why is not None:
             problems.append(why)
         elif not isinstance(value, dict):
@@ -247,7 +257,7 @@ def read_entry(root: str, path: str, kernel: str, names: Mapping[str, os.DirEntr
 
 def _group_problems(group_path: str, group_name: str, entry_path: str,
                     names: Mapping[str, os.DirEntry[str]]) -> list[str]:
-    value, why = read_json(group_path, group_name)
+    value, why = read_metadata(group_path, group_name)
     if why is not None:
         return [why]
     children = value.get("child_paths") if isinstance(value, dict) else None
