@@ -35,15 +35,11 @@ from _weakrefset import WeakSet
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from cacheaudit.problems import report_problem
+
 if TYPE_CHECKING:
     from cacheaudit.ledger import RunInfo
     from cacheaudit.model import CompileRecord, FileState
-
-
-def _report(problem: str) -> None:
-    from cacheaudit.problems import report_problem
-
-    report_problem(problem)
 
 
 # ------------------------------------------------------------------------------ patching
@@ -141,7 +137,7 @@ class ProblemLog:
         if kind in seen or len(seen) >= self._LIMIT:
             return
         seen.add(kind)
-        _report(f"{self._label}: {problem}" if self._label else problem)
+        report_problem(f"{self._label}: {problem}" if self._label else problem)
 
     def clear(self) -> None:
         self._seen.clear()

@@ -18,12 +18,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-
-def _report(problem: str) -> None:
-    from cacheaudit.problems import report_problem
-
-    report_problem(problem)
-
+from cacheaudit.problems import report_problem
 
 _hooks: dict[str, list[Callable[[ModuleType], None]]] = {}
 _lock = threading.RLock()
@@ -83,7 +78,7 @@ def _run_hooks(name: str, module: ModuleType) -> None:
             callback(module)
         except Exception as exc:  # noqa: BLE001 - an adapter never breaks the import
             with contextlib.suppress(Exception):
-                _report(f"could not hook {name}: {type(exc).__name__}: {exc}")
+                report_problem(f"could not hook {name}: {type(exc).__name__}: {exc}")
 
 
 def when_imported(name: str, callback: Callable[[ModuleType], None]) -> None:

@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from cacheaudit import spec as spec_module
+from cacheaudit.problems import report_problem
 from cacheaudit.spec import EXTRA_VARIABLE, names, spec, specs
 
 if TYPE_CHECKING:
@@ -111,16 +112,8 @@ def adapter(name: str) -> Adapter:
     return _attribute(declared.module(declared.adapter), "ADAPTER")  # type: ignore[no-any-return]
 
 
-def _report(problem: str) -> None:
-    from cacheaudit.problems import report_problem
-
-    report_problem(problem)
-
-
 @functools.cache
 def _report_once(problem: str) -> None:
-    from cacheaudit.problems import report_problem
-
     report_problem(problem, prefix="")
 
 
@@ -144,7 +137,7 @@ def activate(names: Sequence[str] | None = None) -> list[str]:
     for name in names or known:
         declared = known.get(name)
         if declared is None or declared.adapter_imports is None:
-            _report(f"no adapter named {name!r} (known: {', '.join(known)})")
+            report_problem(f"no adapter named {name!r} (known: {', '.join(known)})")
             continue
         when_imported(declared.adapter_imports, _installer(name))
         armed.append(name)
