@@ -10,9 +10,10 @@ records what the shim would have, without changing the argv, the compiler or the
 What is wrapped (all pure Python, looked up at each call):
 
 - `Compiler.build` (8dfa329; a classmethod, so `NVCCCompiler.build` and `NVRTCCompiler.build`
-  both reach it) or the module's `build` (a6d97a1): one build, from the key to the published
-  binary. The record is written when it returns, so that its output is the entry's binary after
-  the FFMA interleave rewrote nvcc's output and `os.replace` moved it into the entry.
+  both reach it) and the module's `build` (all of a6d97a1's build; at 8dfa329 it picks the
+  compiler class): one build, from the key to the published binary. The record is written
+  when it returns, so that its output is the entry's binary after the FFMA interleave rewrote
+  nvcc's output and `os.replace` moved it into the entry.
 - `RuntimeCache.get` (8dfa329) / `RuntimeCache.__getitem__` (a6d97a1): the build's first lookup
   says memory hit (the path was in the module-global cache), disk hit (`is_path_valid`: only
   `kernel.cubin` exists, or `kernel.cu`, `kernel.args` and `kernel.so`) or miss.
@@ -171,8 +172,9 @@ class DeepGemmAdapter(Adapter):
         if isinstance(own, classmethod):
             replacements.append((base, "build",
                                  classmethod(self._wrap_build(own.__func__, switch))))
-        else:
-            replacements.append((compiler, "build", self._wrap_build(compiler.build, switch)))
+        # Both, nested: the innermost build that looked a path up records it (a6d97a1 has only
+        # the function; 8dfa329's function hands over to the classmethod).
+        replacements.append((compiler, "build", self._wrap_build(compiler.build, switch)))
         cache_class = runtime.RuntimeCache
         for name in ("get", "__getitem__"):
             if name in vars(cache_class):
