@@ -201,6 +201,13 @@ CASES = [
     Case("deepgemm-python-8dfa329", DEEPGEMM_PYTHON_JOB, "cache/*/kernel.cubin",
          "adapter:deepgemm", env={"DG_REPLICA_RELEASE": "8dfa329"},
          problem=None if NVCC else "nvcc is not on PATH"),
+    # A job that puts deep_gemm on sys.path itself: the session cannot see it is installed and
+    # fills the setting in; the adapter gives the runtime back the setting it would have had.
+    Case("deepgemm-python-own-sys-path",
+         DEEPGEMM_PYTHON_JOB.replace("import deep_gemm\n",
+                                     f"sys.path.insert(0, {str(REPLICA)!r})\nimport deep_gemm\n"),
+         "cache/*/kernel.cubin", "adapter:deepgemm", env={"PYTHONPATH": str(ROOT)},
+         problem=None if NVCC else "nvcc is not on PATH"),
     # The first release keys the same path, through a setting the session never set; its nvcc
     # links a host shared object (slower), through the masquerade gcc/g++ on PATH.
     Case("deepgemm-python-a6d97a1", DEEPGEMM_PYTHON_JOB, "cache/*/kernel.so",
@@ -228,7 +235,8 @@ def _env(tmp_path: Path, extra: dict[str, str]) -> dict[str, str]:
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
     env.update(HOME=str(home), XDG_CACHE_HOME=str(tmp_path / "xdg"),
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(REPLICA)]), **extra)
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(REPLICA)]))
+    env.update(extra)
     return env
 
 

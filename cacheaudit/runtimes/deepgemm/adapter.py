@@ -6,6 +6,9 @@ every key and an audited run would compile fresh entries while production hits s
 session leaves that setting alone when the installed `deep_gemm` is the Python JIT (the spec's
 `path_in_key_if`), and this adapter, armed at the first import of `deep_gemm.jit.compiler`,
 records what the shim would have, without changing the argv, the compiler or the environment.
+Where the session could not tell (a job that puts `deep_gemm` on `sys.path` itself), the adapter
+undoes the session's stand-in at install time, before the runtime reads the setting
+(`restore_compiler_settings`).
 
 What is wrapped (all pure Python, looked up at each call):
 
@@ -40,7 +43,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cacheaudit.adapter import (
@@ -130,6 +133,35 @@ def _output_of(argv: Sequence[str]) -> str | None:
     return None
 
 
+def restore_compiler_settings(environ: MutableMapping[str, str]) -> list[str]:
+    """Undo what a session did to the settings this runtime keys by path, where the session
+    could not tell the Python JIT was installed (a job that puts `deep_gemm` on `sys.path`
+    itself): a stand-in the session filled in is removed, one that stood in for the user's
+    value gives that value back. Runs at the first import of `deep_gemm.jit.compiler`, before
+    its `lru_cache`d `get_nvcc_compiler` reads the setting. Returns the names restored."""
+    from cacheaudit.shim import lookup_variable, real_variable
+    from cacheaudit.switches import is_masquerade_dir
+
+    from .spec import SPEC
+
+    restored = []
+    for setting in SPEC.compiler_settings:
+        value = environ.get(setting.name)
+        if not setting.path_in_key_if or not value or not is_masquerade_dir(
+                os.path.dirname(value)):
+            continue
+        link = os.path.basename(value)
+        original = environ.get(real_variable(link))
+        if original:
+            environ[setting.name] = original
+        elif environ.get(lookup_variable(link)):
+            del environ[setting.name]
+        else:
+            continue
+        restored.append(setting.name)
+    return restored
+
+
 class _Subprocess:
     """`subprocess` as `deep_gemm.jit.compiler` sees it: `run` and `check_call` pass through the
     adapter, which runs them unchanged; everything else is the module itself."""
@@ -162,6 +194,10 @@ class DeepGemmAdapter(Adapter):
         self._states: StateCache | None = None
 
     # ---------------------------------------------------------------- installing
+
+    def _install(self, switch: Switch) -> None:
+        restore_compiler_settings(os.environ)
+        super()._install(switch)
 
     def _replacements(self, switch: Switch) -> list[tuple[object, str, object]]:
         compiler = importlib.import_module(MODULE)
