@@ -301,6 +301,12 @@ class ShimRecorder:
         if problem:
             report_problem(problem)
 
+    def build(self, returncode: int, duration_ns: int) -> CompileRecord:
+        """The record of the compile, without storing it: for an in-process adapter that ran
+        the compiler itself (DeepGEMM's Python JIT) and completes the record with what only
+        the runtime knows. May raise."""
+        return self._build(returncode, duration_ns)
+
     def _build(self, returncode: int, duration_ns: int) -> CompileRecord:
         from cacheaudit import compilers, graph
 

@@ -19,12 +19,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from cacheaudit.exceptions import UsageError
-from cacheaudit.programs import find_program
 from cacheaudit.shim import (
     MASQUERADE_NAMES,
     install_masquerade,
     link_to_shim,
+    lookup_variable,
     real_variable,
+    resolve_lookup,
     strip_masquerade_dirs,
 )
 from cacheaudit.spec import CompilerSetting
@@ -44,10 +45,11 @@ def _compiler_settings() -> list[CompilerSetting]:
     """The settings through which runtimes name their compiler (their specs'
     `compiler_settings`), each pointed at the shim; one per variable.
 
-    Those with `session_fills` are set even when the user left them unset, to the compiler the
-    runtime would take by default (for nvcc `<CUDA home>/bin/nvcc`, as the runtimes find it),
-    but never while one of their `unless_set` is set: a runtime that falls back to another
-    setting (DeepGEMM 2.8+ to DJ_JIT_NVCC_COMPILER) must keep following the user's.
+    Those with `session_fills` are set even when the user left them unset, to a link that finds
+    the compiler the way the runtime would at each compile (`CompilerSetting.lookup()`: for nvcc
+    the CUDA home, then PATH), but never while one of their `unless_set` is set: a runtime
+    that falls back to another setting (DeepGEMM 2.8+ to DJ_JIT_NVCC_COMPILER) must keep
+    following the user's.
     """
     from cacheaudit import runtimes
 
@@ -159,10 +161,13 @@ def _stand_in(child: dict[str, str], shims: str, value: str, family: str) -> str
 
 
 def _point_at_shims(child: dict[str, str], original: Mapping[str, str], shims: str) -> None:
-    """Runtimes' compiler settings at the shim, each handing over to what it named before.
+    """Runtimes' compiler settings at the shim, each handing over to what it named before, or,
+    where the session fills one in, to what the runtime itself would have found at that
+    compile.
 
     Settings of several words (`ccache g++`) are left alone: the wrapper runs the compiler by
-    name, and PATH leads that name through the shim.
+    name, and PATH leads that name through the shim. So is a setting whose runtime keys the
+    compiler's path (`CompilerSetting.path_in_key_if`): a stand-in would change the key.
     """
 
     def single(value: str | None) -> bool:
@@ -173,23 +178,22 @@ def _point_at_shims(child: dict[str, str], original: Mapping[str, str], shims: s
         except ValueError:
             return False
 
-    default_nvcc: str | None = None
-    home = child.get("CUDA_HOME") or child.get("CUDA_PATH")
-    if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
-        default_nvcc = os.path.join(home, "bin", "nvcc")
+    # What the runtimes would search, had the shims not gone first on PATH.
+    unshimmed = {**child, "PATH": strip_masquerade_dirs(original.get("PATH", os.defpath))}
     for setting in _compiler_settings():
         name, family = setting.name, setting.compiler
+        if setting.path_in_key_if and keys_compiler_path(setting, child):
+            continue
         value = original.get(name)
         if single(value):
             assert value is not None
             _point(child, name, _stand_in(child, shims, value, family))
         elif (not value and setting.session_fills
               and not any(original.get(other) for other in setting.unless_set)
-              and (default := default_nvcc if family == "nvcc" else find_program(
-                  family, strip_masquerade_dirs(original.get("PATH", os.defpath))))):
+              and resolve_lookup(setting.lookup(), unshimmed) is not None):
             # Without the compiler there is nothing to stand in for; pointing a runtime at the
             # shim would only turn "nvcc not found" into "the shim found no nvcc".
-            _point(child, name, _stand_in(child, shims, default, family))
+            _point(child, name, _lookup_stand_in(child, shims, setting.lookup(), family))
     for name, family in _CXX_SETTINGS.items():
         value = original.get(name)
         if value in MASQUERADE_NAMES or not single(value):
@@ -198,6 +202,42 @@ def _point_at_shims(child: dict[str, str], original: Mapping[str, str], shims: s
             continue
         assert value is not None
         _point(child, name, _stand_in(child, shims, value, family))
+
+
+def _lookup_stand_in(child: dict[str, str], shims: str, order: tuple[str, ...],
+                     family: str) -> str | None:
+    """A link for a setting the session fills in: the shim follows the runtime's own lookup
+    `order` at each compile, in that compile's environment, so that a job that sets CUDA_HOME
+    (or PATH) itself runs the toolkit it would run unrecorded. Resolving it here, once, would
+    pin the toolkit the session started with."""
+    from cacheaudit.shim import ShimError, shim_executable, stand_in_name
+
+    text = os.pathsep.join(order)
+    name = stand_in_name(text, family)
+    try:
+        link = link_to_shim(shims, name, shim_executable())
+    except (OSError, ShimError):
+        return None
+    child.pop(real_variable(name), None)
+    child[lookup_variable(name)] = text
+    return link
+
+
+def keys_compiler_path(setting: CompilerSetting, env: Mapping[str, str]) -> bool:
+    """Whether the package the job would import (PYTHONPATH, then this interpreter's path) holds
+    `setting.path_in_key_if`'s file, found without importing it: a runtime whose key holds its
+    compiler's path must see the path the user gave it."""
+    import importlib.machinery
+    import sys
+
+    package, relative = setting.path_in_key_if
+    search = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + sys.path
+    try:
+        found = importlib.machinery.PathFinder.find_spec(package, search)
+    except (ImportError, ValueError):
+        return False
+    locations = (found.submodule_search_locations or []) if found is not None else []
+    return any(os.path.isfile(os.path.join(location, relative)) for location in locations)
 
 
 def _point(child: dict[str, str], setting: str, stand_in: str | None) -> None:

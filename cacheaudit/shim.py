@@ -99,15 +99,47 @@ def real_variable(name: str) -> str:
     return f"CACHEAUDIT_REAL_{cleaned}"
 
 
+def lookup_variable(name: str) -> str:
+    """The variable holding a filled-in setting's lookup order (`CompilerSetting.lookup()`,
+    joined by os.pathsep): `nvcc` gives CACHEAUDIT_LOOKUP_NVCC."""
+    return real_variable(name).replace("CACHEAUDIT_REAL_", "CACHEAUDIT_LOOKUP_", 1)
+
+
+def resolve_lookup(order: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """The compiler a runtime would take by `order` (`CompilerSetting.default`'s rules) in `env`,
+    never one of ours; None when no candidate applies."""
+    from cacheaudit.programs import find_program
+
+    path_value = env.get("PATH", os.defpath)
+    for candidate in order:
+        if candidate.startswith("$"):
+            variable, _, rest = candidate[1:].partition("/")
+            home = env.get(variable)
+            if home:
+                return os.path.join(home, rest) if rest else home
+        elif os.sep not in candidate:
+            found = find_program(candidate, path_value, is_masquerade_dir)
+            if found:
+                return found
+        elif os.path.exists(candidate):
+            return candidate
+    return None
+
+
 def find_real_compiler(name: str, env: Mapping[str, str]) -> str:
-    """The compiler this shim stands in for: CACHEAUDIT_REAL_<NAME>, else `name` on PATH past us."""
+    """The compiler this shim stands in for: CACHEAUDIT_REAL_<NAME>; else, for a setting the
+    session filled in, the runtime's own lookup order (CACHEAUDIT_LOOKUP_<NAME>) in this
+    compile's environment; else `name` on PATH past us."""
     from cacheaudit.programs import find_program
 
     own = _shim_targets()
     explicit = env.get(real_variable(name))
+    lookup = None if explicit else env.get(lookup_variable(name))
     candidates: list[str | None] = []
     if explicit:
         candidates.append(find_program(explicit, env.get("PATH", os.defpath), is_masquerade_dir))
+    elif lookup:
+        candidates.append(resolve_lookup(lookup.split(os.pathsep), env))
     else:
         # A stand-in link whose variable a runtime scrubbed: the compiler's own name is the best
         # guess left.
@@ -122,7 +154,7 @@ def find_real_compiler(name: str, env: Mapping[str, str]) -> str:
     for candidate in candidates:
         if candidate and os.path.realpath(candidate) not in own:
             return candidate
-    where = real_variable(name) if explicit else "PATH"
+    where = (real_variable(name) if explicit else lookup_variable(name) if lookup else "PATH")
     raise ShimError(f"cannot find the real {name} (looked in {where}, skipping shim directories)")
 
 

@@ -20,6 +20,16 @@ import importlib
 import os
 from typing import NamedTuple
 
+CUDA_TOOLKIT_NVCC = ("$CUDA_HOME/bin/nvcc", "$CUDA_PATH/bin/nvcc", "nvcc",
+                     "/usr/local/cuda/bin/nvcc")
+"""Where a runtime finds nvcc when nothing names it: the CUDA home (`CUDA_HOME`, else
+`CUDA_PATH`), else `which nvcc`, else /usr/local/cuda; the order of torch's `_find_cuda_home`,
+DeepJIT's `CUDA::find_cuda_toolkit` and DeepGEMM's `_find_cuda_home`."""
+
+KIND_DEFAULTS: dict[str, tuple[str, ...]] = {"nvcc": CUDA_TOOLKIT_NVCC}
+"""A compiler kind's usual place, for settings that declare no `default`; any other kind is its
+own name on PATH."""
+
 
 class CompilerSetting(NamedTuple):
     """An environment variable through which a runtime is told which compiler to run.
@@ -35,6 +45,24 @@ class CompilerSetting(NamedTuple):
     """The compiler kind the variable names, as the shim's stand-in name ("nvcc", "g++")."""
     session_fills: bool = False
     unless_set: tuple[str, ...] = ()
+    default: tuple[str, ...] | None = None
+    """Where the runtime looks for its compiler while the setting is unset, in order; what a
+    filled-in setting hands over to, worked out by the shim at each compile in the compile's
+    own environment (a job that sets CUDA_HOME itself keeps its toolkit). `$VAR/rest` is taken
+    when VAR is set and not empty, whether or not the file exists (the runtimes do the same); a
+    bare name is looked up on PATH past the masquerade directories; an absolute path is taken
+    when it exists. None: the kind's usual place (`KIND_DEFAULTS`), else its name on PATH."""
+    path_in_key_if: tuple[str, str] = ()
+    """(package, file): when the package the job would import holds this file, the runtime
+    installed keys the compiler's path (DeepGEMM's Python JIT), so no stand-in can be invisible
+    to its key: the session leaves the setting as the user had it, and the runtime's adapter
+    records in-process. Empty: the key never holds the path."""
+
+    def lookup(self) -> tuple[str, ...]:
+        """`default`, or the kind's usual place."""
+        if self.default is not None:
+            return self.default
+        return KIND_DEFAULTS.get(self.compiler, (self.compiler,))
 
 
 class RuntimeSpec(NamedTuple):
