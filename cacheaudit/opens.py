@@ -103,9 +103,10 @@ class _Libc:
 class OpenObserver:
     """Watches `directories` for opens from `start()` to `stop()`."""
 
-    def __init__(self, directories: Iterable[str], *, limit: int | None = None) -> None:
+    def __init__(self, directories: Iterable[str], *, budget: int | None = None) -> None:
+        """`budget`: the most watches to take (default: 1/WATCH_SHARE of the user's limit)."""
         self.directories = list(dict.fromkeys(directories))
-        self.limit = limit
+        self.budget = budget
         self._fd = -1
         self._wake: tuple[int, int] | None = None
         self._thread: threading.Thread | None = None
@@ -145,13 +146,15 @@ class OpenObserver:
             self._give_up(reason)
             return
         self._fd = fd
-        limit = self.limit if self.limit is not None else watch_limit()
-        budget = len(self.directories) if limit is None else max(0, limit // WATCH_SHARE)
+        limit = watch_limit()
+        budget = self.budget
+        if budget is None:
+            budget = len(self.directories) if limit is None else max(0, limit // WATCH_SHARE)
         mask = IN_OPEN | IN_ACCESS | IN_ONLYDIR | IN_EXCL_UNLINK
         for index, directory in enumerate(self.directories):
             if len(self._by_wd) >= budget:
-                reason = (f"more entry directories than the {budget} inotify watches taken "
-                          f"(half of {_WATCHES_LIMIT} = {limit})")
+                reason = (f"more entry directories than the {budget} inotify watches cacheaudit "
+                          f"may take ({_WATCHES_LIMIT} = {limit})")
                 self._unwatched.update(dict.fromkeys(self.directories[index:], reason))
                 break
             wd = libc.add_watch(fd, os.fsencode(directory), mask)

@@ -159,7 +159,11 @@ class _Session:
             os.environ.update(self.session.env)
             self.ledger = self.session.ledger
             self.run_uuid = self.session.run_uuid
-        self.observer = _observer(self.ledger, self.roots)
+        from cacheaudit.audit import ScopeObserver
+
+        # The opens of every cache entry known at the start, watched until the end (in each
+        # process that runs tests, for the fixture; the controller's serves the report).
+        self.observer = ScopeObserver.start(self.ledger, os.environ, self.roots)
         runtimes.activate()
 
     def _stop(self) -> None:
@@ -388,18 +392,6 @@ class CacheauditFixture:
             raise AssertionError("cacheaudit: " + "; ".join(
                 f"{f.code} {f.subject} ({f.entry or f.kernel or '-'}): {f.message}"
                 for f in errors))
-
-
-def _observer(ledger: str, roots: list[str]) -> ScopeObserver | None:
-    """The opens of every cache entry known at the session's start, watched until its end."""
-    from cacheaudit.audit import ScopeObserver
-    from cacheaudit.ledger import open_ledger
-
-    try:
-        with open_ledger(ledger) as opened:
-            return ScopeObserver(opened, os.environ, roots)
-    except Exception:  # noqa: BLE001 - the audit then takes every entry as possibly served
-        return None
 
 
 @pytest.fixture

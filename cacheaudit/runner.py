@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cacheaudit.audit import RunReport, ScopeObserver, audit_run
@@ -43,7 +43,9 @@ def run_recorded(command: Sequence[str], *, ledger: str) -> RunOutcome:
                          f"{exc.strerror or exc}") from exc
     session = prepare(os.environ, ledger=ledger, label="run")
     started_ns = time.time_ns()
-    observer = _observer(session.ledger, session.env)
+    # The opens of every cache entry known now (the job's default roots, the ledger's), watched
+    # while the command runs.
+    observer = ScopeObserver.start(session.ledger, session.env)
     try:
         try:
             child = subprocess.Popen(list(command), env=session.env)
@@ -57,7 +59,7 @@ def run_recorded(command: Sequence[str], *, ledger: str) -> RunOutcome:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         status = returncode if returncode >= 0 else 128 - returncode
-        observation = observer.stop() if observer is not None else None
+        observation = observer.stop()
         try:
             with open_ledger(session.ledger) as opened:
                 report = audit_run(opened, session.run_uuid, session.env, started_ns=started_ns,
@@ -66,21 +68,9 @@ def run_recorded(command: Sequence[str], *, ledger: str) -> RunOutcome:
             return RunOutcome(status=status, report=None,
                               problem=f"{type(exc).__name__}: {exc}")
     finally:
-        if observer is not None:
-            observer.stop()
+        observer.stop()
         session.close()
     return RunOutcome(status=status, report=report)
-
-
-def _observer(ledger: str, env: Mapping[str, str]) -> ScopeObserver | None:
-    """The opens of every cache entry known now (the job's default roots, the ledger's), watched
-    while the command runs; None when even that could not start (the audit then takes every
-    entry as one the run may have been served)."""
-    try:
-        with open_ledger(ledger) as opened:
-            return ScopeObserver(opened, env)
-    except Exception:  # noqa: BLE001 - observing never stops the command
-        return None
 
 
 def _forward(child: subprocess.Popen[bytes], sig: int) -> None:

@@ -32,7 +32,7 @@ from cacheaudit.audit.options import AuditOptions, keep
 from cacheaudit.audit.run import audit_records, roots_of
 from cacheaudit.audit.scan import ScanResult, discover, scan
 from cacheaudit.digest import StateCache
-from cacheaudit.ledger import Ledger, TestWindow
+from cacheaudit.ledger import Ledger, TestWindow, open_existing
 from cacheaudit.model import CacheEntry, CompileRecord, Finding
 from cacheaudit.opens import ObservedOpens, OpenObserver
 from cacheaudit.runtimes import layouts
@@ -173,6 +173,19 @@ class Observation:
         return seen
 
 
+WATCH_BUDGET = "CACHEAUDIT_OPEN_WATCHES"
+"""How many inotify watches the observer may take (default: half the user's limit); 0 turns
+the observer off, and every entry is audited as one the run may have been served."""
+
+
+def _watch_budget(env: Mapping[str, str]) -> int | None:
+    value = env.get(WATCH_BUDGET, "").strip()
+    try:
+        return max(0, int(value)) if value else None
+    except ValueError:
+        return None
+
+
 NOT_OBSERVED = Observation(WatchPlan(), ObservedOpens(),
                            problem="no observer watched the cache entries' opens")
 
@@ -189,9 +202,24 @@ class ScopeObserver:
         self._final: Observation | None = None
         try:
             self.plan = plan_watch(ledger, env, roots)
-            self._watch = OpenObserver(self.plan.directories).start()
+            self._watch = OpenObserver(self.plan.directories,
+                                       budget=_watch_budget(env)).start()
         except Exception as exc:  # noqa: BLE001 - observing never stops the run
             self.problem = f"the observer could not start: {type(exc).__name__}: {exc}"
+
+    @classmethod
+    def start(cls, ledger: str, env: Mapping[str, str],
+              roots: Sequence[str] = ()) -> ScopeObserver:
+        """An observer of the entries known to the ledger at `ledger` (read, never created) and
+        to `env`; never raises."""
+        try:
+            opened = open_existing(ledger)
+        except Exception:  # noqa: BLE001 - the roots of the environment are watched still
+            opened = None
+        if opened is None:
+            return cls(None, env, roots)
+        with opened:
+            return cls(opened, env, roots)
 
     def observation(self) -> Observation:
         """What was seen so far (or in all, once stopped)."""
