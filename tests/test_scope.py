@@ -26,6 +26,7 @@ import xxhash
 
 from cacheaudit.ledger import Ledger
 from cacheaudit.opens import OpenObserver
+
 from support import GXX, NVCC, clean_env, needs_gxx, needs_nvcc
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -373,10 +373,13 @@ def audit_scope(ledger: Ledger, scope: Scope, env: Mapping[str, str], *,
     records = _records(ledger, scope)
     ids = {r.record_id for r in records}
     entries = result.entries if result else []
+    windows = ledger.tests(scope.run_uuid)
     built = {r.entry for r in records if r.entry and r.event == "compile"}
     answerable = {r.entry for r in records if r.entry}
     opened = observation.opened(scope)
     marked = {e.path for e in entries if scope.within(e.committed_ns)}
+    hit_since_built = {e.path for e in entries if e.path in built and e.path in marked
+                       and _marked_after_build(e, records, windows)}
     hit_unrecorded = marked | set(opened)
     answerable |= hit_unrecorded
     unobserved = {e.path: reason for e in entries if e.path not in answerable
@@ -396,16 +399,36 @@ def audit_scope(ledger: Ledger, scope: Scope, env: Mapping[str, str], *,
     unique: dict[tuple[str, str, str | None], Finding] = {}
     for finding in kept:
         unique.setdefault((finding.code, finding.subject, finding.record_id), finding)
-    windows = ledger.tests(scope.run_uuid)
     hit_times = {path: ns for path, (ns, _binary) in opened.items()}
     findings = [_with_tests(f, records, windows, result, hit_times)
                 for f in unique.values()]
     in_scope = {e.path for e in entries if e.path in answerable}
-    counts = count(records, built, hit_unrecorded, len(in_scope) + len(unobserved),
-                   len(unobserved))
+    counts = count(records, built - hit_since_built, hit_unrecorded,
+                   len(in_scope) + len(unobserved), len(unobserved))
     return RunReport(run_uuid=scope.run_uuid, records=records, findings=findings,
                      roots=result.roots if result else [], counts=counts,
                      unobserved=served_unseen)
+
+
+COMMIT_SLACK_NS = 500_000_000
+"""How long after its compile ended a runtime may still be publishing an entry: a marker written
+later than that is a hit's, not the commit's (DeepJIT writes `.committed` right after the
+compile, before the fsync and the rename)."""
+
+
+def _marked_after_build(entry: CacheEntry, records: Sequence[CompileRecord],
+                        windows: Sequence[TestWindow]) -> bool:
+    """Whether the hit marker of an entry the scope built was touched by a later hit: after
+    the build's end and its publication, or in another test than the one that built it."""
+    marker = entry.committed_ns
+    builds = [r for r in records if r.entry == entry.path and r.event == "compile"]
+    if marker is None or not builds:
+        return False
+    build = max(builds, key=lambda r: r.started_ns)
+    if marker > build.started_ns + max(build.duration_ns, 0) + COMMIT_SLACK_NS:
+        return True
+    window = next((w for w in windows if w.started_ns <= marker <= w.finished_ns), None)
+    return window is not None and bool(build.test_id) and window.nodeid != build.test_id
 
 
 def audit_run(ledger: Ledger, run_uuid: str, env: Mapping[str, str], *,
