@@ -379,7 +379,7 @@ def audit_scope(ledger: Ledger, scope: Scope, env: Mapping[str, str], *,
     opened = observation.opened(scope)
     marked = {e.path for e in entries if scope.within(e.committed_ns)}
     hit_since_built = {e.path for e in entries if e.path in built and e.path in marked
-                       and _marked_after_build(e, records, windows)}
+                       and _marked_after_build(e)}
     hit_unrecorded = marked | set(opened)
     answerable |= hit_unrecorded
     unobserved = {e.path: reason for e in entries if e.path not in answerable
@@ -410,25 +410,20 @@ def audit_scope(ledger: Ledger, scope: Scope, env: Mapping[str, str], *,
                      unobserved=served_unseen)
 
 
-COMMIT_SLACK_NS = 500_000_000
-"""How long after its compile ended a runtime may still be publishing an entry: a marker written
-later than that is a hit's, not the commit's (DeepJIT writes `.committed` right after the
-compile, before the fsync and the rename)."""
-
-
-def _marked_after_build(entry: CacheEntry, records: Sequence[CompileRecord],
-                        windows: Sequence[TestWindow]) -> bool:
-    """Whether the hit marker of an entry the scope built was touched by a later hit: after
-    the build's end and its publication, or in another test than the one that built it."""
+def _marked_after_build(entry: CacheEntry) -> bool:
+    """Whether the hit marker of an entry the scope built was touched by a later hit, not by the
+    build's own commit. A runtime that writes its marker and then renames the entry directory
+    into place (DeepJIT) leaves the marker no newer than the directory's ctime; only a hit makes
+    it newer (touching a file does not change its directory). Test windows cannot tell: under
+    pytest-xdist the tests of other workers run at the same time."""
     marker = entry.committed_ns
-    builds = [r for r in records if r.entry == entry.path and r.event == "compile"]
-    if marker is None or not builds:
+    if marker is None:
         return False
-    build = max(builds, key=lambda r: r.started_ns)
-    if marker > build.started_ns + max(build.duration_ns, 0) + COMMIT_SLACK_NS:
-        return True
-    window = next((w for w in windows if w.started_ns <= marker <= w.finished_ns), None)
-    return window is not None and bool(build.test_id) and window.nodeid != build.test_id
+    try:
+        published_ns = os.stat(entry.path).st_ctime_ns
+    except OSError:
+        return False
+    return marker > published_ns
 
 
 def audit_run(ledger: Ledger, run_uuid: str, env: Mapping[str, str], *,
