@@ -370,3 +370,46 @@ def test_the_opens_observer_sees_opens_and_leaves_no_thread_or_descriptor(tmp_pa
     limited = OpenObserver([str(entry), str(other)], budget=1).start().stop()
     assert list(limited.unwatched) == [str(other)]
     assert "inotify watches" in limited.unwatched[str(other)]
+
+
+# ------------------------------------------------------------------------------ cuda.core
+
+CUDA_CORE_JOB = """
+import json, os
+import xxhash
+from cuda.core import Program, ProgramOptions
+from cuda.core.utils import FileStreamProgramCache
+root = os.environ["JOB_CACHE"]
+event = "disk-hit" if os.path.isdir(root) and any(os.scandir(root)) else "compile"
+options = ProgramOptions(arch="sm_90", name="kernel.cu")
+source = '#include "local.h"\\nextern "C" __global__ void k(int* o) { o[0] = LOCAL_VALUE; }\\n'
+code = bytes(Program(source, "c++", options=options).compile(
+    "cubin", cache=FileStreamProgramCache(root)).code)
+print(json.dumps({"event": event, "digest": xxhash.xxh3_128_hexdigest(code)}))
+"""
+
+
+def test_cuda_core_stale_hit_fails_the_run(tmp_path: Path):
+    """cuda.core's guard misses a header beside a bare program name (read from the working
+    directory): an edit of it is served the old cubin."""
+    pytest.importorskip("cuda.core", reason="cuda-python's cuda.core is not installed")
+    local = tmp_path / "local.h"
+    local.write_text("#define LOCAL_VALUE 3\n")
+    stamp = time.time_ns() - 5_000_000_000
+    os.utime(local, ns=(stamp, stamp))
+    job = Job(tmp_path, CUDA_CORE_JOB, _env(tmp_path, JOB_CACHE=str(tmp_path / "pc")))
+    built, first, _ = job.run()
+    if "cuda" in built.stderr.lower() and built.returncode != 0:
+        pytest.skip(f"cuda.core cannot compile here: {built.stderr[-300:]}")
+    assert built.returncode == 0 and first["event"] == "compile", built.stderr
+    same, hit, report = job.run()
+    assert hit["event"] == "disk-hit" and hit["digest"] == job.fresh("JOB_CACHE")["digest"]
+    assert same.returncode == 0 and _errors(report) == [], same.stderr
+    _agree(same, report)
+    local.write_text("#define LOCAL_VALUE 4  /* edited */\n")
+    stale, served, report = job.run()
+    assert served["event"] == "disk-hit"
+    assert served["digest"] != job.fresh("JOB_CACHE")["digest"]
+    assert stale.returncode == 1, stale.stderr
+    _stale(report, "CA101", str(local))
+    _agree(stale, report)
