@@ -393,13 +393,16 @@ def render_explanation(explanation: Explanation, console: Console) -> None:
 
 
 def run_report_json(report: RunReport, command: Sequence[str], status: int) -> str:
-    """`cacheaudit run --report-json`: the run's findings with the command and its status."""
+    """`cacheaudit run --report-json`: the run's findings with the command and its status, and
+    the counts the human summary prints (`events` holds them under the record event names)."""
     return findings_json(report.findings, {
         "run": report.run_uuid, "command": list(command), "exit_status": status,
-        "events": dict(report.events())})
+        "summary": report.summary(), "events": report.events(),
+        "activity": report.counts.as_dict(), "possibly_served": dict(report.unobserved)})
 
 
 def render_run_report(report: RunReport, console: Console) -> None:
+    """The run's summary line (the same counts as `run_report_json`), then its findings."""
     console.print(f"cacheaudit: {_e(report.summary())} in run {_e(report.run_uuid)}")
     if report.findings:
         render_findings(report.findings, console,

@@ -24,7 +24,7 @@ import pytest
 from cacheaudit.config import FAIL_ON_CHOICES
 
 if TYPE_CHECKING:
-    from cacheaudit.audit import RunReport
+    from cacheaudit.audit import RunReport, ScopeObserver
     from cacheaudit.ledger import Ledger, TestWindow
     from cacheaudit.model import CompileRecord, Finding
     from cacheaudit.session import Session
@@ -132,6 +132,8 @@ class _Session:
         self.worker = os.environ.get("PYTEST_XDIST_WORKER", "") if os.environ.get(
             "CACHEAUDIT_RUN_LABEL") == "pytest" else ""
         self.windows: list[TestWindow] = []
+        self.test_started: dict[str, int] = {}
+        self.observer: ScopeObserver | None = None
         self.started_ns = time.time_ns()
         self.outcomes: dict[str, str] = {}
         self.report: RunReport | None = None
@@ -157,6 +159,11 @@ class _Session:
             os.environ.update(self.session.env)
             self.ledger = self.session.ledger
             self.run_uuid = self.session.run_uuid
+        from cacheaudit.audit import ScopeObserver
+
+        # The opens of every cache entry known at the start, watched until the end (in each
+        # process that runs tests, for the fixture; the controller's serves the report).
+        self.observer = ScopeObserver.start(self.ledger, os.environ, self.roots)
         runtimes.activate()
 
     def _stop(self) -> None:
@@ -164,6 +171,8 @@ class _Session:
         from cacheaudit import runtimes
 
         try:
+            if self.observer is not None:
+                self.observer.stop()
             with contextlib.suppress(Exception):  # what they had pending is spooled or lost
                 runtimes.deactivate()
         finally:
@@ -191,7 +200,7 @@ class _Session:
         os.environ["CACHEAUDIT_TEST_ID"] = item.nodeid
         if excluded:
             os.environ["CACHEAUDIT_DISABLE"] = "1"
-        started = time.time_ns()
+        started = self.test_started[item.nodeid] = time.time_ns()
         try:
             yield
         finally:
@@ -224,6 +233,7 @@ class _Session:
         from cacheaudit.runtimes import flush_all
 
         flush_all()
+        observation = self.observer.stop() if self.observer is not None else None
         run = RunInfo(run_uuid=self.run_uuid, label="pytest")
         if self.worker:
             with Ledger.open(self.ledger) as ledger:
@@ -234,7 +244,8 @@ class _Session:
                     keep=False)
             ledger.add_tests(run, self.windows)
             self.report = audit_run(ledger, self.run_uuid, os.environ,
-                                    started_ns=self.started_ns, roots=self.roots)
+                                    started_ns=self.started_ns, roots=self.roots,
+                                    observation=observation)
             if self.report.findings:
                 ledger.add_findings(self.report.findings)
         if fails(self.report.findings, self.fail_on):
@@ -326,11 +337,19 @@ def _write_finding(write: Any, finding: Finding, records: list[CompileRecord]) -
 
 
 class CacheauditFixture:
-    """What happened inside one test: its records and the findings about them."""
+    """What happened inside one test: its records and the findings about them, from the same
+    audit of a scope as the session report (`cacheaudit.audit.audit_scope`), with the test's
+    records and window as the scope."""
 
-    def __init__(self, ledger: str, nodeid: str) -> None:
+    def __init__(self, ledger: str, nodeid: str, *, run_uuid: str = "",
+                 started_ns: int | None = None, roots: tuple[str, ...] = (),
+                 observer: ScopeObserver | None = None) -> None:
         self.ledger = ledger
         self.nodeid = nodeid
+        self.run_uuid = run_uuid
+        self.started_ns = started_ns if started_ns is not None else time.time_ns()
+        self.roots = roots
+        self.observer = observer
 
     def records(self) -> list[CompileRecord]:
         ledger = self._ledger()
@@ -339,26 +358,23 @@ class CacheauditFixture:
         with ledger:
             return self._own(ledger)
 
-    def findings(self) -> list[Finding]:
-        """The audit of this test's records, as of now."""
-        from cacheaudit.audit import audit_records, roots_of, scan
+    def report(self) -> RunReport | None:
+        """The audit of this test so far: its records, and the hits inside its window."""
+        from cacheaudit.audit import Scope, audit_scope
 
         ledger = self._ledger()
         if ledger is None:
-            return []
-        with ledger:
-            records = self._own(ledger)
-            if not records:
-                return []
-            roots = roots_of(records)
-            result = scan(roots, os.environ, ledger=ledger) if roots else None
-            # The scan ties the shim's compiles to their entries: read them again for that.
-            entries = {r.entry for r in self._own(ledger) if r.entry} if result else set()
-        ids = {r.record_id for r in records}
-        found = [f for f in (result.findings if result else [])
-                 if f.record_id in ids or f.entry in entries]
-        return found + audit_records(records, judged=frozenset(
-            f.record_id for f in found if f.record_id))
+            return None
+        scope = Scope(self.run_uuid, self.started_ns, test_id=self.nodeid, roots=self.roots)
+        observer = self.observer
+        with ledger, observer.ignoring() if observer is not None else contextlib.nullcontext():
+            observation = observer.observation() if observer is not None else None
+            return audit_scope(ledger, scope, os.environ, observation=observation)
+
+    def findings(self) -> list[Finding]:
+        """The findings of this test's audit, as of now."""
+        report = self.report()
+        return report.findings if report is not None else []
 
     def _ledger(self) -> Ledger | None:
         from cacheaudit.ledger import open_existing
@@ -374,7 +390,8 @@ class CacheauditFixture:
         errors = [f for f in self.findings() if f.severity.value == "error"]
         if errors:
             raise AssertionError("cacheaudit: " + "; ".join(
-                f"{f.code} {f.subject}: {f.message}" for f in errors))
+                f"{f.code} {f.subject} ({f.entry or f.kernel or '-'}): {f.message}"
+                for f in errors))
 
 
 @pytest.fixture
@@ -385,4 +402,7 @@ def cacheaudit(request: pytest.FixtureRequest) -> CacheauditFixture:
         pytest.skip("cacheaudit is not enabled: run pytest with --cacheaudit")
     if isinstance(plugin, _Off) or plugin.off:
         pytest.skip("cacheaudit could not start in this session; its summary says why")
-    return CacheauditFixture(plugin.ledger, request.node.nodeid)
+    nodeid = request.node.nodeid
+    return CacheauditFixture(plugin.ledger, nodeid, run_uuid=plugin.run_uuid,
+                             started_ns=plugin.test_started.get(nodeid),
+                             roots=tuple(plugin.roots), observer=plugin.observer)

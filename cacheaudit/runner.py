@@ -1,4 +1,5 @@
-"""`cacheaudit run -- COMMAND`: a command run inside a recording session, then audited."""
+"""`cacheaudit run -- COMMAND`: a command run inside a recording session, its cache entries' opens
+watched meanwhile, then audited as one scope (`cacheaudit.audit.scope`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cacheaudit.audit import RunReport, audit_run
+from cacheaudit.audit import RunReport, ScopeObserver, audit_run
 from cacheaudit.exceptions import UsageError
 from cacheaudit.ledger import open_ledger
 from cacheaudit.session import prepare
@@ -42,6 +43,9 @@ def run_recorded(command: Sequence[str], *, ledger: str) -> RunOutcome:
                          f"{exc.strerror or exc}") from exc
     session = prepare(os.environ, ledger=ledger, label="run")
     started_ns = time.time_ns()
+    # The opens of every cache entry known now (the job's default roots, the ledger's), watched
+    # while the command runs.
+    observer = ScopeObserver.start(session.ledger, session.env)
     try:
         try:
             child = subprocess.Popen(list(command), env=session.env)
@@ -55,13 +59,16 @@ def run_recorded(command: Sequence[str], *, ledger: str) -> RunOutcome:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         status = returncode if returncode >= 0 else 128 - returncode
+        observation = observer.stop()
         try:
             with open_ledger(session.ledger) as opened:
-                report = audit_run(opened, session.run_uuid, session.env, started_ns=started_ns)
+                report = audit_run(opened, session.run_uuid, session.env, started_ns=started_ns,
+                                   observation=observation)
         except Exception as exc:  # noqa: BLE001 - the command's status must survive the audit
             return RunOutcome(status=status, report=None,
                               problem=f"{type(exc).__name__}: {exc}")
     finally:
+        observer.stop()
         session.close()
     return RunOutcome(status=status, report=report)
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from support import GXX
+
 pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,8 +125,10 @@ def test_every_record_once_under_xdist(project: pytest.Pytester, tmp_path: Path)
     assert {r[2] for r in records} == {f"test_many.py::test_kernel_{n}" for n in range(8)}
     # The workers' own ledgers were combined and removed.
     assert not list(tmp_path.glob("ledger.db.gw*"))
+    # Each g++ compile went through the shim and is the runtime's build: counted as both.
     result.stdout.fnmatch_lines(["*8 compile(s), 0 disk hit(s), 0 memory hit(s), "
-                                 "* compiler invocation(s) through the shim recorded*"])
+                                 "8 compiler invocation(s) through the shim; "
+                                 "8 entry(ies) judged*"])
 
 
 def test_fixture_and_marker(project: pytest.Pytester, tmp_path: Path):
@@ -144,6 +148,50 @@ def test_excluded(runtime, cacheaudit):
 """)
     result = project.runpytest_subprocess("--cacheaudit", "--strict-markers")
     result.assert_outcomes(passed=2)
+
+
+FIXTURE_SUITE = f"""
+def test_a_builds(runtime, cacheaudit):
+    assert runtime.compile("gemm", {SOURCE.format(n=0)}).event == "compile"
+    cacheaudit.assert_no_stale_hits()
+
+def test_b_edits_an_untracked_header(tree):
+    (tree / "third" / "cutlite" / "tile.h").write_text("#pragma once\\n#define TILE 8\\n")
+
+def test_c_hits_the_stale_entry(runtime, cacheaudit):
+    assert runtime.compile("gemm", {SOURCE.format(n=0)}).event == "disk-hit"
+    cacheaudit.assert_no_stale_hits()
+"""
+
+
+def test_the_fixture_and_the_session_report_agree_on_a_stale_hit(
+        project: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A DeepJIT disk hit leaves no record, only a touched `.committed`: the fixture asks the
+    same audit of a scope as the session report, with the test's window as the scope."""
+    from fixtures.minijit import Config, Runtime
+
+    project.makepyfile(test_stale=FIXTURE_SUITE)
+    result = project.runpytest_subprocess("--cacheaudit", "-p", "no:randomly")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*AssertionError: cacheaudit: CA101 *third/cutlite/tile.h "
+                                 "(*/cache/cache/gemm.*)*",
+                                 "*1 compile(s), 1 disk hit(s) (1 seen by a hit marker or file "
+                                 "opens)*",
+                                 "*CA101 deepjit:gemm: *third/cutlite/tile.h*",
+                                 "*tests: test_stale.py::test_a_builds, "
+                                 "test_stale.py::test_c_hits_the_stale_entry*"])
+    assert "FAILED test_stale.py::test_c_hits_the_stale_entry" in result.stdout.str()
+    # Ground truth: a fresh compile of the same source into an empty cache differs from the
+    # binary the test was served.
+    [tree] = list(Path(project.path).glob("runpytest-0/shared-tree"))
+    [served] = list((tree / "cache" / "cache").glob("*/kernel.so"))
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "fresh"))
+    monkeypatch.setenv("DG_JIT_NVCC_COMPILER", GXX or "g++")
+    fresh = Runtime(Config(str(tree), "DG", include_dirs=[str(tree / "inc"), str(tree / "third")],
+                           include_prefixes=["mylib/"]), backend="gxx").compile(
+        "gemm", "#include <mylib/api.cuh>\nint value() { return API + TILE + 0; }\n")
+    assert fresh.event == "compile"
+    assert Path(fresh.binary).read_bytes() != served.read_bytes()
 
 
 def test_fixture_skips_without_the_plugin(project: pytest.Pytester):

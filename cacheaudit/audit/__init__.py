@@ -4,7 +4,9 @@
   cache, compiler identities, memos), one typed object
 - `checks`: pure functions over the context, per concern (inputs, environment, compiler, entry)
 - `scan`: all the I/O around them (roots, records, reconstruction, compilers, attributions)
-- `run`: the audit of one run (`audit_run`, `audit_records`)
+- `scope`: the audit of a scope (a run, a window, a test: `audit_scope`, `audit_run`), its
+  counts and the observer of the entries' opens (`ScopeObserver`); `run`: what it asks of a
+  run's records (`audit_records`, `roots_of`); `observations`: the environments a scope saw
 
 Reads the ledger and the disk; writes nothing but reconstructed records and attributions back to
 the ledger (so that the next scan need not repeat the work).
@@ -13,18 +15,32 @@ the ledger (so that the next scan need not repeat the work).
 from cacheaudit.audit.checks import modified_during_compile, search_directories
 from cacheaudit.audit.context import AuditContext, CompilerNow, live_process, runtime_process
 from cacheaudit.audit.options import AuditOptions, fails, keep
-from cacheaudit.audit.run import RunReport, audit_records, audit_run, roots_of
+from cacheaudit.audit.run import audit_records, roots_of
 from cacheaudit.audit.scan import Auditor, ScanResult, discover, identify_compiler, scan
+from cacheaudit.audit.scope import (
+    Counts,
+    Observation,
+    RunReport,
+    Scope,
+    ScopeObserver,
+    audit_run,
+    audit_scope,
+)
 
 __all__ = [
     "AuditContext",
     "AuditOptions",
     "Auditor",
     "CompilerNow",
+    "Counts",
+    "Observation",
     "RunReport",
     "ScanResult",
+    "Scope",
+    "ScopeObserver",
     "audit_records",
     "audit_run",
+    "audit_scope",
     "discover",
     "fails",
     "identify_compiler",

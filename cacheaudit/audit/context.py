@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from cacheaudit import envvars
+from cacheaudit.audit.observations import ObservedEnvironments
 from cacheaudit.audit.options import AuditOptions
 from cacheaudit.digest import StateCache, changed_files
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, FileState, IncludeGraph
@@ -108,6 +109,9 @@ class AuditContext:
     compilers: dict[str, CompilerNow] = field(default_factory=dict)
     """Compiler path -> its identity now, taken by the scan before a check asks."""
     memos: Memos = field(default_factory=Memos)
+    observed: ObservedEnvironments | None = None
+    """Inside a scope (a run, a test): the environments its observers saw the entries under,
+    which CA202 judges an entry of the run against instead of `env` (`observations.py`)."""
     env_now: dict[str, str] = field(init=False)
     """The registry's compile-affecting variables in `env`, values redacted."""
 

@@ -1,22 +1,14 @@
-"""The audit of one run (a test session, a `cacheaudit run`): the cache roots its records touched,
-scanned and narrowed to the entries the run built or hit, plus the findings records carry on
-their own (`audit_records`), with the tests involved named on each finding."""
+"""What the audit of a scope (`scope.py`) asks of a run's records: the findings records carry on
+their own (`audit_records`), and the cache roots they touched (`roots_of`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import time
-from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, overload
+from collections.abc import Iterable, Iterator, Sequence
+from typing import overload
 
 from cacheaudit.audit.checks import modified_during_compile
-from cacheaudit.audit.options import AuditOptions, keep
-from cacheaudit.audit.scan import ScanResult, discover, scan
 from cacheaudit.findings import make_finding
-from cacheaudit.ledger import Ledger
 from cacheaudit.model import CompileRecord, Finding
 from cacheaudit.runtimes import layouts, policy_for
 
@@ -89,30 +81,6 @@ def audit_records(records: Sequence[CompileRecord],
     return findings
 
 
-@dataclass
-class RunReport:
-    """What a test session or a `cacheaudit run` did with JIT caches, and the findings about it."""
-
-    run_uuid: str
-    records: list[CompileRecord]
-    findings: list[Finding]
-    roots: list[tuple[str, str]] = field(default_factory=list)
-
-    def events(self) -> Counter[str]:
-        return Counter(r.event for r in self.records)
-
-    def summary(self) -> str:
-        """What was recorded, in one line. A runtime's build shows up twice when its compiler
-        also ran through the shim (torch: the adapter's record and the shim's compile and link
-        records), so compiler invocations are counted apart from runtimes' compiles."""
-        events = self.events()
-        invocations = sum(1 for r in self.records if r.event == "compile" and not r.runtime)
-        compiles = events["compile"] - invocations
-        return (f"{compiles} compile(s), {events['disk-hit']} disk hit(s), "
-                f"{events['memory-hit']} memory hit(s), {invocations} compiler invocation(s) "
-                f"through the shim recorded")
-
-
 def roots_of(records: Iterable[CompileRecord]) -> list[str]:
     """Cache roots the records touched: found by walking up from each entry, output and working
     directory (the shim sees `<root>/tmp/<uuid>/kernel.cubin` before the runtime renames it)."""
@@ -129,60 +97,3 @@ def roots_of(records: Iterable[CompileRecord]) -> list[str]:
                 directory = os.path.dirname(directory)
     return sorted(c for c in candidates if os.path.isdir(c) and any(
         r.is_root(c) for r in readers))
-
-
-def audit_run(ledger: Ledger, run_uuid: str, env: Mapping[str, str], *,
-              started_ns: int | None = None, roots: Sequence[str] = (),
-              options: AuditOptions | None = None) -> RunReport:
-    """Judge what one run did: scan the cache roots its records touched, the roots earlier scans
-    found, the environment's default roots and `roots`; keep the findings about entries the run
-    built or hit (a DeepJIT disk hit leaves no record, only a touched `.committed`, so an entry
-    whose hit time falls after the run's start counts), add each runtime's record-level
-    findings, and name the tests involved."""
-    options = options or AuditOptions()
-    records = ledger.records(where="runs.run_uuid = ?", params=(run_uuid,), with_files=True)
-    started = started_ns if started_ns is not None else min(
-        (r.started_ns for r in records), default=time.time_ns())
-    defaults = [root for reader, root in discover([], env)]
-    scanned = sorted(set(roots_of(records)) | {os.path.abspath(r) for r in roots}
-                     | {r for r in ledger.known_roots() if os.path.isdir(r)} | set(defaults))
-    scanned = [root for root in scanned if any(r.is_root(root) for r in layouts())]
-    result = scan(scanned, env, ledger=ledger, options=options) if scanned else None
-    # The scan attributed the run's compiles to their entries: read them again.
-    records = ledger.records(where="runs.run_uuid = ?", params=(run_uuid,), with_files=True)
-    ids = {r.record_id for r in records}
-    entries = {r.entry for r in records if r.entry}
-    hit_since_start = {e.path for e in (result.entries if result else [])
-                       if e.committed_ns is not None and e.committed_ns >= started}
-    findings = [f for f in (result.findings if result else [])
-                if f.record_id in ids or f.entry in entries or f.entry in hit_since_start]
-    judged = frozenset(f.record_id for f in findings if f.record_id)
-    findings += keep(audit_records(records, judged=judged), options)
-    # A policy may prove the same stale file from the entry and from the records (torch-ext's
-    # CA106): one finding per code, file and record.
-    unique: dict[tuple[str, str, str | None], Finding] = {}
-    for finding in findings:
-        unique.setdefault((finding.code, finding.subject, finding.record_id), finding)
-    findings = list(unique.values())
-    windows = ledger.tests(run_uuid)
-    findings = [_with_tests(f, records, windows, result) for f in findings]
-    return RunReport(run_uuid=run_uuid, records=records, findings=findings,
-                     roots=result.roots if result else [])
-
-
-def _with_tests(finding: Finding, records: Sequence[CompileRecord], windows: Sequence[Any],
-                result: ScanResult | None) -> Finding:
-    tests: list[str] = []
-    for record in records:
-        if record.test_id and (record.record_id == finding.record_id or (
-                finding.entry is not None and record.entry == finding.entry)):
-            tests.append(record.test_id)
-    entry = next((e for e in (result.entries if result else []) if e.path == finding.entry),
-                 None)
-    if entry is not None and entry.committed_ns is not None:
-        # A runtime that marks every disk hit on the entry (DeepJIT touches `.committed`, for
-        # example) says when it was hit: the test running then caused it.
-        tests += [w.nodeid for w in windows
-                  if w.started_ns <= entry.committed_ns <= w.finished_ns]
-    unique = tuple(dict.fromkeys(tests))
-    return dataclasses.replace(finding, tests=unique) if unique else finding

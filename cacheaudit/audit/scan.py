@@ -39,6 +39,7 @@ from cacheaudit.audit.checks import (
     tracked_set_findings,
 )
 from cacheaudit.audit.context import AuditContext, CompilerNow, LoadedRecords
+from cacheaudit.audit.observations import ObservedEnvironments
 from cacheaudit.audit.options import AuditOptions, keep
 from cacheaudit.digest import StateCache
 from cacheaudit.findings import make_finding
@@ -97,10 +98,13 @@ class Auditor:
     """Records this auditor tied to their entries, for `save_attributions`."""
     reconstructed: int = 0
     matched: int = 0
+    observed: ObservedEnvironments | None = None
+    """The environments a scope's observers saw its entries under (`AuditContext.observed`)."""
     context: AuditContext = field(init=False)
 
     def __post_init__(self) -> None:
-        self.context = AuditContext(env=self.env, options=self.options, cache=self.cache)
+        self.context = AuditContext(env=self.env, options=self.options, cache=self.cache,
+                                    observed=self.observed)
 
     # ---------------------------------------------------------------- the ledger side
 
@@ -349,11 +353,13 @@ def discover(paths: Sequence[str], env: Mapping[str, str]) -> list[tuple[Layout,
 
 def scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None = None,
          options: AuditOptions | None = None,
-         progress: Callable[[int, int], None] | None = None) -> ScanResult:
-    """Read every root, tie entries to their compiles, judge them, filter by select/ignore."""
+         progress: Callable[[int, int], None] | None = None,
+         observed: ObservedEnvironments | None = None) -> ScanResult:
+    """Read every root, tie entries to their compiles, judge them, filter by select/ignore.
+    `observed`: a scope's observed environments (the audit of a run passes them)."""
     options = options or AuditOptions()
     roots = discover(paths, env)
-    auditor = Auditor(env=env, ledger=ledger, options=options)
+    auditor = Auditor(env=env, ledger=ledger, options=options, observed=observed)
     seen: set[FileState] = set()
     if ledger is not None:
         seen = set(ledger.seen_states())

@@ -1,6 +1,7 @@
 """Checks of the environment (CA201-CA204).
 
-Per entry: a compile-affecting variable the key misses that differs from build time (CA202), and
+Per entry: a compile-affecting variable the key misses that differs from build time (CA202;
+inside a scope, judged against the environment the scope's observers saw the entry under), and
 a setting the runtime read at construction that changed before this compile (CA204, whose
 settings the runtime's policy names). Once per scan: a variable set now that the scanned
 runtimes' keys miss (CA201), and what each runtime's policy says about the scan's environment
@@ -9,10 +10,11 @@ runtimes' keys miss (CA201), and what each runtime's policy says about the scan'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from cacheaudit import envvars
 from cacheaudit.audit.context import AuditContext
+from cacheaudit.audit.observations import STAND_IN
 from cacheaudit.findings import make_finding, ns_text
 from cacheaudit.model import CacheEntry, CompileRecord, Finding
 from cacheaudit.policy import Policy
@@ -21,12 +23,23 @@ from cacheaudit.policy import Policy
 def environment_findings(context: AuditContext, entry: CacheEntry, record: CompileRecord,
                          policy: Policy) -> list[Finding]:
     """CA202: an implicit input of the runtime that differs between the recorded compile and
-    this environment."""
+    the environment the entry is judged under: inside a scope, the environment of the scope's
+    latest observation of the entry (its own compile or hit record), else, and where no
+    observer saw the hit's environment, this process's environment (the finding says which)."""
     if record.reconstructed:
         return []  # a reconstruction knows the files, not the environment of the original compile
     findings = []
     nvcc = record.compiler is None or record.compiler.kind == "nvcc"
-    env_now = context.env_now
+    env_now: Mapping[str, str] = context.env_now
+    how = "recorded compile environment against this environment"
+    against = "this environment"
+    if context.observed is not None:
+        seen = context.observed.latest(entry.path, record)
+        if seen is None:
+            how = f"recorded compile environment against this environment; {STAND_IN}"
+        else:
+            env_now, against = seen.env, seen.how
+            how = f"recorded compile environment against {seen.how}"
     for name in sorted(set(record.env) | set(env_now)):
         if envvars.selects_compiler(name) or not envvars.is_implicit_input(name, entry.runtime):
             continue
@@ -37,10 +50,10 @@ def environment_findings(context: AuditContext, entry: CacheEntry, record: Compi
             findings.append(make_finding(
                 "CA202", subject=name, entry=entry, record=record,
                 message=f"{name} changes what the compiler does but not {entry.runtime}'s "
-                        f"key: a hit serves a binary built under the recorded value",
+                        f"key: a hit under {against} serves a binary built under the recorded "
+                        f"value",
                 recorded="(unset)" if then is None else then,
-                current="(unset)" if now is None else now,
-                how="recorded compile environment against this environment"))
+                current="(unset)" if now is None else now, how=how))
     return findings
 
 

@@ -1,0 +1,462 @@
+"""The audit of a scope: one run (`cacheaudit run`, a pytest session, the processes a start-up
+hook session recorded), a time window, or one test. Every integration asks this module, so the
+verdicts and the counts are the same whoever renders them.
+
+Which entries a scope is answerable for, by the evidence:
+
+1. built: the scope's compile records, tied to their entries by the scan;
+2. hit, recorded: the hit records in-process observers wrote (Triton, torch, cuda.core, ...);
+3. hit, marked: a runtime's own hit marker inside the window (DeepJIT touches `.committed`);
+4. hit, opened: a file of the entry opened inside the window (`cacheaudit.opens`, inotify on
+   every entry directory of the cache roots known when the scope started);
+5. may have been served: an entry whose opens nobody could watch (no inotify, the watch limit,
+   a root created or named inside the job, an entry that appeared during the run without a
+   recorded compile). Its error-level findings are kept, saying so: a stale entry that a run may
+   have been served is never silent.
+
+The counts (`Counts`) come from the same evidence and are what the human summary and the JSON
+both print.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from cacheaudit.audit.observations import ObservedEnvironments
+from cacheaudit.audit.options import AuditOptions, keep
+from cacheaudit.audit.run import audit_records, roots_of
+from cacheaudit.audit.scan import ScanResult, discover, scan
+from cacheaudit.digest import StateCache
+from cacheaudit.ledger import Ledger, TestWindow, open_existing
+from cacheaudit.model import CacheEntry, CompileRecord, Finding
+from cacheaudit.opens import ObservedOpens, OpenObserver
+from cacheaudit.runtimes import layouts
+
+# ------------------------------------------------------------------------------ the scope
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What is audited: a run's records (all, or one test's) and a time window for the hits that
+    leave no record."""
+
+    run_uuid: str
+    started_ns: int
+    finished_ns: int | None = None
+    """None: up to now (the fixture asks in the middle of its test)."""
+    test_id: str | None = None
+    """Only this test's records (the fixture); its hits are those inside the window."""
+    roots: tuple[str, ...] = ()
+    """Cache roots to audit besides those the records and the ledger know."""
+
+    def within(self, ns: int | None) -> bool:
+        if ns is None or ns < self.started_ns:
+            return False
+        return self.finished_ns is None or ns <= self.finished_ns
+
+
+# ------------------------------------------------------------------------------ observing
+
+
+@dataclass(frozen=True)
+class WatchPlan:
+    """The entries known when a scope starts, and the directories that hold them."""
+
+    roots: tuple[str, ...] = ()
+    entries: Mapping[str, str] = field(default_factory=dict)
+    """Entry path -> the directory watched for it."""
+    binaries: Mapping[str, str] = field(default_factory=dict)
+    """Binary path -> its entry: an open of one is the runtime loading that kernel."""
+    problems: Mapping[str, str] = field(default_factory=dict)
+    """Root -> why its entries could not be listed."""
+
+    @property
+    def directories(self) -> list[str]:
+        return sorted(set(self.entries.values()))
+
+
+def known_roots(ledger: Ledger | None, env: Mapping[str, str],
+                roots: Sequence[str] = ()) -> list[str]:
+    """The cache roots a scope can know at its start: those given, those earlier scans found
+    (kept in the ledger) and every layout's default roots under `env` (the job's environment),
+    each an existing directory that some layout takes for a root."""
+    candidates = {os.path.abspath(r) for r in roots}
+    if ledger is not None:
+        with contextlib.suppress(Exception):
+            candidates.update(ledger.known_roots())
+    candidates.update(root for _layout, root in discover([], env))
+    readers = layouts()
+    return sorted(c for c in candidates
+                  if os.path.isdir(c) and any(r.is_root(c) for r in readers))
+
+
+def plan_watch(ledger: Ledger | None, env: Mapping[str, str],
+               roots: Sequence[str] = ()) -> WatchPlan:
+    """Every entry of the known roots and the directory of its binary, read by the layouts
+    (stat-only where the ledger remembers the files). Never raises: a root that cannot be read
+    is in `problems`."""
+    cache = StateCache()
+    if ledger is not None:
+        with contextlib.suppress(Exception):
+            cache.remember(ledger.seen_states())
+    entries: dict[str, str] = {}
+    binaries: dict[str, str] = {}
+    problems: dict[str, str] = {}
+    known = known_roots(ledger, env, roots)
+    for root in known:
+        for layout in layouts():
+            try:
+                if not layout.is_root(root):
+                    continue
+                for item in layout.read(root, cache):
+                    if not isinstance(item, CacheEntry) or item.path in entries:
+                        continue
+                    binary = item.binary.path if item.binary is not None else None
+                    directory = os.path.dirname(binary) if binary else item.path
+                    entries[item.path] = directory
+                    if binary:
+                        binaries[binary] = item.path
+            except Exception as exc:  # noqa: BLE001 - the root is audited as unobserved
+                problems[root] = f"its entries could not be listed: {type(exc).__name__}: {exc}"
+    return WatchPlan(tuple(known), entries, binaries, problems)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a scope's observer saw: the plan it watched and the opens."""
+
+    plan: WatchPlan
+    opens: ObservedOpens
+    problem: str | None = None
+    """Why nothing at all could be observed."""
+
+    def unobserved(self, entry: CacheEntry) -> str | None:
+        """Why this entry's opens were not seen, or None when they were."""
+        if self.problem is not None:
+            return self.problem
+        directory = self.plan.entries.get(entry.path)
+        if directory is None:
+            if entry.root in self.plan.problems:
+                return f"{entry.root}: {self.plan.problems[entry.root]}"
+            if entry.root not in self.plan.roots:
+                return (f"its cache root {entry.root} was not known when the run started "
+                        "(created or named inside the job)")
+            return "the entry appeared during the run, and no recorded compile built it"
+        return self.opens.unwatched.get(directory)
+
+    def opened(self, scope: Scope) -> dict[str, tuple[int, bool]]:
+        """Entry -> (last open inside the scope's window, whether it was the binary)."""
+        seen: dict[str, tuple[int, bool]] = {}
+        by_directory: dict[str, list[str]] = {}
+        for entry, directory in self.plan.entries.items():
+            by_directory.setdefault(directory, []).append(entry)
+        for path, opened in self.opens.opens.items():
+            if not scope.within(opened.last_ns):
+                continue
+            entry = self.plan.binaries.get(path)
+            binary = entry is not None
+            if entry is None:
+                # Another file of an entry directory (a metadata file the runtime reads first):
+                # the entry's, when the directory holds one entry.
+                owners = by_directory.get(os.path.dirname(path), [])
+                if len(owners) != 1:
+                    continue
+                entry = owners[0]
+            before = seen.get(entry)
+            seen[entry] = (max(opened.last_ns, before[0] if before else 0),
+                           binary or (before[1] if before else False))
+        return seen
+
+
+WATCH_BUDGET = "CACHEAUDIT_OPEN_WATCHES"
+"""How many inotify watches the observer may take (default: half the user's limit); 0 turns
+the observer off, and every entry is audited as one the run may have been served."""
+
+
+def _watch_budget(env: Mapping[str, str]) -> int | None:
+    value = env.get(WATCH_BUDGET, "").strip()
+    try:
+        return max(0, int(value)) if value else None
+    except ValueError:
+        return None
+
+
+NOT_OBSERVED = Observation(WatchPlan(), ObservedOpens(),
+                           problem="no observer watched the cache entries' opens")
+
+
+class ScopeObserver:
+    """Watches the opens of every entry known at the start, from a thread of this process;
+    `stop()` ends it. Fails open: what it could not watch is audited as possibly served."""
+
+    def __init__(self, ledger: Ledger | None, env: Mapping[str, str],
+                 roots: Sequence[str] = ()) -> None:
+        self.problem: str | None = None
+        self.plan = WatchPlan()
+        self._watch: OpenObserver | None = None
+        self._final: Observation | None = None
+        try:
+            self.plan = plan_watch(ledger, env, roots)
+            self._watch = OpenObserver(self.plan.directories,
+                                       budget=_watch_budget(env)).start()
+        except Exception as exc:  # noqa: BLE001 - observing never stops the run
+            self.problem = f"the observer could not start: {type(exc).__name__}: {exc}"
+
+    @classmethod
+    def start(cls, ledger: str, env: Mapping[str, str],
+              roots: Sequence[str] = ()) -> ScopeObserver:
+        """An observer of the entries known to the ledger at `ledger` (read, never created) and
+        to `env`; never raises."""
+        try:
+            opened = open_existing(ledger)
+        except Exception:  # noqa: BLE001 - the roots of the environment are watched still
+            opened = None
+        if opened is None:
+            return cls(None, env, roots)
+        with opened:
+            return cls(opened, env, roots)
+
+    def observation(self) -> Observation:
+        """What was seen so far (or in all, once stopped)."""
+        if self._final is not None:
+            return self._final
+        opens = self._watch.observed() if self._watch is not None else ObservedOpens()
+        return Observation(self.plan, opens, self.problem)
+
+    @contextlib.contextmanager
+    def ignoring(self) -> Iterator[None]:
+        """cacheaudit's own reads of the entries inside the block are not hits."""
+        if self._watch is None or self._final is not None:
+            yield
+            return
+        with self._watch.ignoring():
+            yield
+
+    def stop(self) -> Observation:
+        if self._final is None:
+            opens = self._watch.stop() if self._watch is not None else ObservedOpens()
+            self._final = Observation(self.plan, opens, self.problem)
+        return self._final
+
+
+# ------------------------------------------------------------------------------ the report
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What a scope did, counted once for every output.
+
+    `compiles`: builds (an in-process observer's compile record, or a compile through the shim
+    that no such record's span holds; link steps are invocations, not builds); `disk_hits`:
+    disk-hit records plus the entries seen hit only by a marker or by their opens;
+    `invocations`: compiler processes the shim recorded; `entries_judged`: the entries the scope
+    answers for, `possibly_served` of them because their opens could not be observed."""
+
+    compiles: int = 0
+    disk_hits: int = 0
+    disk_hits_unrecorded: int = 0
+    memory_hits: int = 0
+    invocations: int = 0
+    entries_judged: int = 0
+    possibly_served: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    def text(self) -> str:
+        hits = f"{self.disk_hits} disk hit(s)"
+        if self.disk_hits_unrecorded:
+            hits += f" ({self.disk_hits_unrecorded} seen by a hit marker or file opens)"
+        judged = f"{self.entries_judged} entry(ies) judged"
+        if self.possibly_served:
+            judged += f" ({self.possibly_served} may have been served: opens not observed)"
+        return (f"{self.compiles} compile(s), {hits}, {self.memory_hits} memory hit(s), "
+                f"{self.invocations} compiler invocation(s) through the shim; {judged}")
+
+
+@dataclass
+class RunReport:
+    """What a scope did with JIT caches, and the findings about it."""
+
+    run_uuid: str
+    records: list[CompileRecord]
+    findings: list[Finding]
+    roots: list[tuple[str, str]] = field(default_factory=list)
+    counts: Counts = field(default_factory=Counts)
+    unobserved: dict[str, str] = field(default_factory=dict)
+    """Entry -> why the run may have been served it unseen (only those with findings kept)."""
+
+    def events(self) -> dict[str, int]:
+        """The counts under the record event names (`--report-json`'s `events`)."""
+        return {"compile": self.counts.compiles, "disk-hit": self.counts.disk_hits,
+                "memory-hit": self.counts.memory_hits}
+
+    def summary(self) -> str:
+        return self.counts.text()
+
+
+SHIM_OBSERVER = "shim:"
+_OBJECTS = (".o", ".obj", ".a", ".so", ".lo")
+
+
+def _through_shim(record: CompileRecord) -> bool:
+    return record.event == "compile" and record.observer.startswith(SHIM_OBSERVER)
+
+
+def _link_only(record: CompileRecord) -> bool:
+    return all(s.path.endswith(_OBJECTS) for s in record.sources)
+
+
+def count(records: Sequence[CompileRecord], built: set[str], hit_unrecorded: set[str],
+          judged: int, possibly_served: int) -> Counts:
+    builds = [r for r in records if r.event == "compile" and not _through_shim(r)
+              and not r.reconstructed and r.runtime_error is None]
+    spans = [(r.host, r.started_ns, r.started_ns + max(r.duration_ns, 0)) for r in builds]
+    shim = [r for r in records if _through_shim(r)]
+    standalone = [r for r in shim if not _link_only(r) and not any(
+        host == r.host and start <= r.started_ns <= end for host, start, end in spans)]
+    recorded_hits = {r.entry for r in records if r.event == "disk-hit" and r.entry}
+    unrecorded = hit_unrecorded - recorded_hits - built
+    return Counts(
+        compiles=len(builds) + len(standalone),
+        disk_hits=sum(1 for r in records if r.event == "disk-hit") + len(unrecorded),
+        disk_hits_unrecorded=len(unrecorded),
+        memory_hits=sum(1 for r in records if r.event == "memory-hit"),
+        invocations=len(shim), entries_judged=judged, possibly_served=possibly_served)
+
+
+# ------------------------------------------------------------------------------ the audit
+
+
+def _records(ledger: Ledger, scope: Scope) -> list[CompileRecord]:
+    if scope.test_id is not None:
+        return ledger.records(where="runs.run_uuid = ? AND r.test_id = ?",
+                              params=(scope.run_uuid, scope.test_id), with_files=True)
+    return ledger.records(where="runs.run_uuid = ?", params=(scope.run_uuid,), with_files=True)
+
+
+def _may_have_been_served(finding: Finding, reason: str) -> Finding:
+    return dataclasses.replace(
+        finding, message=f"{finding.message} (this run may have been served this entry: its "
+                         f"opens were not observed)",
+        how=f"{finding.how}; opens not observed: {reason}" if finding.how else
+        f"opens not observed: {reason}")
+
+
+def audit_scope(ledger: Ledger, scope: Scope, env: Mapping[str, str], *,
+                observation: Observation | None = None,
+                options: AuditOptions | None = None) -> RunReport:
+    """Judge what `scope` did: scan the cache roots its records touched, those known when it
+    started and those given, keep the findings about the entries it answers for (see the module
+    docstring), add each runtime's record-level findings, count, and name the tests involved.
+
+    `env` is the environment the scope's jobs got (the session's), used for default roots and
+    where no observer saw the environment of a hit. `observation`: what the scope's observer
+    saw; None means nothing was observed, so every entry is one the scope may have been served.
+    """
+    options = options or AuditOptions()
+    observation = observation or NOT_OBSERVED
+    records = _records(ledger, scope)
+    run_records = records if scope.test_id is None else ledger.records(
+        where="runs.run_uuid = ?", params=(scope.run_uuid,))
+    scanned = sorted(set(roots_of(records)) | set(known_roots(ledger, env, scope.roots))
+                     | set(observation.plan.roots))
+    observed_envs = ObservedEnvironments.of([scope.run_uuid], run_records)
+    result = scan(scanned, env, ledger=ledger, options=options,
+                  observed=observed_envs) if scanned else None
+    # The scan tied the run's compiles to their entries: read them again.
+    records = _records(ledger, scope)
+    ids = {r.record_id for r in records}
+    entries = result.entries if result else []
+    windows = ledger.tests(scope.run_uuid)
+    built = {r.entry for r in records if r.entry and r.event == "compile"}
+    answerable = {r.entry for r in records if r.entry}
+    opened = observation.opened(scope)
+    marked = {e.path for e in entries if scope.within(e.committed_ns)}
+    hit_since_built = {e.path for e in entries if e.path in built and e.path in marked
+                       and _marked_after_build(e)}
+    hit_unrecorded = marked | set(opened)
+    answerable |= hit_unrecorded
+    unobserved = {e.path: reason for e in entries if e.path not in answerable
+                  and (reason := observation.unobserved(e)) is not None}
+    kept: list[Finding] = []
+    served_unseen: dict[str, str] = {}
+    for finding in (result.findings if result else []):
+        if finding.record_id in ids or finding.entry in answerable:
+            kept.append(finding)
+        elif finding.entry in unobserved and finding.severity.value == "error":
+            served_unseen[finding.entry] = unobserved[finding.entry]
+            kept.append(_may_have_been_served(finding, unobserved[finding.entry]))
+    judged = frozenset(f.record_id for f in kept if f.record_id)
+    kept += keep(audit_records(records, judged=judged), options)
+    # A policy may prove the same stale file from the entry and from the records (torch-ext's
+    # CA106): one finding per code, file and record.
+    unique: dict[tuple[str, str, str | None], Finding] = {}
+    for finding in kept:
+        unique.setdefault((finding.code, finding.subject, finding.record_id), finding)
+    hit_times = {path: ns for path, (ns, _binary) in opened.items()}
+    findings = [_with_tests(f, records, windows, result, hit_times)
+                for f in unique.values()]
+    in_scope = {e.path for e in entries if e.path in answerable}
+    counts = count(records, built - hit_since_built, hit_unrecorded,
+                   len(in_scope) + len(unobserved), len(unobserved))
+    return RunReport(run_uuid=scope.run_uuid, records=records, findings=findings,
+                     roots=result.roots if result else [], counts=counts,
+                     unobserved=served_unseen)
+
+
+def _marked_after_build(entry: CacheEntry) -> bool:
+    """Whether the hit marker of an entry the scope built was touched by a later hit, not by the
+    build's own commit. A runtime that writes its marker and then renames the entry directory
+    into place (DeepJIT) leaves the marker no newer than the directory's ctime; only a hit makes
+    it newer (touching a file does not change its directory). Test windows cannot tell: under
+    pytest-xdist the tests of other workers run at the same time."""
+    marker = entry.committed_ns
+    if marker is None:
+        return False
+    try:
+        published_ns = os.stat(entry.path).st_ctime_ns
+    except OSError:
+        return False
+    return marker > published_ns
+
+
+def audit_run(ledger: Ledger, run_uuid: str, env: Mapping[str, str], *,
+              started_ns: int | None = None, roots: Sequence[str] = (),
+              options: AuditOptions | None = None,
+              observation: Observation | None = None) -> RunReport:
+    """The audit of a whole run (`audit_scope` with the run's window, from `started_ns` or its
+    first record, to now)."""
+    if started_ns is None:
+        first = ledger.records(where="runs.run_uuid = ?", params=(run_uuid,), with_files=False,
+                               with_graphs=False)
+        started_ns = min((r.started_ns for r in first), default=time.time_ns())
+    return audit_scope(ledger, Scope(run_uuid, started_ns, roots=tuple(roots)), env,
+                       observation=observation, options=options)
+
+
+def _with_tests(finding: Finding, records: Sequence[CompileRecord],
+                windows: Sequence[TestWindow], result: ScanResult | None,
+                hit_times: Mapping[str, int]) -> Finding:
+    tests: list[str] = []
+    for record in records:
+        if record.test_id and (record.record_id == finding.record_id or (
+                finding.entry is not None and record.entry == finding.entry)):
+            tests.append(record.test_id)
+    entry = next((e for e in (result.entries if result else []) if e.path == finding.entry),
+                 None)
+    times: list[int] = []
+    if entry is not None and entry.committed_ns is not None:
+        # A runtime that marks every disk hit on the entry (DeepJIT touches `.committed`)
+        # says when it was hit: the test running then caused it.
+        times.append(entry.committed_ns)
+    if finding.entry in hit_times:
+        times.append(hit_times[finding.entry])
+    tests += [w.nodeid for w in windows for ns in times if w.started_ns <= ns <= w.finished_ns]
+    unique = tuple(dict.fromkeys(tests))
+    return dataclasses.replace(finding, tests=unique) if unique else finding

@@ -1,0 +1,292 @@
+"""File opens in given directories while a run lasts: how a disk hit that leaves no trace is seen.
+
+A runtime that serves a cached kernel opens its binary to load it (`cuModuleLoad`,
+`cuLibraryLoadFromFile`, `dlopen`, or a read of the bytes handed to the driver), whether or not
+it writes a record, a log line or a marker. On Linux, inotify reports those opens for every
+watched directory without touching the runtime: this module watches the directories it is given
+(the cache entries' directories, which the caller takes from the layouts; nothing here knows a
+runtime) from a thread of the controlling process (`cacheaudit run`, the pytest controller), for
+IN_OPEN and IN_ACCESS, and says afterwards which files were opened and when.
+
+Standard library only (ctypes on libc's `inotify_init1` and `inotify_add_watch`; the events are
+read with `os.read`). It fails open and says what it could not see: no inotify (not Linux, a
+seccomp filter), a watch limit reached (`/proc/sys/fs/inotify/max_user_watches`, shared by every
+process of the user), a directory that could not be watched, a queue that overflowed. Those
+directories are `unwatched`, and a caller must treat their entries as possibly served. `stop()`
+ends the thread and closes every descriptor; an observer is used once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import select
+import struct
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+IN_ACCESS = 0x00000001
+IN_OPEN = 0x00000020
+IN_Q_OVERFLOW = 0x00004000
+IN_IGNORED = 0x00008000
+IN_ONLYDIR = 0x01000000
+IN_EXCL_UNLINK = 0x04000000
+IN_ISDIR = 0x40000000
+IN_NONBLOCK = os.O_NONBLOCK
+IN_CLOEXEC = os.O_CLOEXEC if hasattr(os, "O_CLOEXEC") else 0o2000000
+
+_EVENT = struct.Struct("iIII")
+_WATCHES_LIMIT = "/proc/sys/fs/inotify/max_user_watches"
+WATCH_SHARE = 2
+"""At most 1/WATCH_SHARE of the user's inotify watch limit is taken: editors, build tools and
+file indexers of the same user need theirs."""
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The opens of one file while the observer ran: the first and the last, and how many."""
+
+    first_ns: int
+    last_ns: int
+    count: int
+
+
+@dataclass(frozen=True)
+class ObservedOpens:
+    """What an observer saw, as of when it was asked."""
+
+    opens: Mapping[str, Opened] = field(default_factory=dict)
+    """Path (watched directory joined with the file's name) -> its opens."""
+    unwatched: Mapping[str, str] = field(default_factory=dict)
+    """Directory -> why its opens were not (or not all) seen."""
+    started_ns: int = 0
+
+    def seen(self, directory: str) -> bool:
+        return directory not in self.unwatched
+
+
+def watch_limit() -> int | None:
+    """The user's inotify watch limit, or None where /proc does not say."""
+    try:
+        with open(_WATCHES_LIMIT, encoding="ascii") as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class _Libc:
+    """The three libc calls, or the reason they cannot be had."""
+
+    def __init__(self) -> None:
+        self.problem: str | None = None
+        self.init1 = self.add_watch = None
+        if not sys.platform.startswith("linux"):
+            self.problem = f"inotify exists on Linux only, not on {sys.platform}"
+            return
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            self.init1 = libc.inotify_init1
+            self.init1.argtypes = [ctypes.c_int]
+            self.init1.restype = ctypes.c_int
+            self.add_watch = libc.inotify_add_watch
+            self.add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+            self.add_watch.restype = ctypes.c_int
+        except (OSError, AttributeError) as exc:
+            self.problem = f"libc has no inotify: {exc}"
+
+
+class OpenObserver:
+    """Watches `directories` for opens from `start()` to `stop()`."""
+
+    def __init__(self, directories: Iterable[str], *, budget: int | None = None) -> None:
+        """`budget`: the most watches to take (default: 1/WATCH_SHARE of the user's limit)."""
+        self.directories = list(dict.fromkeys(directories))
+        self.budget = budget
+        self._fd = -1
+        self._wake: tuple[int, int] | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._reading = threading.Lock()
+        self._by_wd: dict[int, str] = {}
+        self._opens: dict[str, Opened] = {}
+        self._unwatched: dict[str, str] = {}
+        self._started_ns = 0
+        self._stopped = False
+
+    # ---------------------------------------------------------------- life
+
+    def start(self) -> OpenObserver:
+        """Set the watches and start the reading thread. Never raises: what cannot be watched
+        is in `unwatched` with the reason."""
+        self._started_ns = time.time_ns()
+        if not self.directories:
+            return self
+        try:
+            self._start()
+        except Exception as exc:  # noqa: BLE001 - observing never stops the run
+            self._give_up(f"the observer failed: {type(exc).__name__}: {exc}")
+        return self
+
+    def _start(self) -> None:
+        libc = _Libc()
+        if libc.problem is not None or libc.init1 is None or libc.add_watch is None:
+            self._give_up(libc.problem or "no inotify")
+            return
+        fd = libc.init1(IN_NONBLOCK | IN_CLOEXEC)
+        if fd < 0:
+            code = ctypes.get_errno()
+            reason = ("the user's inotify instances are used up "
+                      "(/proc/sys/fs/inotify/max_user_instances)" if code == errno.EMFILE
+                      else f"inotify_init1 failed: {os.strerror(code)}")
+            self._give_up(reason)
+            return
+        self._fd = fd
+        limit = watch_limit()
+        budget = self.budget
+        if budget is None:
+            budget = len(self.directories) if limit is None else max(0, limit // WATCH_SHARE)
+        mask = IN_OPEN | IN_ACCESS | IN_ONLYDIR | IN_EXCL_UNLINK
+        for index, directory in enumerate(self.directories):
+            if len(self._by_wd) >= budget:
+                reason = (f"more entry directories than the {budget} inotify watches cacheaudit "
+                          f"may take ({_WATCHES_LIMIT} = {limit})")
+                self._unwatched.update(dict.fromkeys(self.directories[index:], reason))
+                break
+            wd = libc.add_watch(fd, os.fsencode(directory), mask)
+            if wd >= 0:
+                self._by_wd[wd] = directory
+                continue
+            code = ctypes.get_errno()
+            if code == errno.ENOENT:
+                continue  # gone since it was listed: nothing can be served from it
+            if code == errno.ENOSPC:
+                reason = f"the user's inotify watches are used up ({_WATCHES_LIMIT})"
+                self._unwatched.update(dict.fromkeys(self.directories[index:], reason))
+                break
+            self._unwatched[directory] = f"cannot watch it: {os.strerror(code)}"
+        if not self._by_wd:
+            self._close_fds()
+            return
+        self._wake = os.pipe()
+        self._thread = threading.Thread(target=self._read_loop, name="cacheaudit-opens",
+                                        daemon=True)
+        self._thread.start()
+
+    def _give_up(self, reason: str) -> None:
+        self._close_fds()
+        for directory in self.directories:
+            self._unwatched.setdefault(directory, reason)
+
+    def stop(self) -> ObservedOpens:
+        """End the thread, close the descriptors, and say what was seen. Idempotent."""
+        if not self._stopped:
+            self._stopped = True
+            thread = self._thread
+            if thread is not None and self._wake is not None:
+                with contextlib.suppress(OSError):
+                    os.write(self._wake[1], b"x")
+                thread.join(timeout=10)
+                if thread.is_alive():
+                    # The descriptors stay open for the thread; it is a daemon and ends soon.
+                    self._unwatched.update(dict.fromkeys(
+                        self._by_wd.values(), "the observer did not stop in time"))
+                    return self.observed()
+            self._drain()
+            self._close_fds()
+        return self.observed()
+
+    def __enter__(self) -> OpenObserver:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @contextlib.contextmanager
+    def ignoring(self) -> Iterator[None]:
+        """Opens made inside the block are dropped: cacheaudit's own reads of the entries (an
+        audit while the observer runs, the pytest fixture's) are no hits. Opens of other
+        processes inside the block are dropped too; the block is kept short."""
+        self._drain()
+        with self._reading:
+            try:
+                yield
+            finally:
+                self._drain_locked(keep=False)
+
+    def observed(self) -> ObservedOpens:
+        """What was seen so far (the thread may still run)."""
+        with self._lock:
+            return ObservedOpens(dict(self._opens), dict(self._unwatched), self._started_ns)
+
+    # ---------------------------------------------------------------- the thread
+
+    def _read_loop(self) -> None:
+        assert self._wake is not None
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        poller.register(self._wake[0], select.POLLIN)
+        try:
+            while True:
+                ready = {fd for fd, _ in poller.poll()}
+                if self._fd in ready:
+                    self._drain()
+                if self._wake[0] in ready:
+                    return
+        except Exception as exc:  # noqa: BLE001 - a broken observer makes the run unobserved
+            with self._lock:
+                for directory in self._by_wd.values():
+                    self._unwatched.setdefault(
+                        directory, f"the observer stopped: {type(exc).__name__}: {exc}")
+
+    def _drain(self) -> None:
+        with self._reading:
+            self._drain_locked(keep=True)
+
+    def _drain_locked(self, keep: bool) -> None:
+        if self._fd < 0:
+            return
+        while True:
+            try:
+                data = os.read(self._fd, 64 * 1024)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            if not data:
+                return
+            self._parse(data, time.time_ns(), keep)
+
+    def _parse(self, data: bytes, now: int, keep: bool) -> None:
+        offset = 0
+        with self._lock:
+            while offset + _EVENT.size <= len(data):
+                wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+                name = data[offset + _EVENT.size:offset + _EVENT.size + length].split(b"\0", 1)[0]
+                offset += _EVENT.size + length
+                if mask & IN_Q_OVERFLOW:
+                    for directory in self._by_wd.values():
+                        self._unwatched.setdefault(
+                            directory, "the inotify queue overflowed: opens were lost")
+                    continue
+                directory = self._by_wd.get(wd)
+                if not keep or directory is None or mask & (IN_IGNORED | IN_ISDIR) or not name:
+                    continue
+                path = os.path.join(directory, os.fsdecode(name))
+                known = self._opens.get(path)
+                self._opens[path] = Opened(now, now, 1) if known is None else Opened(
+                    known.first_ns, now, known.count + 1)
+
+    def _close_fds(self) -> None:
+        fds = [self._fd, *list(self._wake or ())]
+        self._fd, self._wake = -1, None
+        for fd in fds:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
