@@ -501,23 +501,36 @@ class Ledger:
                      " JOIN file_states s ON s.id = v.state_id JOIN files f ON f.id = v.file_id")
         return [_state_from_row(r) for r in rows]
 
-    def compiles_by_output(self) -> dict[str, str]:
-        """Output digest -> the newest successful compile record that wrote it, preferring
-        records with an include graph.
+    def identity_candidates(self, *, entries: Iterable[str] = (), sources: Iterable[str] = (),
+                            source_digests: Iterable[str] = (),
+                            output_digests: Iterable[str] = ()) -> list[CompileRecord]:
+        """The compile records that may have built the scanned entries, with their sources and
+        outputs (the audit chooses among them, `audit/identity.py`): those already attributed
+        to an entry path of `entries`, those whose primary sources hold a path of `sources` or
+        a content digest of `source_digests`, and those whose outputs hold a digest of
+        `output_digests` (asked only for entries without a source file).
 
-        This is how an entry found on disk is tied to the compile that built it: JIT runtimes
-        build in a temporary directory and rename it into place, so paths differ but the
-        binary's bytes do not. A link step recorded by the shim writes the same library as the
-        adapter's compile record but read no headers; the compile is the one worth judging.
-        """
-        rows = _rows(
-            self.conn,
-            "SELECT s.digest AS digest, r.record_uuid AS record_uuid FROM records r"
-            " JOIN graph_files g ON g.graph_id = r.outputs_id"
-            " JOIN file_states s ON s.id = g.state_id"
-            " WHERE r.event = 'compile' AND r.exit_code = 0 AND s.digest != ''"
-            " ORDER BY (r.graph_id IS NOT NULL), r.started_ns, r.id")
-        return {r["digest"]: r["record_uuid"] for r in rows}
+        Indexed queries in chunks: the cost follows the entries scanned, not the ledger."""
+        found: set[str] = set()
+        queries = (
+            (entries, "JOIN files e ON e.id = r.entry_id WHERE e.path IN ({marks})"),
+            (sources, "JOIN graph_files g ON g.graph_id = r.sources_id"
+                      " JOIN file_states s ON s.id = g.state_id JOIN files f ON f.id = s.file_id"
+                      " WHERE f.path IN ({marks})"),
+            (source_digests, "JOIN graph_files g ON g.graph_id = r.sources_id"
+                             " JOIN file_states s ON s.id = g.state_id"
+                             " WHERE s.digest IN ({marks})"),
+            (output_digests, "JOIN graph_files g ON g.graph_id = r.outputs_id"
+                             " JOIN file_states s ON s.id = g.state_id"
+                             " WHERE s.digest IN ({marks})"),
+        )
+        for values, condition in queries:
+            for part in _chunks({v for v in values if v}):
+                sql = (f"SELECT DISTINCT r.record_uuid AS record_uuid FROM records r "
+                       f"{condition.format(marks=', '.join('?' * len(part)))}"
+                       " AND r.event = 'compile'")
+                found.update(row["record_uuid"] for row in _rows(self.conn, sql, _params(part)))
+        return list(self.records_by_uuid(sorted(found)).values())
 
     def records_by_uuid(self, uuids: Iterable[str], with_files: bool = True
                         ) -> dict[str, CompileRecord]:
