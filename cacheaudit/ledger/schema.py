@@ -73,7 +73,7 @@ CREATE TABLE IF NOT EXISTS file_states (
     UNIQUE (file_id, present, size, mtime_ns, ctime_ns, inode, digest, settled, error)
 );
 
-CREATE INDEX IF NOT EXISTS file_states_by_digest ON file_states (digest) WHERE digest != '';
+CREATE INDEX IF NOT EXISTS file_states_by_digest ON file_states (digest);
 
 -- An include graph (or a set of sources or outputs), content-addressed by its digest.
 CREATE TABLE IF NOT EXISTS graphs (
@@ -159,9 +159,9 @@ CREATE INDEX IF NOT EXISTS records_by_run ON records (run_id, started_ns);
 
 CREATE INDEX IF NOT EXISTS records_by_test ON records (test_id) WHERE test_id IS NOT NULL;
 
-CREATE INDEX IF NOT EXISTS records_by_sources ON records (sources_id) WHERE sources_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS records_by_sources ON records (sources_id);
 
-CREATE INDEX IF NOT EXISTS records_by_outputs ON records (outputs_id) WHERE outputs_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS records_by_outputs ON records (outputs_id);
 
 -- Verdicts of an audit, each with its evidence.
 CREATE TABLE IF NOT EXISTS findings (

@@ -512,23 +512,22 @@ class Ledger:
 
         Indexed queries in chunks: the cost follows the entries scanned, not the ledger."""
         found: set[str] = set()
+        # CROSS JOIN fixes the join order (SQLite's rule): from the few values asked about,
+        # through the indexes, to the records; never a scan of the records.
+        by_state = " CROSS JOIN graph_files g ON g.state_id = s.id CROSS JOIN records r ON r.{}"
         queries = (
-            (entries, "JOIN files e ON e.id = r.entry_id WHERE e.path IN ({marks})"),
-            (sources, "JOIN graph_files g ON g.graph_id = r.sources_id"
-                      " JOIN file_states s ON s.id = g.state_id JOIN files f ON f.id = s.file_id"
-                      " WHERE f.path IN ({marks})"),
-            (source_digests, "JOIN graph_files g ON g.graph_id = r.sources_id"
-                             " JOIN file_states s ON s.id = g.state_id"
-                             " WHERE s.digest IN ({marks})"),
-            (output_digests, "JOIN graph_files g ON g.graph_id = r.outputs_id"
-                             " JOIN file_states s ON s.id = g.state_id"
-                             " WHERE s.digest IN ({marks})"),
+            (entries, "files e CROSS JOIN records r ON r.entry_id = e.id WHERE e.path"),
+            (sources, "files f CROSS JOIN file_states s ON s.file_id = f.id"
+                      + by_state.format("sources_id = g.graph_id") + " WHERE f.path"),
+            (source_digests, "file_states s" + by_state.format("sources_id = g.graph_id")
+                             + " WHERE s.digest"),
+            (output_digests, "file_states s" + by_state.format("outputs_id = g.graph_id")
+                             + " WHERE s.digest"),
         )
         for values, condition in queries:
             for part in _chunks({v for v in values if v}):
-                sql = (f"SELECT DISTINCT r.record_uuid AS record_uuid FROM records r "
-                       f"{condition.format(marks=', '.join('?' * len(part)))}"
-                       " AND r.event = 'compile'")
+                sql = (f"SELECT DISTINCT r.record_uuid AS record_uuid FROM {condition}"
+                       f" IN ({', '.join('?' * len(part))}) AND r.event = 'compile'")
                 found.update(row["record_uuid"] for row in _rows(self.conn, sql, _params(part)))
         return list(self.records_by_uuid(sorted(found)).values())
 
