@@ -62,6 +62,8 @@ def test_cache_built_before_recording_is_reconstructed_and_inferred(project: Pro
     assert unknown["inferred"] is True and "unknown" in unknown["how"]
     assert [f for f in report["findings"] if f["severity"] == "error"] == []
     assert (report["matched"], report["reconstructed"], report["reconstructed_now"]) == (0, 1, 1)
+    assert ("(0 tied to an observed compile, 1 judged on inputs reconstructed after the build, "
+            "0 unverified)") in report["summary"]
     # The untouched headers are not accused: only files newer than the binary are.
     assert all(f["subject"] == str(detail) for f in report["findings"]
                if f["code"] in ("CA101", "CA501"))
@@ -109,6 +111,24 @@ def test_recomputed_key_equals_the_reference_runtimes_key(project: Project):
     assert labels[:5] == ["extra_signature", "compiler version (nvcc --version)", "flags",
                           "post hook", "source + tracked headers"]
     assert "  <mylib/api.cuh>" in labels
+
+
+def test_recomputed_key_with_a_post_hook_equals_the_reference_runtimes_key(project: Project):
+    # DeepJIT keys the hook's configured path and its bytes, and runs it over the binary.
+    hook = project.root / "scripts" / "hook.py"
+    _write(hook, "import sys\nopen(sys.argv[1], 'ab').write(b'hooked')\n")
+    answer = project.once(post_hook="scripts/hook.py")
+    assert Path(answer["binary"]).read_bytes().endswith(b"hooked")
+    [entry] = [e for e in reader_for("deepjit").read(str(project.cache), StateCache())
+               if isinstance(e, CacheEntry)]
+    policy = policy_for("deepjit")
+    check = policy.check_key(entry)
+    assert check.recomputed == answer["key"] == entry.key, check.note
+    assert policy.rewrites_binary(entry)
+    # The hook is part of the key: another hook body, another key.
+    _write(hook, "import sys\nopen(sys.argv[1], 'ab').write(b'hooked twice')\n")
+    assert project.once(post_hook="scripts/hook.py")["key"] != answer["key"]
+    assert policy.check_key(entry).recomputed != entry.key
 
 
 def test_tracked_set_is_computed_by_the_runtimes_rules(project: Project):
