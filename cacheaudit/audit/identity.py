@@ -23,6 +23,7 @@ the entry's build places.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -59,14 +60,15 @@ class Candidates:
         return found
 
 
+@functools.lru_cache(maxsize=1024)
+def _forms(directory: str) -> tuple[str, ...]:
+    # Thousands of entries share a handful of roots: each is resolved once.
+    return tuple(dict.fromkeys((os.path.normpath(directory), os.path.realpath(directory))))
+
+
 def places_of(directories: Sequence[str]) -> tuple[str, ...]:
     """Each build place as written and resolved, normalised, for prefix comparisons."""
-    out: list[str] = []
-    for directory in directories:
-        for form in (os.path.normpath(directory), os.path.realpath(directory)):
-            if form not in out:
-                out.append(form)
-    return tuple(out)
+    return tuple(dict.fromkeys(form for directory in directories for form in _forms(directory)))
 
 
 def _under(path: str, places: Sequence[str]) -> bool:
