@@ -146,20 +146,38 @@ class Auditor:
         ledger = self.ledger
         if ledger is None:
             return
-        sourced = [e.source for e in entries if e.source is not None]
-        candidates = Candidates.index(ledger.identity_candidates(
-            entries=[e.path for e in entries], sources=[s.path for s in sourced],
-            source_digests=[s.digest for s in sourced if s.digest],
-            output_digests=[e.binary.digest for e in entries if e.source is None
-                            and e.binary is not None and e.binary.digest]))
         ties: dict[str, str] = {}
-        records: dict[str, CompileRecord] = {}
-        for entry in entries:
-            record = choose(entry, candidates, places=places_of(build_places(entry)),
-                            rewrites_binary=rewrites_binary(entry))
-            if record is not None:
-                ties[entry.path] = record.record_id
-                records[record.record_id] = record
+        chosen: dict[str, CompileRecord] = {}
+
+        def tie(some: Sequence[CacheEntry], candidates: Candidates) -> list[CacheEntry]:
+            """Tie what can be tied among `some`; the entries left untied."""
+            left = []
+            for entry in some:
+                record = choose(entry, candidates, places=places_of(build_places(entry)),
+                                rewrites_binary=rewrites_binary(entry))
+                if record is None:
+                    left.append(entry)
+                else:
+                    ties[entry.path] = record.record_id
+                    chosen[record.record_id] = record
+            return left
+
+        # Attributions first: after the first scan they tie nearly every entry, and only the
+        # rest is looked up by source (or, without one, by binary).
+        attributed = Candidates.index(ledger.identity_candidates(
+            entries=[e.path for e in entries]))
+        # Only step 1 of the rule here: these records' sources are not all the candidates.
+        left = tie(entries, Candidates(by_entry=attributed.by_entry))
+        if left:
+            sourced = [e.source for e in left if e.source is not None]
+            tie(left, Candidates.index(ledger.identity_candidates(
+                sources=[s.path for s in sourced],
+                source_digests=[s.digest for s in sourced if s.digest],
+                output_digests=[e.binary.digest for e in left if e.source is None
+                                and e.binary is not None and e.binary.digest])))
+        # explain shows each record's own sources and outputs in full; a scan needs no more
+        # of them than identity read.
+        records = ledger.records_by_uuid(sorted(chosen)) if self.full_records else chosen
         # A few entries (explain) are looked up by path; a whole scan reads every hit at once,
         # which costs less than thousands of paths in IN lists.
         few = len(entries) <= 500
