@@ -42,6 +42,9 @@ def build(workdir: str, count: int) -> tuple[str, str]:
     for n in range(count):
         tag, key = f"gemm_{n}", xxhash.xxh3_128_hexdigest(str(n).encode())
         entry = os.path.join(root, "cache", f"{tag}.{key}")
+        # The compile starts before its binary is written: a scan ties an entry only to a
+        # compile that started before the entry was published.
+        started_ns = time.time_ns()
         os.makedirs(entry)
         source = f"#include <cute/tensor.hpp>\n// kernel {n}\nint k{n};\n"
         binary = f"ELF cubin of kernel {n}".encode()
@@ -58,7 +61,7 @@ def build(workdir: str, count: int) -> tuple[str, str]:
                        "compiler_options": options}, handle)
         open(os.path.join(entry, ".committed"), "w").close()
         records.append(CompileRecord(
-            record_id=new_record_id(), event="compile", started_ns=time.time_ns(),
+            record_id=new_record_id(), event="compile", started_ns=started_ns,
             compiler=compiler, effective_argv=(ArgToken(f"--include-path={include}"),),
             sources=(FileState(os.path.join(root, "tmp", "x", "kernel.cu"), True, len(source),
                                1, 1, n, xxhash.xxh3_128_hexdigest(source.encode())),),

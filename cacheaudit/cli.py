@@ -177,7 +177,8 @@ def scan(
         sys.stdout.write(output.findings_json(result.findings, {
             "roots": [{"layout": layout, "root": root} for layout, root in result.roots],
             "entries": len(result.entries), "matched": result.matched,
-            "reconstructed": result.reconstructed, "ledger": result.ledger,
+            "reconstructed": result.reconstructed,
+            "reconstructed_now": result.reconstructed_now, "ledger": result.ledger,
             "fail_on": fail_on, "summary": summary}) + "\n")
     elif output_format == "markdown":
         sys.stdout.write(output.findings_markdown(result.findings, summary))

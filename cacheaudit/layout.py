@@ -41,6 +41,14 @@ class Layout:
         """Every entry and leftover under `root`. File states come from `cache`."""
         raise NotImplementedError
 
+    def build_places(self, entry: CacheEntry) -> tuple[str, ...]:
+        """Directories a compile that built `entry` ran in or wrote to: a recorded compile
+        whose working directory, arguments or outputs name none of them was built for another
+        cache (docs/design.md, "Tying an entry to its compile"). Default: the entry's cache
+        root, which holds the temporary build directories of runtimes that build in
+        `<root>/tmp/...` and rename into place, and the entry itself."""
+        return (entry.root,)
+
 
 JSON_LIMIT = bounded.CACHE_FILE_BYTES
 """How large a metadata file in a cache may be before a reader refuses to parse it."""

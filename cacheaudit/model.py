@@ -285,8 +285,14 @@ class CompileRecord:
     (`Ledger.records(with_graphs=False)`): `Ledger.load_graph(graph_id)` loads it later."""
     reconstructed: bool = False
     """The compile was not observed: a scan rebuilt its include graph afterwards from the
-    entry's command (what the compiler reads now, not what it read then), so findings on it
-    are inferences and its environment is unknown."""
+    entry's command (what the compiler reads now, not what it read then). Every fact of such a
+    record is an inference made after the build: which files were read, their content (taken
+    from files unchanged since the build by their mtime and ctime, see `unknown_at_build` for
+    the others), the compiler; its environment is unknown. Findings on it say so."""
+    unknown_at_build: tuple[str, ...] = ()
+    """Inputs of a reconstructed record whose content at build time is unknown: their mtime or
+    ctime is later than the entry's build, so what the scan found is not what the compiler read.
+    Their stored state carries no digest; only a rebuild can tell whether they changed."""
     modified_during_compile: tuple[str, ...] = ()
     """Inputs whose mtime or ctime was not older than the compile's start: the compiler may have
     read another version than the one hashed afterwards (CA401)."""
@@ -320,6 +326,8 @@ class CompileRecord:
             stored["reconstructed"] = True
         if self.modified_during_compile:
             stored["modified_during_compile"] = list(self.modified_during_compile)
+        if self.unknown_at_build:
+            stored["unknown_at_build"] = list(self.unknown_at_build)
         for name in ("runtime_process", "graph_problem", "runtime_error"):
             value = getattr(self, name)
             if value is not None:
@@ -328,8 +336,8 @@ class CompileRecord:
 
 
 STORED_FACTS: tuple[str, ...] = (
-    "reconstructed", "modified_during_compile", "runtime_process", "graph_problem",
-    "runtime_error")
+    "reconstructed", "modified_during_compile", "unknown_at_build", "runtime_process",
+    "graph_problem", "runtime_error")
 """The `CompileRecord` facts kept in the stored `extra` JSON object, under these names."""
 
 LEDGER_FACTS = ("run_uuid", "graph_id")
@@ -348,9 +356,10 @@ def split_stored_extra(stored: Mapping[str, Any] | None) -> tuple[dict[str, Any]
         rest.pop(name, None)
     if rest.pop("reconstructed", False):
         facts["reconstructed"] = True
-    late = rest.pop("modified_during_compile", None)
-    if isinstance(late, (list, tuple)):
-        facts["modified_during_compile"] = tuple(str(path) for path in late)
+    for name in ("modified_during_compile", "unknown_at_build"):
+        paths = rest.pop(name, None)
+        if isinstance(paths, (list, tuple)):
+            facts[name] = tuple(str(path) for path in paths)
     for name in ("runtime_process", "graph_problem", "runtime_error"):
         value = rest.pop(name, None)
         if value is not None:

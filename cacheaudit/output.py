@@ -226,9 +226,11 @@ def summary_line(scanned: int, roots: int, matched: int, reconstructed: int,
     counts = Counter(f.severity.value for f in findings)
     verdict = ", ".join(f"{counts[s]} {s}{'s' if counts[s] != 1 else ''}"
                         for s in ("error", "warning", "info") if counts[s]) or "no findings"
+    untied = max(scanned - matched - reconstructed, 0)
     return (f"{scanned} entr{'y' if scanned == 1 else 'ies'} in {roots} cache "
-            f"root{'' if roots == 1 else 's'} ({matched} tied to a recorded compile, "
-            f"{reconstructed} reconstructed): {verdict}")
+            f"root{'' if roots == 1 else 's'} ({matched} tied to an observed compile, "
+            f"{reconstructed} judged on inputs reconstructed after the build, {untied} "
+            f"unverified): {verdict}")
 
 
 def render_findings(findings: Sequence[Finding], console: Console, summary: str) -> None:

@@ -39,7 +39,14 @@ class TrackedSet:
     paths: frozenset[str]
     names: Mapping[str, str] = field(default_factory=dict)
     error: str | None = None
+    """Why the rules could not be followed to the end: `paths` is then a part of the tracked
+    set at most, and a file outside it may be tracked or not (`known` is False)."""
     how: str = ""
+
+    @property
+    def known(self) -> bool:
+        """Whether `paths` is the whole tracked set: a file outside it is untracked."""
+        return self.error is None
 
 
 @dataclass(frozen=True)
@@ -140,6 +147,14 @@ class Policy:
         runtime's, or those of every runtime of its `scan_family`), once per scan rather than
         once per entry: how a setting the runtime reads resolves now. Default: none."""
         return []
+
+    def rewrites_binary(self, entry: CacheEntry) -> bool:
+        """Whether the runtime rewrites the entry's binary after the compiler wrote it (a post
+        hook, an assembler pass over the cubin), so that the binary's digest cannot confirm
+        which recorded compile built the entry: the audit then ties it by its source and cache
+        root alone (docs/design.md, "Tying an entry to its compile"). Default: no, the entry
+        holds the compiler's own output."""
+        return False
 
     def compiling_process(self, record: CompileRecord) -> int | None:
         """The pid of the runtime process that asked for a compile, from what the runtime itself

@@ -11,7 +11,7 @@ import os
 import sys
 
 from cacheaudit.runtimes.deepjit import minijit as adapter
-from fixtures.minijit import Config, DeepJITError, Runtime
+from fixtures.minijit import CompilerOptions, Config, DeepJITError, Runtime
 
 
 def main() -> None:
@@ -28,7 +28,9 @@ def main() -> None:
             print(json.dumps({"event": "setenv"}), flush=True)
             continue
         try:
-            kernel = runtime.compile(request["name"], request["source"])
+            options = (CompilerOptions(post_hook=request["post_hook"])
+                       if request.get("post_hook") else None)
+            kernel = runtime.compile(request["name"], request["source"], options=options)
             answer = {"event": kernel.event, "key": kernel.key, "path": kernel.path,
                       "binary": kernel.binary}
         except DeepJITError as exc:

@@ -172,7 +172,7 @@ def test_schema_is_created_through_recorded_migrations_in_wal_mode(tmp_path):
     conn = sqlite3.connect(path)
     applied = [r[0] for r in conn.execute(
         "SELECT name FROM _sqlite_migrations WHERE migration_set = 'cacheaudit'")]
-    assert applied == ["0001_initial", "0002_records_by_run_and_test"]
+    assert applied == ["0001_initial", "0002_records_by_run_and_test", "0003_entry_identity"]
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == (
         str(SCHEMA_VERSION))
@@ -330,8 +330,9 @@ def test_spooled_records_wait_while_the_ledger_cannot_be_written(tmp_path, monke
 
 def _downgrade_to_version_1(path: str) -> None:
     conn = sqlite3.connect(path)
-    conn.execute("DROP INDEX records_by_run")
-    conn.execute("DROP INDEX records_by_test")
+    for index in ("records_by_run", "records_by_test", "records_by_sources",
+                  "records_by_outputs", "graph_files_by_state", "file_states_by_digest"):
+        conn.execute(f"DROP INDEX {index}")
     conn.execute("DELETE FROM _sqlite_migrations WHERE name != '0001_initial'")
     conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     conn.commit()
@@ -350,8 +351,69 @@ def test_a_version_1_ledger_is_upgraded_by_a_reader_and_keeps_its_records(tmp_pa
             "SELECT name FROM sqlite_master WHERE type = 'index'")}
         version = ledger.conn.execute(
             "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
-    assert {"records_by_run", "records_by_test"} <= indexes
-    assert version == str(SCHEMA_VERSION) == "2"
+    assert {"records_by_run", "records_by_test", "records_by_sources", "records_by_outputs",
+            "graph_files_by_state", "file_states_by_digest"} <= indexes
+    assert version == str(SCHEMA_VERSION) == "3"
+
+
+def test_upgrading_to_version_3_forgets_the_entries_scans_gave_shim_records(tmp_path):
+    # Before version 3 a scan tied entries to shim records by the binary's digest alone, which
+    # ties twin caches and link steps wrongly; an adapter's own entry is an observation and
+    # stays.
+    path = str(tmp_path / "ledger.db")
+    shim = _record("a")
+    adapter = _record("b", observer="adapter:torch-ext", entry="/c/b")
+    with Ledger.open(path) as ledger:
+        ledger.add_records([shim, adapter], RUN)
+        ledger.attribute([Attribution(shim.record_id, "deepjit", "a", "k", "/twin/cache/a")])
+    conn = sqlite3.connect(path)
+    conn.execute("DELETE FROM _sqlite_migrations WHERE name = '0003_entry_identity'")
+    conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with Ledger.open(path, create=False) as ledger:
+        upgraded = {r.record_id: r for r in ledger.records()}
+    assert upgraded[shim.record_id].entry is None
+    assert upgraded[shim.record_id].key == "k"  # what the scan learnt besides is kept
+    assert upgraded[adapter.record_id].entry == "/c/b"
+
+
+def test_identity_candidates_are_found_by_entry_source_and_output(tmp_path):
+    by_entry = _record("a", entry="/root/cache/a")
+    by_path = _record("b", sources=(_state("/root/cache/b/kernel.cu", digest="1" * 32),))
+    by_digest = _record("c", sources=(_state("/root/tmp/x/kernel.cu", digest="2" * 32),))
+    by_output = _record("d", outputs=(_state("/root/tmp/y/kernel.so", digest="3" * 32),))
+    hit = _record("e", event="disk-hit", entry="/root/cache/a")
+    unrelated = _record("f", sources=(_state("/else/kernel.cu", digest="9" * 32),))
+    with Ledger.open(str(tmp_path / "ledger.db")) as ledger:
+        ledger.add_records([by_entry, by_path, by_digest, by_output, hit, unrelated], RUN)
+        found = ledger.identity_candidates(
+            entries=["/root/cache/a"], sources=["/root/cache/b/kernel.cu"],
+            source_digests=["2" * 32], output_digests=["3" * 32])
+    assert sorted(r.kernel for r in found) == ["a", "b", "c", "d"]
+    # Each comes with its sources and outputs: the audit chooses among them by those.
+    assert all(r.sources and r.outputs for r in found)
+
+
+def test_identity_candidates_are_found_by_index(tmp_path):
+    with Ledger.open(str(tmp_path / "ledger.db")) as ledger:
+        ledger.add_records([_record(f"k{i}") for i in range(5)], RUN)
+        statements: list[str] = []
+        ledger.conn.set_trace_callback(statements.append)  # the SQL with its values in
+        ledger.identity_candidates(entries=["/c/a"], sources=["/tmp/w/k0.cu"],
+                                   source_digests=["d" * 32], output_digests=["e" * 32])
+        ledger.conn.set_trace_callback(None)
+        plans = [_plan(ledger, sql, ()) for sql in statements
+                 if sql.startswith("SELECT DISTINCT r.record_uuid")]
+    assert len(plans) == 4
+    by_entry, by_path, by_digest, by_output = plans
+    assert "records_by_entry" in by_entry and "SCAN" not in by_entry, by_entry
+    assert "graph_files_by_state" in by_path and "records_by_sources" in by_path, by_path
+    for plan in (by_path, by_digest, by_output):
+        assert "SCAN" not in plan, plan
+    for plan in (by_digest, by_output):
+        assert "file_states_by_digest" in plan and "graph_files_by_state" in plan, plan
+    assert "records_by_outputs" in by_output, by_output
 
 
 def _plan(ledger: Ledger, sql: str, params: tuple[object, ...]) -> str:

@@ -69,10 +69,11 @@ class Driver:
             [sys.executable, str(DRIVER), config], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=env, cwd=project.root)
 
-    def compile(self, source: str = SOURCE, name: str = "gemm") -> dict[str, Any]:
+    def compile(self, source: str = SOURCE, name: str = "gemm",
+                post_hook: str | None = None) -> dict[str, Any]:
         assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps({"op": "compile", "name": name,
-                                             "source": source}) + "\n")
+        self.process.stdin.write(json.dumps({"op": "compile", "name": name, "source": source,
+                                             "post_hook": post_hook}) + "\n")
         self.process.stdin.flush()
         line = self.process.stdout.readline()
         if not line:
@@ -102,6 +103,8 @@ class Project:
     root: Path
     backend: str
     env: dict[str, str] = field(default_factory=dict)
+    shared_ledger: Path | None = None
+    """Another project's ledger, for two caches that one ledger knows (twin checkouts)."""
 
     @property
     def compiler_name(self) -> str:
@@ -117,7 +120,7 @@ class Project:
 
     @property
     def ledger(self) -> Path:
-        return self.root / "ledger.db"
+        return self.shared_ledger or self.root / "ledger.db"
 
     def setup(self) -> None:
         from cacheaudit.shim import install_masquerade
@@ -160,17 +163,19 @@ class Project:
                 env[name] = value
         return env
 
-    def once(self, source: str = SOURCE, **changes: str | None) -> dict[str, Any]:
+    def once(self, source: str = SOURCE, post_hook: str | None = None,
+             **changes: str | None) -> dict[str, Any]:
         driver = self.driver(**changes)
         try:
-            return driver.compile(source)
+            return driver.compile(source, post_hook=post_hook)
         finally:
             driver.close()
 
-    def fresh(self, source: str = SOURCE, **changes: str | None) -> str | None:
+    def fresh(self, source: str = SOURCE, post_hook: str | None = None,
+              **changes: str | None) -> str | None:
         """The ground truth: the same request in a new process against an empty cache."""
         fresh_cache = self.root / f"fresh-{len(list(self.root.glob('fresh-*')))}"
-        answer = self.once(source, DG_JIT_CACHE_DIR=str(fresh_cache),
+        answer = self.once(source, post_hook, DG_JIT_CACHE_DIR=str(fresh_cache),
                            CACHEAUDIT_DISABLE="1", **changes)
         return answer.get("digest")
 
@@ -202,6 +207,10 @@ class Outcome:
     errors: list[str]
     expected: str
     recorded: list[str] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    """The last scan's findings, for assertions on their subjects."""
+    notes: dict[str, Any] = field(default_factory=dict)
+    """What a scenario observed besides (an earlier scan, the records the scan tied)."""
 
     def row(self) -> str:
         stale = {True: "stale", False: "fresh", None: "n/a"}[self.stale]
@@ -219,7 +228,7 @@ def _outcome(name: str, expected: str, served: dict[str, Any], fresh: str | None
                    stale=None if served.get("digest") is None else served["digest"] != fresh,
                    codes=[f["code"] for f in findings],
                    errors=[f["code"] for f in findings if f["severity"] == "error"],
-                   expected=expected)
+                   expected=expected, findings=findings)
 
 
 def nothing_changed(p: Project) -> Outcome:
@@ -346,6 +355,159 @@ def edited_during_compile(p: Project) -> Outcome:
                     p.fresh(**{variable: str(tool)}), p.scan(**{variable: str(tool)}))
 
 
+# ---------------------------------------------------------------- entry identity and evidence age
+# (issue 11: each entry tied to the compile that built it; evidence that knows its age)
+
+
+def _real_compiler(p: Project) -> str:
+    return str(shutil.which(p.compiler_name, path=os.environ.get("PATH")))
+
+
+def _tied_records(p: Project) -> dict[str, dict[str, Any]]:
+    """Entry path -> the compile record a scan tied to it (written back into the ledger)."""
+    from cacheaudit.ledger import Ledger
+
+    with Ledger.open(str(p.ledger)) as ledger:
+        return {r.entry: {"record": r.record_id, "started_ns": r.started_ns,
+                          "observer": r.observer, "reconstructed": r.reconstructed}
+                for r in ledger.records(where="r.event = 'compile' AND r.entry_id IS NOT NULL",
+                                        with_graphs=False)}
+
+
+def twin_caches(p: Project) -> Outcome:
+    # Two checkouts (A = p, B = twin) with the same kernel and one ledger: B builds first, so
+    # A's compile is the newest with this very binary.
+    twin = Project(p.root / "twin", p.backend, shared_ledger=p.ledger)
+    twin.setup()
+    twin.once()
+    p.once()
+    _write(p.root / "third" / "cutlite" / "detail.h", "#pragma once\n#define DETAIL 2\n")
+    p.once()
+    served = twin.once()
+    outcome = _outcome("twin caches: A's untracked header edited, B scanned",
+                       "no error, nothing of A", served, twin.fresh(), twin.scan())
+    a_tree = [str(p.root / name) for name in ("inc", "third", "envA", "cache")]
+    for tree in a_tree:
+        shutil.rmtree(tree)
+    outcome.notes = {"a_tree": a_tree, "after_a_deleted": twin.scan()["findings"]}
+    return outcome
+
+
+def identical_binaries_new_key(p: Project) -> Outcome:
+    p.once()
+    # A comment-only edit of a tracked header: a new key, a byte-identical binary.
+    _write(p.root / "inc" / "mylib" / "api.cuh",
+           "#pragma once\n// tile sizes tuned\n#include <cutlite/tile.h>\n#define API_VALUE 100\n")
+    served = p.once()
+    outcome = _outcome("comment-only edit of a tracked header: identical binary, new key",
+                       "each entry its own record", served, p.fresh(), p.scan())
+    entries = sorted(e for e in (p.cache / "cache").iterdir())
+    binaries = [next(e.glob("kernel.so"), None) or next(e.glob("kernel.cubin")) for e in entries]
+    outcome.notes = {"entries": [str(e) for e in entries],
+                     "binary_ns": {str(e): b.stat().st_mtime_ns
+                                   for e, b in zip(entries, binaries, strict=True)},
+                     "same_binary": len({b.read_bytes() for b in binaries}) == 1,
+                     "tied": _tied_records(p)}
+    return outcome
+
+
+def link_step_taken_as_build(p: Project) -> Outcome:
+    # The compile goes unrecorded (the runtime's compiler setting names a wrapper, not the
+    # shim), while its host link step reaches g++ by name through the PATH shim, as nvcc's
+    # does: the link record's output is the entry's kernel.so, and it compiled no kernel.cu.
+    tool = p.root / "tools" / "g++"
+    _write(tool, textwrap.dedent(f"""\
+        #!{sys.executable}
+        import os, subprocess, sys
+        real, args = {_real_compiler(p)!r}, sys.argv[1:]
+        if any(a == "--version" or a.startswith("-M") for a in args):
+            os.execv(real, [real, *args])
+        out = args[args.index("-o") + 1]
+        rest = [a for i, a in enumerate(args)
+                if a not in ("-shared", "-o") and (i == 0 or args[i - 1] != "-o")]
+        obj = out[:-len(".so")] + ".o"
+        code = subprocess.call([real, *rest, "-c", "-o", obj])
+        sys.exit(code or subprocess.call(["g++", "-shared", "-fPIC", "-o", out, obj]))
+        """), executable=True)
+    setting = {"DG_JIT_NVCC_COMPILER": str(tool)}
+    p.once(**setting)
+    first = p.scan(**setting)
+    _write(p.root / "third" / "cutlite" / "detail.h", "#pragma once\n#define DETAIL 2\n")
+    served = p.once(**setting)
+    outcome = _outcome("a link step through the PATH shim, the compile unrecorded",
+                       "CA101, not tied to the link", served, p.fresh(**setting),
+                       p.scan(**setting))
+    from cacheaudit.ledger import Ledger
+
+    with Ledger.open(str(p.ledger)) as ledger:
+        links = [r.record_id for r in ledger.records(with_graphs=False)
+                 if r.observer.startswith("shim:") and "-shared" in r.argv]
+    outcome.notes = {"links": links, "first": first}
+    return outcome
+
+
+_HOOK = "import sys\nwith open(sys.argv[1], 'ab') as handle:\n    handle.write(b'post-hook')\n"
+
+
+def rewritten_binary(p: Project) -> Outcome:
+    # DeepJIT's post hook rewrites the binary after the compiler: the recorded output is not
+    # the entry's binary, the record still compiled the entry's own kernel.cu.
+    _write(p.root / "scripts" / "hook.py", _HOOK)
+    p.once(post_hook="scripts/hook.py")
+    first = p.scan()
+    _write(p.root / "third" / "cutlite" / "detail.h", "#pragma once\n#define DETAIL 2\n")
+    served = p.once(post_hook="scripts/hook.py")
+    outcome = _outcome("a post hook rewrote the binary; an untracked header edited", "CA101",
+                       served, p.fresh(post_hook="scripts/hook.py"), p.scan())
+    outcome.notes = {"first": first}
+    return outcome
+
+
+def rebuilt_inputs_restored(p: Project) -> Outcome:
+    # Built before recording; a tracked and an untracked header edited, scanned (which
+    # reconstructs the entry's inputs), restored, scanned again.
+    unrecorded = {"DG_JIT_NVCC_COMPILER": _real_compiler(p), "CACHEAUDIT_DISABLE": "1"}
+    p.once(**unrecorded)
+    edited = {p.root / "inc" / "mylib" / "api.cuh": "#define API_VALUE 999\n",
+              p.root / "third" / "cutlite" / "detail.h": "#define DETAIL 999\n"}
+    originals = {path: path.read_text() for path in edited}
+    for path, line in edited.items():
+        _write(path, originals[path] + line)
+    first = p.scan()
+    for path, text in originals.items():
+        _write(path, text)
+    served = p.once(**unrecorded)
+    outcome = _outcome("inputs edited before the first scan of an unrecorded build, restored",
+                       "no error", served, p.fresh(DG_JIT_NVCC_COMPILER=_real_compiler(p)),
+                       p.scan())
+    outcome.notes = {"edited": [str(path) for path in edited], "first": first}
+    return outcome
+
+
+def unknown_tracked_set(p: Project) -> Outcome:
+    # The entry lost its meta.json (DeepJIT hits on .committed alone): which headers its key
+    # covers cannot be computed. A tracked header is edited, and the runtime misses.
+    built = p.once()
+    (Path(built["path"]) / "meta.json").unlink()
+    api = p.root / "inc" / "mylib" / "api.cuh"
+    _write(api, "#pragma once\n#include <cutlite/tile.h>\n#define API_VALUE 200\n")
+    served = p.once()
+    outcome = _outcome("tracked set unknown, a tracked header edited", "CA501, never CA101",
+                       served, p.fresh(), p.scan())
+    outcome.notes = {"entry": built["path"], "header": str(api)}
+    return outcome
+
+
+IDENTITY_SCENARIOS: dict[str, Scenario] = {
+    "twin_caches": twin_caches,
+    "identical_binaries_new_key": identical_binaries_new_key,
+    "link_step_taken_as_build": link_step_taken_as_build,
+    "rewritten_binary": rewritten_binary,
+    "rebuilt_inputs_restored": rebuilt_inputs_restored,
+    "unknown_tracked_set": unknown_tracked_set,
+}
+
+
 SCENARIOS: dict[str, Scenario] = {
     "nothing_changed": nothing_changed,
     "tracked_header_edited": tracked_header_edited,
@@ -359,8 +521,10 @@ SCENARIOS: dict[str, Scenario] = {
     "tracked_header_shadowed": tracked_header_shadowed,
     "dependency_deleted": dependency_deleted,
     "edited_during_compile": edited_during_compile,
+    **IDENTITY_SCENARIOS,
 }
 NVCC_ONLY = {"append_flags_changed"}
+GXX_ONLY = {"link_step_taken_as_build"}  # its wrapper stands in for nvcc's g++ link step
 
 
 def run(name: str, backend: str, workdir: Path) -> Outcome:
@@ -378,7 +542,8 @@ def main() -> None:
         print("| scenario | runtime's answer | ground truth | expected | cacheaudit's codes |")
         print("|---|---|---|---|---|")
         for name in SCENARIOS:
-            if name in NVCC_ONLY and backend != "nvcc":
+            if (name in NVCC_ONLY and backend != "nvcc") or (name in GXX_ONLY
+                                                             and backend != "g++"):
                 continue
             with tempfile.TemporaryDirectory(prefix="cacheaudit-truth-") as workdir:
                 outcome = run(name, "gxx" if backend == "g++" else "nvcc", Path(workdir))

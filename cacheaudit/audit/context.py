@@ -61,8 +61,8 @@ def _no_compiles(run_uuid: str) -> list[CompileRecord]:
 class LoadedRecords:
     """What the ledger holds about the scanned entries, read by the scan in a few queries."""
 
-    by_output: dict[str, str] = field(default_factory=dict)
-    """Binary digest -> the id of the compile record that wrote it."""
+    ties: dict[str, str] = field(default_factory=dict)
+    """Entry path -> the id of the compile record that built it (`identity.choose`)."""
     records: dict[str, CompileRecord] = field(default_factory=dict)
     """Record id -> the record, for the entries' compiles."""
     lookups: dict[str, list[CompileRecord]] = field(default_factory=dict)
@@ -121,10 +121,9 @@ class AuditContext:
     # ---------------------------------------------------------------- records
 
     def record_for(self, entry: CacheEntry) -> CompileRecord | None:
-        """The compile that built `entry`, tied by the binary's content digest."""
-        if entry.binary is None or entry.binary.digest is None:
-            return None
-        record_id = self.loaded.by_output.get(entry.binary.digest)
+        """The compile that built `entry`, as the scan tied it (docs/design.md, "Tying an
+        entry to its compile"), or a record reconstructed for it."""
+        record_id = self.loaded.ties.get(entry.path)
         return self.loaded.records.get(record_id) if record_id else None
 
     def lookups_for(self, entry: CacheEntry) -> list[CompileRecord]:

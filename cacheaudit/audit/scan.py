@@ -3,11 +3,11 @@ the ledger knows about their entries, reconstructing entries built before record
 (a dependency pass with the entry's own command), identifying compilers, and writing back what
 the audit learnt (reconstructed records, the entries compiles built).
 
-Each entry a reader found is tied to the compile that built it (by the binary's bytes), the
-runtime's policy says which inputs its key covers, and the checks (`checks/`) turn every
-difference between what the compile read then and what is there now into a finding. An entry
-whose runtime has no policy, or that the environment registry does not know, is reported
-unverified (CA501) and the scan goes on.
+Each entry a reader found is tied to the compile that built it (`identity.py`: its source, its
+cache root, the binary's bytes as confirmation), the runtime's policy says which inputs its key
+covers, and the checks (`checks/`) turn every difference between what the compile read then and
+what is there now into a finding. An entry whose runtime has no policy, or that the environment
+registry does not know, is reported unverified (CA501) and the scan goes on.
 """
 
 from __future__ import annotations
@@ -39,16 +39,25 @@ from cacheaudit.audit.checks import (
     tracked_set_findings,
 )
 from cacheaudit.audit.context import AuditContext, CompilerNow, LoadedRecords
+from cacheaudit.audit.identity import Candidates, choose, places_of
 from cacheaudit.audit.observations import ObservedEnvironments
 from cacheaudit.audit.options import AuditOptions, keep
 from cacheaudit.digest import StateCache
 from cacheaudit.findings import make_finding
 from cacheaudit.layout import Layout
 from cacheaudit.ledger import Attribution, Ledger, RunInfo, new_record_id
-from cacheaudit.model import CacheEntry, CacheLeftover, CompileRecord, FileState, Finding
+from cacheaudit.model import (
+    CacheEntry,
+    CacheLeftover,
+    CompileRecord,
+    FileState,
+    Finding,
+    GraphFile,
+    IncludeGraph,
+)
 from cacheaudit.policy import Policy
+from cacheaudit.runtimes import layout_for, policy_for
 from cacheaudit.runtimes import layouts as all_layouts
-from cacheaudit.runtimes import policy_for
 from cacheaudit.switches import is_masquerade_dir
 
 
@@ -59,7 +68,12 @@ class ScanResult:
     leftovers: list[CacheLeftover]
     findings: list[Finding]
     matched: int = 0
+    """Entries tied to an observed compile."""
     reconstructed: int = 0
+    """Entries judged against inputs reconstructed after their build (now or by an earlier
+    scan): what is said of them is inferred."""
+    reconstructed_now: int = 0
+    """Of those, the entries this scan ran a dependency pass for."""
     ledger: str | None = None
 
 
@@ -69,6 +83,24 @@ def policy_of(entry: CacheEntry) -> tuple[Policy | None, str]:
         return policy_for(entry.runtime), ""
     except KeyError as exc:
         return None, str(exc.args[0]) if exc.args else f"no policy for {entry.runtime!r}"
+
+
+def rewrites_binary(entry: CacheEntry) -> bool:
+    """The policy's `rewrites_binary` for the entry; False where it has no policy or the hook
+    fails (the binary's digest then confirms the tie, as for most runtimes)."""
+    policy = policy_of(entry)[0]
+    try:
+        return bool(policy.rewrites_binary(entry)) if policy is not None else False
+    except Exception:  # noqa: BLE001 - a hook that fails leaves the stricter default
+        return False
+
+
+def build_places(entry: CacheEntry) -> tuple[str, ...]:
+    """The layout's `build_places` for the entry; its cache root where that cannot be asked."""
+    try:
+        return tuple(layout_for(entry.layout).build_places(entry)) or (entry.root,)
+    except Exception:  # noqa: BLE001 - an unknown layout or a failing hook: the root alone
+        return (entry.root,)
 
 
 def identify_compiler(context: AuditContext, path: str) -> CompilerNow:
@@ -96,8 +128,12 @@ class Auditor:
     the shared include graph)."""
     attributions: list[Attribution] = field(default_factory=list)
     """Records this auditor tied to their entries, for `save_attributions`."""
-    reconstructed: int = 0
     matched: int = 0
+    """Entries judged against an observed compile."""
+    reconstructed: int = 0
+    """Entries judged against a reconstruction (made now or by an earlier scan): inferences."""
+    reconstructed_now: int = 0
+    """Dependency passes this auditor ran to reconstruct entries."""
     observed: ObservedEnvironments | None = None
     """The environments a scope's observers saw its entries under (`AuditContext.observed`)."""
     context: AuditContext = field(init=False)
@@ -109,14 +145,43 @@ class Auditor:
     # ---------------------------------------------------------------- the ledger side
 
     def load(self, entries: Sequence[CacheEntry]) -> None:
-        """Tie entries to their compile records, in a few queries for the whole scan."""
+        """Tie entries to their compile records (`identity.py`), in a few indexed queries for
+        the whole scan: what is read follows the entries, not the ledger."""
         ledger = self.ledger
         if ledger is None:
             return
-        by_output = ledger.compiles_by_output()
-        wanted = sorted({by_output[e.binary.digest] for e in entries
-                         if e.binary is not None and e.binary.digest in by_output})
-        records = ledger.records_by_uuid(wanted, with_files=self.full_records)
+        ties: dict[str, str] = {}
+        chosen: dict[str, CompileRecord] = {}
+
+        def tie(some: Sequence[CacheEntry], candidates: Candidates) -> list[CacheEntry]:
+            """Tie what can be tied among `some`; the entries left untied."""
+            left = []
+            for entry in some:
+                record = choose(entry, candidates, places=places_of(build_places(entry)),
+                                rewrites_binary=rewrites_binary(entry))
+                if record is None:
+                    left.append(entry)
+                else:
+                    ties[entry.path] = record.record_id
+                    chosen[record.record_id] = record
+            return left
+
+        # Attributions first: after the first scan they tie nearly every entry, and only the
+        # rest is looked up by source (or, without one, by binary).
+        attributed = Candidates.index(ledger.identity_candidates(
+            entries=[e.path for e in entries]))
+        # Only step 1 of the rule here: these records' sources are not all the candidates.
+        left = tie(entries, Candidates(by_entry=attributed.by_entry))
+        if left:
+            sourced = [e.source for e in left if e.source is not None]
+            tie(left, Candidates.index(ledger.identity_candidates(
+                sources=[s.path for s in sourced],
+                source_digests=[s.digest for s in sourced if s.digest],
+                output_digests=[e.binary.digest for e in left if e.source is None
+                                and e.binary is not None and e.binary.digest])))
+        # explain shows each record's own sources and outputs in full; a scan needs no more
+        # of them than identity read.
+        records = ledger.records_by_uuid(sorted(chosen)) if self.full_records else chosen
         # A few entries (explain) are looked up by path; a whole scan reads every hit at once,
         # which costs less than thousands of paths in IN lists.
         few = len(entries) <= 500
@@ -129,7 +194,7 @@ class Auditor:
                                   params=(run_uuid,), order="r.started_ns, r.id",
                                   with_graphs=False)
 
-        self.context.loaded = LoadedRecords(by_output=by_output, records=records,
+        self.context.loaded = LoadedRecords(ties=ties, records=records,
                                             lookups=lookups, first_envs=first_envs,
                                             compiles_of_run=compiles_of_run)
         # Known file states let an unchanged header be verified by one stat.
@@ -185,7 +250,10 @@ class Auditor:
         if record is None:
             findings.append(no_record_finding(entry))
             return findings
-        self.matched += 1
+        if record.reconstructed:
+            self.reconstructed += 1
+        else:
+            self.matched += 1
         if not record.entry:
             self.attributions.append(Attribution(record.record_id, entry.runtime, entry.kernel,
                                                  entry.key, entry.path))
@@ -245,6 +313,7 @@ class Auditor:
             return None
         sources, include_graph = graph_module.graph_from_depfile(
             result.depfile_text, cwd, [entry.source.path], self.cache, f"{kind} -M (reconstructed)")
+        sources, include_graph, unknown = dated(sources, include_graph, entry.built_ns)
         record = CompileRecord(
             record_id=new_record_id(), event="compile", started_ns=entry.built_ns or 0,
             runtime=entry.runtime, kernel=entry.kernel, key=entry.key, entry=entry.path,
@@ -253,8 +322,8 @@ class Auditor:
             outputs=(entry.binary,) if entry.binary is not None else (), exit_code=0,
             pid=os.getpid(), host=socket.gethostname(), observer=f"reconstructed:{entry.layout}",
             notes=("reconstructed after the fact: the graph is what the compiler reads now",),
-            reconstructed=True)
-        self.reconstructed += 1
+            reconstructed=True, unknown_at_build=unknown)
+        self.reconstructed_now += 1
         if self.ledger is not None:
             # Kept so that the next scan need not run the pass again; a scan that cannot write
             # still reports.
@@ -271,6 +340,46 @@ class Auditor:
         judged = [(entry, policy) for entry in entries
                   if (policy := policy_of(entry)[0]) is not None]
         return scan_environment_findings(self.context, entries, judged)
+
+
+# ------------------------------------------------------------------ evidence and its age
+
+
+UNKNOWN_AT_BUILD = ("content at build time unknown: changed after the entry was built, first "
+                    "seen by a scan")
+
+
+def unknown_state(state: FileState) -> FileState:
+    """A file's state with its content left unknown: what a scan may say of a file that
+    changed after the entry was built (its stat now, no digest)."""
+    return state._replace(digest=None, settled=False, error=UNKNOWN_AT_BUILD)
+
+
+def changed_after(state: FileState, built_ns: int | None) -> bool:
+    """Whether the file's mtime or ctime is later than the entry's build: what a scan reads of
+    it now need not be what the compiler read then."""
+    return built_ns is not None and state.exists and max(state.mtime_ns,
+                                                         state.ctime_ns) > built_ns
+
+
+def dated(sources: tuple[FileState, ...], graph: IncludeGraph | None, built_ns: int | None
+          ) -> tuple[tuple[FileState, ...], IncludeGraph | None, tuple[str, ...]]:
+    """A reconstruction's sources and graph with every file changed after the build stored
+    without content (`unknown_state`), and those files' paths: today's content is never
+    stored as what the compiler read."""
+    unknown: list[str] = []
+
+    def age(state: FileState) -> FileState:
+        if changed_after(state, built_ns):
+            unknown.append(state.path)
+            return unknown_state(state)
+        return state
+
+    sources = tuple(age(s) for s in sources)
+    if graph is not None:
+        graph = IncludeGraph(tuple(GraphFile(age(f.state), f.written) for f in graph.files),
+                             graph.method)
+    return sources, graph, tuple(unknown)
 
 
 # ------------------------------------------------------------------ reconstruction guard
@@ -391,4 +500,5 @@ def scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None 
     return ScanResult(roots=[(r.layout, root) for r, root in roots], entries=entries,
                       leftovers=leftovers, findings=keep(findings, options),
                       matched=auditor.matched, reconstructed=auditor.reconstructed,
+                      reconstructed_now=auditor.reconstructed_now,
                       ledger=ledger.path if ledger else None)

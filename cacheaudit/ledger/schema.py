@@ -26,7 +26,11 @@ APPLICATION_ID = 0x43414144  # "CAAD": lets `file` and our own open() tell a led
 # Schema history:
 #   1 (0.1.0): first version.
 #   2: indexes on records by run and by test (audit_run and the pytest fixture read by them).
-SCHEMA_VERSION = 2
+#   3: indexes that tie an entry to its compile in proportion to the entries scanned (records by
+#      sources and outputs, graph members by state, states by digest); the entries that scans
+#      before it attributed to shim records by the binary's digest alone are forgotten (made
+#      again by the next scan, by the identity rule of docs/design.md).
+SCHEMA_VERSION = 3
 
 SCHEMA = """
 -- Properties of this ledger file: schema_version, ledger_id, created_at, created_by.
@@ -69,6 +73,8 @@ CREATE TABLE IF NOT EXISTS file_states (
     UNIQUE (file_id, present, size, mtime_ns, ctime_ns, inode, digest, settled, error)
 );
 
+CREATE INDEX IF NOT EXISTS file_states_by_digest ON file_states (digest);
+
 -- An include graph (or a set of sources or outputs), content-addressed by its digest.
 CREATE TABLE IF NOT EXISTS graphs (
     id INTEGER PRIMARY KEY,
@@ -85,6 +91,8 @@ CREATE TABLE IF NOT EXISTS graph_files (
     written_id INTEGER NOT NULL REFERENCES files(id),  -- the path as the compiler printed it
     PRIMARY KEY (graph_id, position)
 ) WITHOUT ROWID;
+
+CREATE INDEX IF NOT EXISTS graph_files_by_state ON graph_files (state_id);
 
 -- Compiler identities: a host compiler is a row of its own referenced by host_id.
 CREATE TABLE IF NOT EXISTS compilers (
@@ -150,6 +158,10 @@ CREATE INDEX IF NOT EXISTS records_by_entry ON records (entry_id);
 CREATE INDEX IF NOT EXISTS records_by_run ON records (run_id, started_ns);
 
 CREATE INDEX IF NOT EXISTS records_by_test ON records (test_id) WHERE test_id IS NOT NULL;
+
+CREATE INDEX IF NOT EXISTS records_by_sources ON records (sources_id);
+
+CREATE INDEX IF NOT EXISTS records_by_outputs ON records (outputs_id);
 
 -- Verdicts of an audit, each with its evidence.
 CREATE TABLE IF NOT EXISTS findings (
@@ -241,7 +253,23 @@ def _build_migrations() -> Any:
                         " WHERE test_id IS NOT NULL")
         db.conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
 
+    @migrations(name="0003_entry_identity")
+    def entry_identity(db: sqlite_utils.Database) -> None:
+        for statement in _IDENTITY_INDEXES:
+            db.conn.execute(statement)
+        # A shim never knows its entry: every entry a shim record holds was attributed by a
+        # scan, which before this version went by the binary's digest alone (twin caches, link
+        # steps, identical binaries under two keys were tied wrongly). The next scan ties them
+        # again by the identity rule.
+        db.conn.execute("UPDATE records SET entry_id = NULL WHERE observer LIKE 'shim:%'")
+        db.conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+
     return migrations
+
+
+_IDENTITY_INDEXES = [s for s in _statements(SCHEMA) if s.startswith("CREATE INDEX") and any(
+    name in s for name in ("records_by_sources", "records_by_outputs", "graph_files_by_state",
+                           "file_states_by_digest"))]
 
 
 class _LazyMigrations:

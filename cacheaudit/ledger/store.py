@@ -403,8 +403,9 @@ class Ledger:
         found = self.records(where="r.record_uuid = ?", params=(record_uuid,))
         return found[0] if found else None
 
-    def _record_from_row(self, row: Row, with_graphs: bool,
-                         with_files: bool = True) -> CompileRecord:
+    def _record_from_row(self, row: Row, with_graphs: bool, with_files: bool = True,
+                         files: tuple[tuple[FileState, ...], tuple[FileState, ...]] | None = None
+                         ) -> CompileRecord:
         sources = self.load_graph(row["sources_id"]) if with_graphs and with_files else None
         outputs = self.load_graph(row["outputs_id"]) if with_graphs and with_files else None
         tracked = self._load_blob(row["tracked_id"])
@@ -417,9 +418,11 @@ class Ledger:
             argv=tuple(self._load_blob(row["argv_id"]) or ()),
             effective_argv=tuple(ArgToken(t, o) for t, o in effective),
             env=dict(self._load_blob(row["env_id"]) or {}), cwd=row["cwd"] or "",
-            sources=tuple(f.state for f in sources.files) if sources else (),
+            sources=files[0] if files else tuple(f.state for f in sources.files) if sources
+            else (),
             graph=self.load_graph(row["graph_id"]) if with_graphs else None,
-            outputs=tuple(f.state for f in outputs.files) if outputs else (),
+            outputs=files[1] if files else tuple(f.state for f in outputs.files) if outputs
+            else (),
             tracked=tuple(tracked) if tracked is not None else None,
             exit_code=row["exit_code"], signal=row["signal"], duration_ns=row["duration_ns"],
             pid=row["pid"], host=row["host"], test_id=row["test_id"], observer=row["observer"],
@@ -501,23 +504,69 @@ class Ledger:
                      " JOIN file_states s ON s.id = v.state_id JOIN files f ON f.id = v.file_id")
         return [_state_from_row(r) for r in rows]
 
-    def compiles_by_output(self) -> dict[str, str]:
-        """Output digest -> the newest successful compile record that wrote it, preferring
-        records with an include graph.
+    def identity_candidates(self, *, entries: Iterable[str] = (), sources: Iterable[str] = (),
+                            source_digests: Iterable[str] = (),
+                            output_digests: Iterable[str] = ()) -> list[CompileRecord]:
+        """The compile records that may have built the scanned entries, each with the paths and
+        digests of its sources and outputs (`_identity_records`;
+        the audit chooses among them, `audit/identity.py`): those already attributed
+        to an entry path of `entries`, those whose primary sources hold a path of `sources` or
+        a content digest of `source_digests`, and those whose outputs hold a digest of
+        `output_digests` (asked only for entries without a source file).
 
-        This is how an entry found on disk is tied to the compile that built it: JIT runtimes
-        build in a temporary directory and rename it into place, so paths differ but the
-        binary's bytes do not. A link step recorded by the shim writes the same library as the
-        adapter's compile record but read no headers; the compile is the one worth judging.
-        """
-        rows = _rows(
-            self.conn,
-            "SELECT s.digest AS digest, r.record_uuid AS record_uuid FROM records r"
-            " JOIN graph_files g ON g.graph_id = r.outputs_id"
-            " JOIN file_states s ON s.id = g.state_id"
-            " WHERE r.event = 'compile' AND r.exit_code = 0 AND s.digest != ''"
-            " ORDER BY (r.graph_id IS NOT NULL), r.started_ns, r.id")
-        return {r["digest"]: r["record_uuid"] for r in rows}
+        Indexed queries in chunks: the cost follows the entries scanned, not the ledger."""
+        found: set[str] = set()
+        # CROSS JOIN fixes the join order (SQLite's rule): from the few values asked about,
+        # through the indexes, to the records; never a scan of the records.
+        by_state = " CROSS JOIN graph_files g ON g.state_id = s.id CROSS JOIN records r ON r.{}"
+        queries = (
+            (entries, "files e CROSS JOIN records r ON r.entry_id = e.id WHERE e.path"),
+            (sources, "files f CROSS JOIN file_states s ON s.file_id = f.id"
+                      + by_state.format("sources_id = g.graph_id") + " WHERE f.path"),
+            (source_digests, "file_states s" + by_state.format("sources_id = g.graph_id")
+                             + " WHERE s.digest"),
+            (output_digests, "file_states s" + by_state.format("outputs_id = g.graph_id")
+                             + " WHERE s.digest"),
+        )
+        for values, condition in queries:
+            for part in _chunks({v for v in values if v}):
+                sql = (f"SELECT DISTINCT r.record_uuid AS record_uuid FROM {condition}"
+                       f" IN ({', '.join('?' * len(part))}) AND r.event = 'compile'")
+                found.update(row["record_uuid"] for row in _rows(self.conn, sql, _params(part)))
+        return self._identity_records(sorted(found))
+
+    def _identity_records(self, uuids: Sequence[str]) -> list[CompileRecord]:
+        """The records of `uuids` as `records(with_files=False)` reads them (the shared include
+        graph loaded once), with the paths and digests of their sources and outputs (states with
+        nothing else known): what identity needs, read by the thousand."""
+        found: list[CompileRecord] = []
+        for part in _chunks(uuids):
+            rows = _rows(self.conn, f"SELECT {self._RECORD_COLUMNS}{self._RECORD_FROM}"
+                                    f" WHERE r.record_uuid IN ({', '.join('?' * len(part))})",
+                         _params(part))
+            members = self._graph_members({row[c] for row in rows
+                                           for c in ("sources_id", "outputs_id")})
+            self._load_graphs(row["graph_id"] for row in rows)  # shared: few, each once
+            found += [self._record_from_row(row, True, with_files=False, files=(
+                members.get(row["sources_id"], ()), members.get(row["outputs_id"], ())))
+                for row in rows]
+        return found
+
+    def _graph_members(self, graph_ids: Iterable[int | None]) -> dict[int, tuple[FileState, ...]]:
+        """Graph id -> its files as (path, digest) states, for small graphs read by the
+        thousand (sources and outputs): no stat fields, no `IncludeGraph`."""
+        members: dict[int, list[FileState]] = {}
+        for part in _chunks({g for g in graph_ids if g is not None}):
+            for row in _rows(
+                    self.conn,
+                    "SELECT g.graph_id AS graph_id, f.path AS path, s.present AS present,"
+                    " s.digest AS digest FROM graph_files g JOIN file_states s ON s.id ="
+                    " g.state_id JOIN files f ON f.id = s.file_id"
+                    f" WHERE g.graph_id IN ({', '.join('?' * len(part))})"
+                    " ORDER BY g.graph_id, g.position", part):
+                members.setdefault(row["graph_id"], []).append(FileState(
+                    row["path"], bool(row["present"]), digest=row["digest"] or None))
+        return {graph_id: tuple(states) for graph_id, states in members.items()}
 
     def records_by_uuid(self, uuids: Iterable[str], with_files: bool = True
                         ) -> dict[str, CompileRecord]:

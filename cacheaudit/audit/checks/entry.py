@@ -66,7 +66,9 @@ def no_record_finding(entry: CacheEntry) -> Finding:
         "CA501", subject=entry.path, entry=entry,
         message="no recorded compile for this entry and no way to reconstruct its "
                 "inputs: nothing about its dependencies can be verified",
-        how="ledger lookup by the binary's content digest")
+        how="ledger lookup: no compile recorded for this entry's path, or of its source for "
+            "this cache root and confirmed by its binary (docs/design.md, \"Tying an entry to "
+            "its compile\")")
 
 
 def tracked_set_findings(entry: CacheEntry, record: CompileRecord,

@@ -16,85 +16,148 @@ from cacheaudit import compilers
 from cacheaudit.audit.context import AuditContext, FileChange, live_process
 from cacheaudit.digest import normalise_path
 from cacheaudit.findings import make_finding, ns_text, state_text
-from cacheaudit.model import CacheEntry, CompileRecord, Finding, IncludeGraph
+from cacheaudit.model import CacheEntry, CompileRecord, FileState, Finding, IncludeGraph
 from cacheaudit.policy import Policy, TrackedSet
+
+UNKNOWN_HOW = ("timestamps: the entry predates recording and its inputs come from a dependency "
+               "pass run after the build; this file's mtime or ctime is later than the binary, "
+               "so its content at build time is unknown (inferred, not proven by content)")
+
+
+def content_unknown(record: CompileRecord, entry: CacheEntry, state: FileState) -> bool:
+    """Whether the recorded content of an input is not what the compiler read: a
+    reconstruction that found the file changed after the build stored no digest for it (and
+    one stored before that rule kept today's content under a later mtime or ctime)."""
+    if not record.reconstructed:
+        return False
+    if state.path in record.unknown_at_build:
+        return True
+    built = entry.built_ns
+    return built is not None and state.exists and max(state.mtime_ns, state.ctime_ns) > built
 
 
 def input_findings(context: AuditContext, entry: CacheEntry, record: CompileRecord,
                    policy: Policy, tracked: TrackedSet) -> list[Finding]:
     """CA101, CA102, CA104 for untracked inputs; CA103, CA106 (and CA501 where the key cannot
-    be recomputed) for tracked ones."""
+    be recomputed) for tracked ones; CA501 for a changed input when the tracked set is unknown
+    or the input's content at build time is."""
     findings: list[Finding] = []
     graph = record.graph
     if graph is None:
         return findings
     changes = context.changes(graph)
     inferred = record.reconstructed
-    if inferred and entry.built_ns:
+    if inferred:
+        # Unknown build-time content is reported on every scan, changed since or not: only a
+        # rebuild can say whether the binary holds what is there now.
+        listed = {old.path for old, _new in changes}
         changes = changes + [(f.state, f.state) for f in graph.files
-                             if f.state.exists and f.state.mtime_ns > entry.built_ns]
+                             if f.path not in listed and content_unknown(record, entry, f.state)]
     changed_tracked: list[FileChange] = []
+    unknown_tracked: list[FileChange] = []
     seen: set[str] = set()
     for old, new in changes:
         if old.path in seen:
             continue
         seen.add(old.path)
-        if old.path in tracked.paths:
-            # A tracked file touched after the build but equal in content is the key's
-            # business: recomputing the key tells whether the runtime would see it.
-            if new is not old:
-                changed_tracked.append((old, new))
-        elif not new.exists:
+        unknown = content_unknown(record, entry, old)
+        if not new.exists:
             findings.append(make_finding(
-                "CA104", subject=old.path, entry=entry, record=record,
+                "CA104", subject=old.path, entry=entry, record=record, inferred=inferred,
                 message="a file the compiler read is gone: the next compile of this kernel "
                         "reads something else, while the cached binary still holds it",
                 recorded=state_text(old), current="absent",
-                how="stat of the recorded path"))
-        elif inferred and new is old:
+                how="stat of the recorded path" + (" (the include graph was reconstructed "
+                                                   "after the build)" if inferred else "")))
+        elif old.path in tracked.paths:
+            # A tracked file's change is the key's business: recomputing the key tells whether
+            # the runtime would see it.
+            (unknown_tracked if unknown else changed_tracked).append((old, new))
+        elif unknown:
             findings.append(make_finding(
-                "CA101", subject=old.path, entry=entry, record=record, inferred=True,
-                message=f"untracked dependency modified after the binary was written "
-                        f"({ns_text(entry.built_ns)}); the key does not cover it",
+                "CA501", subject=old.path, entry=entry, record=record, inferred=True,
+                message=f"this input changed after the binary was written "
+                        f"({ns_text(entry.built_ns)}) and the compile was not recorded: what "
+                        f"the compiler read is unknown, so whether a hit serves a stale binary "
+                        f"is unverified{_untracked_words(tracked)}; a rebuild compared with the "
+                        f"binary tells",
                 recorded=f"binary written {ns_text(entry.built_ns)}",
-                current=f"mtime {ns_text(old.mtime_ns)}",
-                how="timestamps: the entry predates recording, its dependencies come from "
-                    "a dependency pass run now (inferred, not proven by content)"))
+                current=f"mtime {ns_text(new.mtime_ns if new.exists else old.mtime_ns)}",
+                how=UNKNOWN_HOW))
+        elif not tracked.known:
+            findings.append(make_finding(
+                "CA501", subject=old.path, entry=entry, record=record, inferred=inferred,
+                message=f"this input changed since the build, and whether the key covers it "
+                        f"is unknown ({tracked.error}): a hit may serve a stale binary or the "
+                        f"runtime may have missed; unverified",
+                recorded=state_text(old), current=state_text(new),
+                how=f"content hash against the record; the tracked set could not be computed "
+                    f"({tracked.how})"))
         else:
             last_hit = entry.committed_ns if entry.committed_ns and (
                 entry.committed_ns > new.mtime_ns) else None
             served = (f"; the runtime has hit the entry since ({ns_text(last_hit)})"
                       if last_hit else "")
+            how = "content hash (xxh3-128) of the recorded file against the file now"
+            if inferred:
+                how = ("content hash (xxh3-128) of the file as a scan found it after the build "
+                       "(unchanged since the build by its mtime and ctime) against the file "
+                       "now; the include graph was reconstructed by a dependency pass "
+                       "(inferred)")
             findings.append(make_finding(
-                "CA101", subject=old.path, entry=entry, record=record,
+                "CA101", subject=old.path, entry=entry, record=record, inferred=inferred,
                 message=f"untracked dependency changed since the build, key unchanged: a "
                         f"hit serves a binary built from the old content{served}",
-                recorded=state_text(old), current=state_text(new),
-                how="content hash (xxh3-128) of the recorded file against the file now"))
-    findings += tracked_change_findings(context, entry, record, policy, changed_tracked)
+                recorded=state_text(old), current=state_text(new), how=how))
+    findings += tracked_change_findings(context, entry, record, policy, changed_tracked,
+                                        unknown_tracked)
+    if not tracked.known:
+        return findings  # which files are untracked is what cannot be said
     count, top = context.untracked(graph, tracked.paths | seen)
     if count:
         findings.append(make_finding(
             "CA102", subject=f"{count} untracked dependenc{'y' if count == 1 else 'ies'}",
-            entry=entry, record=record,
+            entry=entry, record=record, inferred=inferred,
             message=f"the compiler read {count} file{'' if count == 1 else 's'} the key does "
                     f"not cover, unchanged so far; an edit to any of them would go unseen "
                     f"(under {top})",
-            how=f"include graph ({graph.method}) minus the tracked set ({tracked.how})"))
+            how=f"include graph ({graph.method}{', reconstructed' if inferred else ''}) minus "
+                f"the tracked set ({tracked.how})"))
     return findings
 
 
+def _untracked_words(tracked: TrackedSet) -> str:
+    if tracked.known:
+        return " (the key does not cover it)"
+    return f" (and whether the key covers it is unknown: {tracked.error})"
+
+
 def tracked_change_findings(context: AuditContext, entry: CacheEntry, record: CompileRecord,
-                            policy: Policy, changes: list[FileChange]) -> list[Finding]:
+                            policy: Policy, changes: list[FileChange],
+                            unknown: Sequence[FileChange] = ()) -> list[Finding]:
     """What a changed tracked input means: the key recomputed from the disk now either moved
-    (nothing to say), or did not (CA103), or a live process keeps the old key (CA106)."""
+    (nothing to say), or did not (CA103), or a live process keeps the old key (CA106).
+
+    `unknown` are tracked inputs whose content at build time is unknown (changed after an
+    unrecorded build): the key alone can speak for them. Recomputed equal, their content now
+    is what the key covered then; different, the runtime misses; not recomputable, CA501."""
     findings: list[Finding] = []
-    if not changes and not context.options.verify_keys:
+    if not changes and not unknown and not context.options.verify_keys:
         return findings
     check = policy.check_key(entry, record, env=context.env)
     matches = check.matches(entry.key)
+    for old, new in unknown:
+        if matches is None:
+            findings.append(make_finding(
+                "CA501", subject=old.path, entry=entry, record=record, inferred=True,
+                message=f"a tracked input changed after the binary was written "
+                        f"({ns_text(entry.built_ns)}) and the compile was not recorded; the "
+                        f"key cannot be recomputed to tell whether the runtime sees it"
+                        f"{': ' + check.note if check.note else ''}",
+                recorded=f"binary written {ns_text(entry.built_ns)}",
+                current=state_text(new) if new.exists else "absent", how=UNKNOWN_HOW))
     if not changes:
-        if matches is False:
+        if matches is False and not unknown:
             findings.append(make_finding(
                 "CA501", subject=entry.path, entry=entry, record=record,
                 message="the key recomputed from unchanged inputs differs from the entry's: "
@@ -104,16 +167,20 @@ def tracked_change_findings(context: AuditContext, entry: CacheEntry, record: Co
         return findings
     proven = memory_hits_after(context, entry, changes)
     live = live_process(record, policy) if policy.caches_header_digests else None
+    inferred = record.reconstructed
     for old, new in changes:
         if old.path in proven:
             findings.append(proven[old.path])
         elif matches is True:
             findings.append(make_finding(
-                "CA103", subject=old.path, entry=entry, record=record,
+                "CA103", subject=old.path, entry=entry, record=record, inferred=inferred,
                 message="a tracked input changed but the key recomputed from it did not: the "
                         "runtime would serve the old binary",
                 recorded=state_text(old), current=state_text(new),
-                how=f"key recomputation ({entry.key}) with the file as it is now"))
+                how=f"key recomputation ({entry.key}) with the file as it is now"
+                    + ("; the recorded content is the file as a scan found it after the build, "
+                       "unchanged since the build by its mtime and ctime (inferred)"
+                       if inferred else "")))
         elif live is not None:
             pid, process_how = live
             findings.append(make_finding(
@@ -126,7 +193,7 @@ def tracked_change_findings(context: AuditContext, entry: CacheEntry, record: Co
                 inferred=True))
         elif matches is None and check.note:
             findings.append(make_finding(
-                "CA501", subject=old.path, entry=entry, record=record,
+                "CA501", subject=old.path, entry=entry, record=record, inferred=inferred,
                 message=f"a tracked input changed and the key cannot be recomputed to "
                         f"confirm the runtime sees it: {check.note}",
                 recorded=state_text(old), current=state_text(new),

@@ -297,6 +297,12 @@ class DeepGemmPolicy(FamilyPolicy):
             return TrackedSet(frozenset(paths | set(names.values())), names, str(exc), how)
         return TrackedSet(frozenset(paths | set(names.values())), names, how=how)
 
+    def rewrites_binary(self, entry: CacheEntry) -> bool:
+        # The Python JIT interleaves FFMA instructions in the cubin after nvcc exits
+        # (jit/interleave_ffma.py, its default up to nvcc 12.8), so its entries may hold
+        # another binary than the one nvcc wrote; the C++ JIT publishes nvcc's cubin as is.
+        return _python_jit(entry)
+
     def check_key(self, entry: CacheEntry, record: CompileRecord | None = None,
                   env: Mapping[str, str] | None = None) -> KeyCheck:
         # The entry holds only kernel.cu and the binary; the recorded compile supplies the flags,

@@ -38,7 +38,7 @@ from cacheaudit.runtimes._deepseek import checks as family_checks
 from cacheaudit.runtimes._deepseek.environment import resolve_jit_settings
 from cacheaudit.runtimes._deepseek.policy import EnvFamilies, FamilyPolicy
 from cacheaudit.runtimes._deepseek.recipe import build_directory_pid, split_mix
-from cacheaudit.runtimes.deepjit.layout import mistyped, prefix_roots
+from cacheaudit.runtimes.deepjit.layout import meta_field, mistyped, prefix_roots
 
 _MASK = (1 << 64) - 1
 _PRIME_0 = 0x100000001B3
@@ -202,6 +202,28 @@ def _read_source(entry: CacheEntry) -> tuple[str | None, str]:
         return None, f"{name} cannot be read: {type(exc).__name__}: {exc.strerror or exc}"
 
 
+def _post_hook(entry: CacheEntry) -> str:
+    """The post hook meta.json's compiler options name ("" for none)."""
+    options = entry.meta.get("compiler_options")
+    hook = options.get("post_hook") if isinstance(options, dict) else None
+    return hook if isinstance(hook, str) else ""
+
+
+def _post_hook_digest(entry: CacheEntry, hook: str) -> tuple[str | None, str]:
+    """`CompilerOptions::get_post_hook_hash`: the FNV-1a of the hook's path as configured and
+    of the file's bytes, the file found under the Python library root
+    (`Config::get_python_path`); (None, why) when it cannot be read."""
+    root = _config(entry).get("python_library_root")
+    if not isinstance(root, str) or not root:
+        return None, "meta.json has no python_library_root to find the post hook under"
+    path = os.path.join(root, hook)
+    try:
+        content = read_input(path)
+    except OSError as exc:
+        return None, f"the post hook {path} cannot be read: {exc.strerror or exc}"
+    return FNV1a().update(hook).update(content).hexdigest(), ""
+
+
 def options_flags(options: dict[str, Any]) -> list[str] | None:
     """`CompilerOptions::get_flags` (backend/cuda/options.hpp) from the options meta.json holds:
     the flag list the key hashes, whatever command the backend built from it."""
@@ -324,6 +346,11 @@ class DeepJitPolicy(FamilyPolicy):
                                "not tell, and no DG_JIT_* or EP_JIT_* variable set in the "
                                "runtime's environment sets the two families apart")
 
+    def rewrites_binary(self, entry: CacheEntry) -> bool:
+        # `CUDA::compile` runs `python <hook> <cubin>` after nvcc when the options carry a
+        # post hook: the cubin on disk is the hook's, not the one nvcc wrote.
+        return bool(_post_hook(entry))
+
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         paths = {entry.source.path} if entry.source is not None else set()
         name = _source_name(entry)
@@ -338,6 +365,13 @@ class DeepJitPolicy(FamilyPolicy):
         source, why = _read_source(entry)
         if source is None:
             return TrackedSet(frozenset(paths), error=why, how=how)
+        absent = [field for field in _PARSER_FIELDS if not meta_field(entry.meta, field)[0]]
+        if absent:
+            # Without the prefixes nothing says which headers the key covers: an empty list
+            # would call every header untracked.
+            return TrackedSet(frozenset(paths), error=f"meta.json lacks {' and '.join(absent)}: "
+                              "which headers the key covers is unknown",
+                              how=how)
         try:
             parser.walk(source)
         except (NonStandardInclude, FileNotFoundError, OSError) as exc:
@@ -375,8 +409,12 @@ class DeepJitPolicy(FamilyPolicy):
         source, why = _read_source(entry)
         if source is None:
             return [], None, why
-        if isinstance(options, dict) and options.get("post_hook"):
-            return [], None, "entries with a post hook are not recomputed"
+        hook = _post_hook(entry)
+        hook_digest = ""
+        if hook:
+            hook_digest, why = _post_hook_digest(entry, hook)
+            if hook_digest is None:
+                return [], None, why
         parser = _Parser(include_dirs, config.get("include_prefixes") or [])
         try:
             code_digest = parser.parse_into_hash(source)
@@ -391,14 +429,14 @@ class DeepJitPolicy(FamilyPolicy):
             KeyComponent("extra_signature", extra, hex_digest(extra)),
             KeyComponent("compiler version (nvcc --version)", telling, hex_digest(version)),
             KeyComponent("flags", " ".join(flags), hex_digest(" ".join(flags))),
-            KeyComponent("post hook", "(none)", hex_digest("")),
+            KeyComponent("post hook", hook or "(none)", hex_digest(hook_digest)),
             KeyComponent("source + tracked headers", f"{name} + {len(parser.digests)} tracked",
                          code_digest),
         ]
         components += [KeyComponent(f"  <{include}>", parser.resolved.get(include, "?"), digest)
                        for include, digest in parser.digests.items()]
         key = (FNV1a().update(extra).update(hex_digest(version)).update(" ".join(flags))
-               .update("").update(code_digest).hexdigest())
+               .update(hook_digest).update(code_digest).hexdigest())
         return components, key, ""
 
     def check_key(self, entry: CacheEntry, record: CompileRecord | None = None,
