@@ -207,7 +207,7 @@ def test_unobservable_opens_audit_the_roots_and_say_may_have_been_served(deepgem
     assert "inotify watches" in finding["how"]
     assert report["possibly_served"] == {served["path"]: report["possibly_served"][
         served["path"]]}
-    assert _agree(stale, report)["possibly_served"] == 1
+    assert _agree(stale, report)["possibly_served"] == 1, (report["roots"], stale.stderr)
 
 
 # ------------------------------------------------------------------------------ DeepJIT
