@@ -436,20 +436,24 @@ print(json.dumps({"event": "disk-hit" if os.path.basename(runtime.path) in befor
 """
 
 
-def _deepgemm_python(tmp_path: Path, release: str) -> tuple[Job, Path]:
-    """The replica copied (its headers are edited), with a CuTe-like header outside the top-level
-    `include/deep_gemm/*.cuh` that `get_deep_gemm_version` hashes: the returned header is in no
-    key."""
+UNHASHED = {"cute": "cute/tile.hpp", "subdirectory": "deep_gemm/impl/tile.cuh"}
+"""Headers outside the top-level `include/deep_gemm/*.cuh` that `get_deep_gemm_version` hashes:
+a CuTe-like one beside the package's headers, and a `.cuh` one directory down."""
+
+
+def _deepgemm_python(tmp_path: Path, release: str, where: str = "cute") -> tuple[Job, Path]:
+    """The replica copied (its headers are edited), its top-level `utils.cuh` including an
+    unhashed header (`UNHASHED[where]`), which is returned: it is in no key."""
     package = tmp_path / "site"
     shutil.copytree(REPLICA, package, ignore=shutil.ignore_patterns("__pycache__"))
     include = package / "deep_gemm" / "include"
-    (include / "cute").mkdir()
-    tile = include / "cute" / "tile.hpp"
+    tile = include / UNHASHED[where]
+    tile.parent.mkdir(parents=True, exist_ok=True)
     tile.write_text("#pragma once\nnamespace cute { constexpr int kTile = 10; }\n")
     utils = include / "deep_gemm" / "utils.cuh"
     utils.write_text(utils.read_text().replace(
         "constexpr int kBias = 1;", "constexpr int kBias = 1 + cute::kTile;").replace(
-        "#pragma once\n", "#pragma once\n#include <cute/tile.hpp>\n"))
+        "#pragma once\n", f"#pragma once\n#include <{UNHASHED[where]}>\n"))
     stamp = time.time_ns() - 5_000_000_000
     for header in (tile, utils):
         os.utime(header, ns=(stamp, stamp))
@@ -461,11 +465,12 @@ def _deepgemm_python(tmp_path: Path, release: str) -> tuple[Job, Path]:
 
 
 @needs_nvcc
+@pytest.mark.parametrize("where", sorted(UNHASHED))
 def test_deepgemm_python_jit_stale_hit_fails_the_run_and_nothing_changed_passes(
-        tmp_path: Path):
+        tmp_path: Path, where: str):
     """8dfa329 with nvcc: an edit of a header outside the hashed top level is served the old
     cubin (the key, the path and `is_path_valid` say hit); the adapter sees the hit in-process."""
-    job, tile = _deepgemm_python(tmp_path, "8dfa329")
+    job, tile = _deepgemm_python(tmp_path, "8dfa329", where)
     built, first, report = job.run()
     assert built.returncode == 0 and first["event"] == "compile", built.stderr
     counts = _agree(built, report)
@@ -703,3 +708,74 @@ def test_triton_stale_memory_hit_fails_the_run_and_nothing_changed_passes(tmp_pa
     assert (finding["recorded"], finding["current"]) == ("TRITON_DEFAULT_FP_FUSION=true",
                                                          "TRITON_DEFAULT_FP_FUSION=false")
     assert _agree(stale, report)["memory_hits"] == 1
+
+
+# ------------------------------------------------------------------------------ NVRTC
+
+NVRTC_JOB = """
+import json, os
+import xxhash
+from cuda.bindings import nvrtc
+
+
+def compile_():
+    source = b'#include "big.h"\\nextern "C" __global__ void k(float* o) { o[0] = BIG; }\\n'
+    _, program = nvrtc.nvrtcCreateProgram(source, b"pk.cu", 0, [], [])
+    (result,) = nvrtc.nvrtcCompileProgram(program, 2, [b"--gpu-architecture=sm_90", b"--pch"])
+    assert int(result) == 0, result
+    _, size = nvrtc.nvrtcGetCUBINSize(program)
+    cubin = bytearray(size)
+    nvrtc.nvrtcGetCUBIN(program, cubin)
+    nvrtc.nvrtcDestroyProgram(program)
+    return xxhash.xxh3_128_hexdigest(bytes(cubin))
+
+
+def header(value):
+    with open("big.h", "w") as handle:
+        handle.write(f"#pragma once\\n#define BIG {value}\\n")
+
+
+if os.environ.get("JOB_ONCE"):
+    header(os.environ["JOB_ONCE"])
+    print(json.dumps({"event": "compile", "digest": compile_()}))
+else:
+    header("1.0f")
+    first = compile_()
+    # The same program later in the process, after the header changed (or not): NVRTC's
+    # automatic PCH stands for the header it was made from.
+    header(os.environ.get("JOB_EDIT") or "1.0f")
+    print(json.dumps({"event": "pch-reuse", "first": first, "digest": compile_()}))
+"""
+
+
+def _nvrtc_problem() -> str | None:
+    try:
+        from cuda.bindings import nvrtc
+
+        nvrtc.nvrtcVersion()
+    except Exception as exc:  # noqa: BLE001 - any failure is a reason to skip
+        return f"libnvrtc cannot be loaded: {exc}"
+    return None
+
+
+def test_nvrtc_stale_pch_fails_the_run_and_nothing_changed_passes(tmp_path: Path):
+    """NVRTC keys nothing; its automatic PCH (`--pch`) is used again for the same header prefix
+    without a look at the header: after an edit the process is served the old header's cubin."""
+    if (problem := _nvrtc_problem()) is not None:
+        pytest.skip(problem)
+    job = Job(tmp_path, NVRTC_JOB, _env(tmp_path))
+    same, unchanged, report = job.run()
+    assert same.returncode == 0 and _errors(report) == [], same.stderr
+    assert unchanged["digest"] == unchanged["first"] == job.fresh(
+        "JOB_CACHE", JOB_ONCE="1.0f")["digest"]
+    counts = _agree(same, report)
+    assert counts["compiles"] == 2
+
+    stale, served, report = job.run(JOB_EDIT="5.0f")
+    assert served["digest"] == served["first"], "NVRTC no longer reuses its PCH: see nvrtc.md"
+    assert served["digest"] != job.fresh("JOB_CACHE", JOB_ONCE="5.0f")["digest"], \
+        "a fresh compile equals the served cubin: the scenario is not stale"
+    assert stale.returncode == 1, stale.stderr
+    finding = _stale(report, "CA106", str((tmp_path / "big.h").resolve()))
+    assert finding["severity"] == "error"
+    _agree(stale, report)
