@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
-import os
 import sqlite3
 import subprocess
 import sys

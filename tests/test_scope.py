@@ -417,7 +417,7 @@ def test_cuda_core_stale_hit_fails_the_run(tmp_path: Path):
     _agree(stale, report)
 
 
-# ------------------------------------------------------------------------------ DeepGEMM's Python JIT
+# ------------------------------------------------------------ DeepGEMM's Python JIT
 
 REPLICA = ROOT / "fixtures" / "deepgemm_python"
 

@@ -7,8 +7,9 @@ Which entries a scope is answerable for, by the evidence:
 1. built: the scope's compile records, tied to their entries by the scan;
 2. hit, recorded: the hit records in-process observers wrote (Triton, torch, cuda.core, ...);
 3. hit, marked: a runtime's own hit marker inside the window (DeepJIT touches `.committed`);
-4. hit, opened: a file of the entry opened inside the window (`cacheaudit.opens`, inotify on
-   every entry directory of the cache roots known when the scope started);
+4. hit, opened: a file of the entry opened inside the window (`cacheaudit.watch`'s observer,
+   re-exported here: inotify on every entry directory of the cache roots known when the scope
+   started);
 5. may have been served: an entry whose opens nobody could watch (no inotify, the watch limit,
    a root created or named inside the job, an entry that appeared during the run without a
    recorded compile). Its error-level findings are kept, saying so: a stale entry that a run may
