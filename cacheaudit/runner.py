@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cacheaudit import startup
 from cacheaudit.audit import RunReport, ScopeObserver, audit_run
 from cacheaudit.exceptions import UsageError
 from cacheaudit.ledger import open_ledger
@@ -41,6 +42,9 @@ def run_recorded(command: Sequence[str], *, ledger: str) -> RunOutcome:
     except OSError as exc:
         raise UsageError(f"cannot create the ledger's directory for {ledger}: "
                          f"{exc.strerror or exc}") from exc
+    # A start-up hook session of this process (`CACHEAUDIT=1 cacheaudit run ...`) is this run:
+    # audited here, once.
+    startup.leave_audit("cacheaudit run")
     session = prepare(os.environ, ledger=ledger, label="run")
     started_ns = time.time_ns()
     # The opens of every cache entry known now (the job's default roots, the ledger's), watched

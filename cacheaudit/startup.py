@@ -8,6 +8,15 @@ process out. When on, it arms the in-process adapters (each installs when its ru
 imported) and, where no session prepared the environment yet, prepares one so that compilers run
 by this process and its children go through the shim. Running it twice does nothing the second
 time; any error is reported in one line and the process goes on.
+
+A session the hook prepared is audited when this process exits, as `cacheaudit run` audits its
+command: the opens of the cache entries known at the start are watched meanwhile
+(`cacheaudit.watch`), and at exit `cacheaudit.audit.audit_scope` judges the run; the summary line
+and each error-level finding, one line each, go to stderr. The exit status stays the program's,
+and a run that recorded nothing and opened no entry is not audited at all (the audit imports
+the judge and scans the roots; most sessions of the hook compile nothing). A process that runs
+an integration auditing the same run itself (`cacheaudit run`'s controller, the pytest plugin)
+leaves the audit to it.
 """
 
 from __future__ import annotations
@@ -15,8 +24,16 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cacheaudit.audit import RunReport
+    from cacheaudit.session import Session
+    from cacheaudit.watch import Observation, ScopeObserver
 
 _started = False
+_audit: _ExitAudit | None = None
 
 
 def process_startup() -> bool:
@@ -40,15 +57,120 @@ def process_startup() -> bool:
             from cacheaudit import session
 
             prepared = session.prepare(os.environ, ledger=_ledger_setting(),
-                                       label="startup")
+                                       label=LABEL)
             os.environ.update(prepared.env)
             atexit.register(prepared.close)
+            _watch(prepared)
         from cacheaudit import runtimes
 
         runtimes.activate()
     except Exception as exc:  # noqa: BLE001 - a start-up hook never stops the program
         sys.stderr.write(f"cacheaudit: start-up hook failed: {type(exc).__name__}: {exc}\n")
     return True
+
+
+LABEL = "startup"
+"""The run label of a session the hook prepared (`CACHEAUDIT_RUN_LABEL`)."""
+
+
+class _ExitAudit:
+    """The audit, at exit, of the session the hook prepared in this process."""
+
+    def __init__(self, prepared: Session, observer: ScopeObserver, started_ns: int) -> None:
+        self.session = prepared
+        self.observer = observer
+        self.started_ns = started_ns
+        self.pid = os.getpid()
+        self.left_to: str | None = None
+
+    def __call__(self) -> None:
+        from cacheaudit.problems import report_problem
+
+        try:
+            if os.getpid() != self.pid:  # a forked child runs its parent's atexit hooks too
+                return
+            observation = self.observer.stop()
+            if self.left_to is not None:
+                return
+            from cacheaudit.runtimes import flush_all
+
+            flush_all()
+            if _nothing_seen(observation) and not _recorded(self.session):
+                return
+            report = _audit_run(self.session, observation, self.started_ns)
+            if report is not None:
+                _tell(report)
+        except Exception as exc:  # noqa: BLE001 - the program's exit is never disturbed
+            report_problem(f"{type(exc).__name__}: {exc}",
+                           prefix="the start-up hook's audit failed, the exit status stands: ")
+
+
+def _watch(prepared: Session) -> None:
+    """Watch the entries' opens from now, and audit the session at exit (before `close`)."""
+    global _audit
+    from cacheaudit.watch import ScopeObserver
+
+    started_ns = time.time_ns()
+    _audit = _ExitAudit(prepared, ScopeObserver.start(prepared.ledger, prepared.env),
+                        started_ns)
+    atexit.register(_audit)
+
+
+def leave_audit(to: str) -> None:
+    """An integration of this process audits the hook's run itself (`to` names it): the hook
+    does not audit it again at exit."""
+    if _audit is not None:
+        _audit.left_to = to
+
+
+def _nothing_seen(observation: Observation) -> bool:
+    """No entry opened, and every entry known at the start watched: a run that recorded
+    nothing besides was served nothing from a disk cache. Where some were not watched, the
+    audit runs: they may have been served unseen."""
+    return (not observation.opens.opens and observation.problem is None
+            and not observation.opens.unwatched and not observation.plan.problems)
+
+
+def _recorded(prepared: Session) -> bool:
+    """Whether anything of the run reached the ledger or its spool (cheap: no record is read
+    in full)."""
+    from cacheaudit.ledger import open_existing, spool_dir
+
+    spool = spool_dir(prepared.ledger)
+    if os.path.isdir(spool) and any(name.endswith(".json") for name in os.listdir(spool)):
+        return True
+    opened = open_existing(prepared.ledger)
+    if opened is None:
+        return False
+    with opened:
+        return bool(opened.records(where="runs.run_uuid = ?", params=(prepared.run_uuid,),
+                                   limit=1, with_graphs=False, with_files=False))
+
+
+def _audit_run(prepared: Session, observation: Observation, started_ns: int
+               ) -> RunReport | None:
+    from cacheaudit.audit import audit_run
+    from cacheaudit.ledger import open_existing
+
+    opened = open_existing(prepared.ledger)
+    if opened is None:
+        return None
+    with opened:
+        return audit_run(opened, prepared.run_uuid, prepared.env, started_ns=started_ns,
+                         observation=observation)
+
+
+def _tell(report: RunReport) -> None:
+    """The summary line `cacheaudit run` prints, then each error-level finding on one line."""
+    lines = [f"cacheaudit: {report.summary()} in run {report.run_uuid}"]
+    for finding in report.findings:
+        if finding.severity.value != "error":
+            continue
+        where = f" (entry {finding.entry})" if finding.entry else ""
+        lines.append(f"cacheaudit: {finding.code} {finding.severity.value}: {finding.subject}: "
+                     f"{finding.message}{where}")
+    sys.stderr.write("".join(f"{' '.join(line.split())}\n" for line in lines))
+    sys.stderr.flush()
 
 
 def _ledger_setting() -> str:

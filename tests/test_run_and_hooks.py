@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import sqlite3
 import subprocess
 import sys
 import sysconfig
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -346,3 +349,114 @@ def test_the_start_up_hook_keeps_the_ledger_the_environment_names(tmp_path: Path
                            "import os; print(os.environ['CACHEAUDIT_LEDGER'])"],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert done.stdout.strip() == str(tmp_path / "from-config.db"), done.stderr
+
+
+# ------------------------------------------------------------------------------ the hook's audit
+
+HOOK_JOB = """
+import json, os, sys
+sys.path.insert(0, {root!r})
+import xxhash
+if not os.environ.get("JOB_NOTHING"):
+    from fixtures.minijit import DeepGemmRuntime
+    kernel = DeepGemmRuntime(os.environ["JOB_LIBRARY"], backend="gxx").build(
+        "sm90_gemm", "#include <deep_gemm/common.cuh>\\n"
+        "extern \\"C\\" int value() {{ return DG_VALUE + TILE_VALUE; }}\\n")
+    print(json.dumps({{"event": kernel.event, "path": kernel.path,
+                      "digest": xxhash.xxh3_128_hexdigest(open(kernel.binary, "rb").read())}}))
+sys.exit(int(os.environ.get("JOB_EXIT", "0")))
+"""
+HOOK_SUMMARY = re.compile(r"^cacheaudit: (\d+) compile\(s\), (\d+) disk hit\(s\).* in run (\w+)$")
+
+
+def _hook_job(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """DeepGEMM's 2.x layout through the reference runtime's g++ mode: a disk hit leaves no
+    record and no marker, only the binary's open; `cute/tile.hpp` is in no key."""
+    library = tmp_path / "deep_gemm"
+    (library / "include" / "deep_gemm").mkdir(parents=True)
+    (library / "include" / "cute").mkdir(parents=True)
+    (library / "include" / "deep_gemm" / "common.cuh").write_text(
+        "#pragma once\n#include <cute/tile.hpp>\n#define DG_VALUE 1\n")
+    tile = library / "include" / "cute" / "tile.hpp"
+    tile.write_text("#pragma once\n#define TILE_VALUE 10\n")
+    stamp = time.time_ns() - 5_000_000_000
+    os.utime(tile, ns=(stamp, stamp))
+    job = tmp_path / "job.py"
+    job.write_text(HOOK_JOB.format(root=str(ROOT)))
+    env = _clean_env(tmp_path, JOB_LIBRARY=str(library), DG_JIT_CACHE_DIR=str(tmp_path / "dg"),
+                     DG_JIT_NVCC_COMPILER=shutil.which("g++") or "g++",
+                     XDG_CACHE_HOME=str(tmp_path / "xdg"), TMPDIR=str(tmp_path))
+    return job, tile, env
+
+
+def _hooked(job: Path, env: dict[str, str], **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(job)], capture_output=True, text=True,
+                          env={**env, "CACHEAUDIT": "1", **extra}, cwd=job.parent, timeout=300)
+
+
+def _hook_lines(done: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in done.stderr.splitlines() if line.startswith("cacheaudit:")]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+def test_the_start_up_hook_audits_its_session_at_exit(tmp_path: Path):
+    """`CACHEAUDIT=1 python job.py`: the run the hook prepared is audited at exit like `cacheaudit
+    run`'s (the same summary line), error findings one line each, the exit status untouched."""
+    job, tile, env = _hook_job(tmp_path)
+    ledger = str(tmp_path / "ledger.db")
+    env["CACHEAUDIT_LEDGER"] = ledger
+
+    built = _hooked(job, env)
+    assert built.returncode == 0, built.stderr
+    assert json.loads(built.stdout)["event"] == "compile"
+    [summary] = _hook_lines(built)
+    compiles, disk, run = HOOK_SUMMARY.match(summary).groups()  # type: ignore[union-attr]
+    assert (compiles, disk) == ("1", "0")
+
+    hit = _hooked(job, env, JOB_EXIT="3")
+    assert hit.returncode == 3, hit.stderr  # the program's status, whatever the audit says
+    served = json.loads(hit.stdout)
+    assert served["event"] == "disk-hit"
+    [summary] = _hook_lines(hit)
+    compiles, disk, again = HOOK_SUMMARY.match(summary).groups()  # type: ignore[union-attr]
+    assert (compiles, disk) == ("0", "1") and again != run
+
+    tile.write_text("#pragma once\n#define TILE_VALUE 20\n")
+    stale = _hooked(job, env)
+    assert json.loads(stale.stdout)["digest"] == served["digest"]
+    fresh = subprocess.run([sys.executable, str(job)], capture_output=True, text=True,
+                           env={**env, "DG_JIT_CACHE_DIR": str(tmp_path / "fresh")},
+                           cwd=tmp_path, timeout=300)
+    assert json.loads(fresh.stdout)["event"] == "compile", fresh.stderr
+    assert json.loads(fresh.stdout)["digest"] != served["digest"], "the scenario is not stale"
+    assert stale.returncode == 0, stale.stderr  # reported, never failed
+    summary, *errors = _hook_lines(stale)
+    assert HOOK_SUMMARY.match(summary), stale.stderr
+    assert [line for line in errors if f"CA101 error: {tile}:" in line
+            and f"(entry {served['path']})" in line], stale.stderr
+
+    # The same line `cacheaudit run` prints for the same job.
+    report = tmp_path / "report.json"
+    recorded = subprocess.run(
+        [sys.executable, "-m", "cacheaudit", "run", "--ledger", ledger, "--report-json",
+         str(report), "--", sys.executable, str(job)],
+        capture_output=True, text=True, env={**env, "CACHEAUDIT": "1"}, cwd=tmp_path,
+        timeout=300)
+    assert recorded.returncode == 0, recorded.stderr
+    said = json.loads(report.read_text())["summary"]
+    assert said in summary
+    # Once: the controller's own hook (CACHEAUDIT=1 reaches it too) leaves the run to it.
+    assert " ".join(recorded.stderr.split()).count(said) == 1, recorded.stderr
+
+
+def test_the_start_up_hook_does_not_audit_a_run_that_compiled_and_opened_nothing(
+        tmp_path: Path):
+    job, _tile, env = _hook_job(tmp_path)
+    env["CACHEAUDIT_LEDGER"] = str(tmp_path / "ledger.db")
+    done = _hooked(job, env, JOB_NOTHING="1")
+    assert done.returncode == 0 and _hook_lines(done) == [], done.stderr
+    assert not (tmp_path / "ledger.db").exists()
+    # A session above it (`cacheaudit run`, the pytest plugin) audits its own run: the hook of a
+    # process inside it prepares nothing and audits nothing.
+    inside = _hooked(job, env, CACHEAUDIT_SHIMS=str(tmp_path / "xdg"), JOB_NOTHING="1")
+    assert inside.returncode == 0 and _hook_lines(inside) == [], inside.stderr

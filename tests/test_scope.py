@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import struct
 import subprocess
 import sys
 import textwrap
@@ -412,4 +414,368 @@ def test_cuda_core_stale_hit_fails_the_run(tmp_path: Path):
     assert served["digest"] != job.fresh("JOB_CACHE")["digest"]
     assert stale.returncode == 1, stale.stderr
     _stale(report, "CA101", str(local))
+    _agree(stale, report)
+
+
+# ------------------------------------------------------------ DeepGEMM's Python JIT
+
+REPLICA = ROOT / "fixtures" / "deepgemm_python"
+
+DEEPGEMM_PYTHON_JOB = """
+import json, os
+import xxhash
+import deep_gemm
+from deep_gemm.jit.compiler import get_cache_dir
+cache = get_cache_dir()
+before = set(os.listdir(cache)) if os.path.isdir(cache) else set()
+runtime = deep_gemm.fill(3)
+served = runtime.load()
+print(json.dumps({"event": "disk-hit" if os.path.basename(runtime.path) in before
+                  else "compile", "path": runtime.path,
+                  "digest": xxhash.xxh3_128_hexdigest(served)}))
+"""
+
+
+UNHASHED = {"cute": "cute/tile.hpp", "subdirectory": "deep_gemm/impl/tile.cuh"}
+"""Headers outside the top-level `include/deep_gemm/*.cuh` that `get_deep_gemm_version` hashes:
+a CuTe-like one beside the package's headers, and a `.cuh` one directory down."""
+
+
+def _deepgemm_python(tmp_path: Path, release: str, where: str = "cute") -> tuple[Job, Path]:
+    """The replica copied (its headers are edited), its top-level `utils.cuh` including an
+    unhashed header (`UNHASHED[where]`), which is returned: it is in no key."""
+    package = tmp_path / "site"
+    shutil.copytree(REPLICA, package, ignore=shutil.ignore_patterns("__pycache__"))
+    include = package / "deep_gemm" / "include"
+    tile = include / UNHASHED[where]
+    tile.parent.mkdir(parents=True, exist_ok=True)
+    tile.write_text("#pragma once\nnamespace cute { constexpr int kTile = 10; }\n")
+    utils = include / "deep_gemm" / "utils.cuh"
+    utils.write_text(utils.read_text().replace(
+        "constexpr int kBias = 1;", "constexpr int kBias = 1 + cute::kTile;").replace(
+        "#pragma once\n", f"#pragma once\n#include <{UNHASHED[where]}>\n"))
+    stamp = time.time_ns() - 5_000_000_000
+    for header in (tile, utils):
+        os.utime(header, ns=(stamp, stamp))
+    env = _env(tmp_path, DG_JIT_CACHE_DIR=str(tmp_path / "dg"), DG_CACHE_DIR=str(tmp_path / "dg"),
+               DG_REPLICA_RELEASE=release)
+    del env["DG_JIT_NVCC_COMPILER"]  # the runtime's own lookup: $CUDA_HOME/bin/nvcc
+    env["PYTHONPATH"] = os.pathsep.join([str(package), env["PYTHONPATH"]])
+    return Job(tmp_path, DEEPGEMM_PYTHON_JOB, env), tile
+
+
+@needs_nvcc
+@pytest.mark.parametrize("where", sorted(UNHASHED))
+def test_deepgemm_python_jit_stale_hit_fails_the_run_and_nothing_changed_passes(
+        tmp_path: Path, where: str):
+    """8dfa329 with nvcc: an edit of a header outside the hashed top level is served the old
+    cubin (the key, the path and `is_path_valid` say hit); the adapter sees the hit in-process."""
+    job, tile = _deepgemm_python(tmp_path, "8dfa329", where)
+    built, first, report = job.run()
+    assert built.returncode == 0 and first["event"] == "compile", built.stderr
+    counts = _agree(built, report)
+    assert (counts["compiles"], counts["disk_hits"]) == (1, 0)
+
+    same, hit, report = job.run()
+    assert hit["event"] == "disk-hit" and hit["path"] == first["path"]
+    assert hit["digest"] == job.fresh("DG_JIT_CACHE_DIR")["digest"]
+    assert same.returncode == 0 and _errors(report) == [], same.stderr
+    counts = _agree(same, report)
+    assert (counts["compiles"], counts["disk_hits"], counts["disk_hits_unrecorded"]) == (0, 1, 0)
+
+    tile.write_text("#pragma once\nnamespace cute { constexpr int kTile = 20; }\n")
+    stale, served, report = job.run()
+    assert served["event"] == "disk-hit" and served["path"] == first["path"]
+    assert served["digest"] != job.fresh("DG_JIT_CACHE_DIR")["digest"], \
+        "a fresh compile equals the served cubin: the scenario is not stale"
+    assert stale.returncode == 1, stale.stderr
+    finding = _stale(report, "CA101", str(tile))
+    assert finding["entry"] == first["path"]
+    assert "may have been served" not in finding["message"]
+    assert _agree(stale, report)["disk_hits"] == 1
+
+
+def _device_code(entry: str) -> str:
+    """The digest of the `.nv_fatbin` section of an entry's `kernel.so` (ELF64, little-endian)."""
+    data = (Path(entry) / "kernel.so").read_bytes()
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+
+    def section(index: int) -> tuple[int, int, int]:
+        name, _type, _flags, _addr, offset, size = struct.unpack_from(
+            "<IIQQQQ", data, shoff + index * shentsize)
+        return name, offset, size
+
+    _, names, _ = section(shstrndx)
+    for index in range(shnum):
+        name, offset, size = section(index)
+        if data[names + name:data.index(b"\0", names + name)] == b".nv_fatbin":
+            return xxhash.xxh3_128_hexdigest(data[offset:offset + size])
+    raise AssertionError(f"{entry}/kernel.so has no .nv_fatbin section")
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_deepgemm_first_release_counts_nvcc_s_host_steps_as_invocations_not_compiles(
+        tmp_path: Path):
+    """a6d97a1 links `kernel.so`: nvcc runs its host gcc/g++ from PATH, the masquerade's, so the
+    shim records nvcc's host compile and link steps. They are invocations of one build, which
+    the adapter recorded: one compile. The stale hit after a CuTe-like edit fails the run."""
+    job, tile = _deepgemm_python(tmp_path, "a6d97a1")
+    built, first, report = job.run()
+    assert built.returncode == 0 and first["event"] == "compile", built.stderr
+    shim = [r for r in job.records() if r.observer.startswith("shim:")]
+    assert shim, "nvcc's host steps did not go through the shim: the scenario does not hold"
+    counts = _agree(built, report)
+    assert (counts["compiles"], counts["invocations"]) == (1, len(shim)), (
+        counts, [(r.compiler.invoked if r.compiler else None, [s.path for s in r.sources])
+                 for r in shim])
+    assert _errors(report) == []
+
+    same, hit, report = job.run()
+    assert hit["event"] == "disk-hit" and hit["path"] == first["path"]
+    assert same.returncode == 0 and _errors(report) == [], same.stderr
+    counts = _agree(same, report)
+    assert (counts["compiles"], counts["invocations"], counts["disk_hits"]) == (0, 0, 1)
+
+    # nvcc's host objects embed its temporary files' names, so the ground truth is the device
+    # code the shared object carries (its `.nv_fatbin`), which a fresh build reproduces.
+    assert _device_code(hit["path"]) == _device_code(job.fresh("DG_CACHE_DIR")["path"])
+
+    tile.write_text("#pragma once\nnamespace cute { constexpr int kTile = 20; }\n")
+    stale, served, report = job.run()
+    assert served["event"] == "disk-hit" and served["digest"] == hit["digest"]
+    assert _device_code(served["path"]) != _device_code(job.fresh("DG_CACHE_DIR")["path"]), \
+        "a fresh build carries the served device code: the scenario is not stale"
+    assert stale.returncode == 1, stale.stderr
+    assert _stale(report, "CA101", str(tile))["entry"] == first["path"]
+    assert _agree(stale, report)["disk_hits"] == 1
+
+
+# ------------------------------------------------------------------------------ Triton
+
+TRITON_JOB = """
+import json, os
+import xxhash
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.cache import _base32
+
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask),
+             mask=mask)
+
+
+cache = os.environ["TRITON_CACHE_DIR"]
+before = set(os.listdir(cache)) if os.path.isdir(cache) else set()
+signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
+             "BLOCK": "constexpr"}
+kernel = triton.compile(ASTSource(fn=add_kernel, signature=signature,
+                                  constexprs={"BLOCK": 1024}),
+                        target=GPUTarget("cuda", 90, 32))
+entry = _base32(kernel.hash)
+print(json.dumps({"event": "disk-hit" if entry in before else "compile",
+                  "path": os.path.join(cache, entry),
+                  "digest": xxhash.xxh3_128_hexdigest(kernel.asm["cubin"])}))
+"""
+
+_PTXAS = """#!/bin/sh
+# A ptxas of Triton's own version text: the real one, with the options below added.
+exec "{real}" {added} "$@"
+"""
+
+
+@pytest.fixture
+def triton_job(tmp_path: Path) -> tuple[Job, Path]:
+    """A Triton job compiling for sm_90 with an explicit GPUTarget (no GPU needed), whose ptxas
+    (`TRITON_PTXAS_BLACKWELL_PATH`, what Triton runs from sm_90) is a wrapper of the bundled
+    one: same `--version` text, so Triton's key cannot tell two of them apart."""
+    triton = pytest.importorskip("triton", reason="triton is not installed")
+    real = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas-blackwell"
+    ptxas = tmp_path / "bin" / "ptxas-blackwell"
+    ptxas.parent.mkdir()
+    ptxas.write_text(_PTXAS.format(real=real, added=""))
+    ptxas.chmod(0o755)
+    stamp = time.time_ns() - 5_000_000_000
+    os.utime(ptxas, ns=(stamp, stamp))
+    env = _env(tmp_path, TRITON_CACHE_DIR=str(tmp_path / "triton"),
+               TRITON_PTXAS_BLACKWELL_PATH=str(ptxas), TRITON_DEFAULT_FP_FUSION="1")
+    return Job(tmp_path, TRITON_JOB, env), ptxas
+
+
+def test_triton_stale_disk_hit_fails_the_run_and_nothing_changed_passes(
+        triton_job: tuple[Job, Path]):
+    """Triton keys ptxas by its `--version` text only: a ptxas that now compiles differently
+    (here: the same wrapper, now adding `-O0`) keeps serving the entry the old one built."""
+    job, ptxas = triton_job
+    built, first, report = job.run()
+    assert built.returncode == 0 and first["event"] == "compile", built.stderr
+    counts = _agree(built, report)
+    assert (counts["compiles"], counts["disk_hits"]) == (1, 0)
+
+    same, hit, report = job.run()
+    assert hit["event"] == "disk-hit" and hit["path"] == first["path"]
+    assert hit["digest"] == job.fresh("TRITON_CACHE_DIR")["digest"]
+    assert same.returncode == 0 and _errors(report) == [], same.stderr
+    counts = _agree(same, report)
+    assert (counts["compiles"], counts["disk_hits"]) == (0, 1)
+
+    real = ptxas.read_text().split('"')[1]
+    ptxas.write_text(_PTXAS.format(real=real, added="-O0"))
+    stale, served, report = job.run()
+    assert served["event"] == "disk-hit" and served["path"] == first["path"]
+    assert served["digest"] != job.fresh("TRITON_CACHE_DIR")["digest"], \
+        "a fresh compile equals the served cubin: the scenario is not stale"
+    assert stale.returncode == 1, (stale.stderr, _errors(report))
+    finding = _stale(report, "CA301", str(ptxas))
+    assert finding["entry"] == first["path"]
+    assert _agree(stale, report)["disk_hits"] == 1
+
+
+TRITON_MEMORY_JOB = """
+import json, os
+import torch
+import xxhash
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.backends.driver import DriverBase
+from triton.runtime.driver import driver
+
+
+class CompileOnlyDriver(DriverBase):
+    # What JITFunction.run asks of a driver before it launches (warmup never launches).
+    @classmethod
+    def is_active(cls): return True
+    def map_python_to_cpp_type(self, ty): raise NotImplementedError
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+    def get_active_torch_device(self): return torch.device("cpu")
+    def get_benchmarker(self): raise NotImplementedError
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+
+
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 3.0 + 1.0, mask=mask)
+
+
+driver.set_active(CompileOnlyDriver())
+x = torch.empty(1024, dtype=torch.float32)
+first = scale_kernel.warmup(x, x, 1024, BLOCK=1024, grid=(1,))
+if os.environ.get("JOB_DRIFT"):
+    # Later in the same process (a config object, a test fixture): fusion turned off.
+    os.environ["TRITON_DEFAULT_FP_FUSION"] = "0"
+served = first if os.environ.get("JOB_ONCE") else scale_kernel.warmup(
+    x, x, 1024, BLOCK=1024, grid=(1,))
+print(json.dumps({"event": "memory-hit" if served is first and not os.environ.get("JOB_ONCE")
+                  else "compile",
+                  "first": first.hash, "hash": served.hash,
+                  "digest": xxhash.xxh3_128_hexdigest(served.asm["cubin"])}))
+"""
+
+
+def test_triton_stale_memory_hit_fails_the_run_and_nothing_changed_passes(tmp_path: Path):
+    """Triton's in-memory key holds no cache-invalidating variable (PR #8350): after
+    TRITON_DEFAULT_FP_FUSION=0 the process keeps launching the fused kernel."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    pytest.importorskip("torch", reason="torch is needed for the @jit warmup arguments")
+    env = _env(tmp_path, TRITON_CACHE_DIR=str(tmp_path / "triton"), TRITON_DEFAULT_FP_FUSION="1")
+    job = Job(tmp_path, TRITON_MEMORY_JOB, env)
+
+    same, hit, report = job.run()
+    assert hit["event"] == "memory-hit" and hit["hash"] == hit["first"]
+    assert same.returncode == 0 and _errors(report) == [], same.stderr
+    counts = _agree(same, report)
+    # The equal memory hit is not written (a ledger write per launch): only the compile counts.
+    assert (counts["compiles"], counts["memory_hits"]) == (1, 0)
+
+    stale, served, report = job.run(JOB_DRIFT="1")
+    assert served["event"] == "memory-hit" and served["hash"] == hit["hash"]
+    fresh = job.fresh("TRITON_CACHE_DIR", TRITON_DEFAULT_FP_FUSION="0", JOB_ONCE="1")
+    assert served["digest"] != fresh["digest"], \
+        "a fresh compile equals the served cubin: the scenario is not stale"
+    assert stale.returncode == 1, stale.stderr
+    finding = _stale(report, "CA202", "TRITON_DEFAULT_FP_FUSION")
+    assert (finding["recorded"], finding["current"]) == ("TRITON_DEFAULT_FP_FUSION=true",
+                                                         "TRITON_DEFAULT_FP_FUSION=false")
+    assert _agree(stale, report)["memory_hits"] == 1
+
+
+# ------------------------------------------------------------------------------ NVRTC
+
+NVRTC_JOB = """
+import json, os
+import xxhash
+from cuda.bindings import nvrtc
+
+
+def compile_():
+    source = b'#include "big.h"\\nextern "C" __global__ void k(float* o) { o[0] = BIG; }\\n'
+    _, program = nvrtc.nvrtcCreateProgram(source, b"pk.cu", 0, [], [])
+    (result,) = nvrtc.nvrtcCompileProgram(program, 2, [b"--gpu-architecture=sm_90", b"--pch"])
+    assert int(result) == 0, result
+    _, size = nvrtc.nvrtcGetCUBINSize(program)
+    cubin = bytearray(size)
+    nvrtc.nvrtcGetCUBIN(program, cubin)
+    nvrtc.nvrtcDestroyProgram(program)
+    return xxhash.xxh3_128_hexdigest(bytes(cubin))
+
+
+def header(value):
+    with open("big.h", "w") as handle:
+        handle.write(f"#pragma once\\n#define BIG {value}\\n")
+
+
+if os.environ.get("JOB_ONCE"):
+    header(os.environ["JOB_ONCE"])
+    print(json.dumps({"event": "compile", "digest": compile_()}))
+else:
+    header("1.0f")
+    first = compile_()
+    # The same program later in the process, after the header changed (or not): NVRTC's
+    # automatic PCH stands for the header it was made from.
+    header(os.environ.get("JOB_EDIT") or "1.0f")
+    print(json.dumps({"event": "pch-reuse", "first": first, "digest": compile_()}))
+"""
+
+
+def _nvrtc_problem() -> str | None:
+    try:
+        from cuda.bindings import nvrtc
+
+        nvrtc.nvrtcVersion()
+    except Exception as exc:  # noqa: BLE001 - any failure is a reason to skip
+        return f"libnvrtc cannot be loaded: {exc}"
+    return None
+
+
+def test_nvrtc_stale_pch_fails_the_run_and_nothing_changed_passes(tmp_path: Path):
+    """NVRTC keys nothing; its automatic PCH (`--pch`) is used again for the same header prefix
+    without a look at the header: after an edit the process is served the old header's cubin."""
+    if (problem := _nvrtc_problem()) is not None:
+        pytest.skip(problem)
+    job = Job(tmp_path, NVRTC_JOB, _env(tmp_path))
+    same, unchanged, report = job.run()
+    assert same.returncode == 0 and _errors(report) == [], same.stderr
+    assert unchanged["digest"] == unchanged["first"] == job.fresh(
+        "JOB_CACHE", JOB_ONCE="1.0f")["digest"]
+    counts = _agree(same, report)
+    assert counts["compiles"] == 2
+
+    stale, served, report = job.run(JOB_EDIT="5.0f")
+    assert served["digest"] == served["first"], "NVRTC no longer reuses its PCH: see nvrtc.md"
+    assert served["digest"] != job.fresh("JOB_CACHE", JOB_ONCE="5.0f")["digest"], \
+        "a fresh compile equals the served cubin: the scenario is not stale"
+    assert stale.returncode == 1, stale.stderr
+    finding = _stale(report, "CA106", str((tmp_path / "big.h").resolve()))
+    assert finding["severity"] == "error"
     _agree(stale, report)

@@ -7,8 +7,9 @@ Which entries a scope is answerable for, by the evidence:
 1. built: the scope's compile records, tied to their entries by the scan;
 2. hit, recorded: the hit records in-process observers wrote (Triton, torch, cuda.core, ...);
 3. hit, marked: a runtime's own hit marker inside the window (DeepJIT touches `.committed`);
-4. hit, opened: a file of the entry opened inside the window (`cacheaudit.opens`, inotify on
-   every entry directory of the cache roots known when the scope started);
+4. hit, opened: a file of the entry opened inside the window (`cacheaudit.watch`'s observer,
+   re-exported here: inotify on every entry directory of the cache roots known when the scope
+   started);
 5. may have been served: an entry whose opens nobody could watch (no inotify, the watch limit,
    a root created or named inside the job, an entry that appeared during the run without a
    recorded compile). Its error-level findings are kept, saying so: a stale entry that a run may
@@ -20,22 +21,31 @@ both print.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cacheaudit.audit.observations import ObservedEnvironments
 from cacheaudit.audit.options import AuditOptions, keep
 from cacheaudit.audit.run import audit_records, roots_of
-from cacheaudit.audit.scan import ScanResult, discover, scan
-from cacheaudit.digest import StateCache
-from cacheaudit.ledger import Ledger, TestWindow, open_existing
+from cacheaudit.audit.scan import ScanResult, scan
+from cacheaudit.ledger import Ledger, TestWindow
 from cacheaudit.model import CacheEntry, CompileRecord, Finding
-from cacheaudit.opens import ObservedOpens, OpenObserver
-from cacheaudit.runtimes import layouts
+from cacheaudit.watch import (
+    NOT_OBSERVED,
+    WATCH_BUDGET,
+    Observation,
+    ScopeObserver,
+    WatchPlan,
+    known_roots,
+    plan_watch,
+)
+
+__all__ = ["NOT_OBSERVED", "WATCH_BUDGET", "Counts", "Observation", "RunReport", "Scope",
+           "ScopeObserver", "WatchPlan", "audit_run", "audit_scope", "count", "known_roots",
+           "plan_watch"]
 
 # ------------------------------------------------------------------------------ the scope
 
@@ -58,190 +68,6 @@ class Scope:
         if ns is None or ns < self.started_ns:
             return False
         return self.finished_ns is None or ns <= self.finished_ns
-
-
-# ------------------------------------------------------------------------------ observing
-
-
-@dataclass(frozen=True)
-class WatchPlan:
-    """The entries known when a scope starts, and the directories that hold them."""
-
-    roots: tuple[str, ...] = ()
-    entries: Mapping[str, str] = field(default_factory=dict)
-    """Entry path -> the directory watched for it."""
-    binaries: Mapping[str, str] = field(default_factory=dict)
-    """Binary path -> its entry: an open of one is the runtime loading that kernel."""
-    problems: Mapping[str, str] = field(default_factory=dict)
-    """Root -> why its entries could not be listed."""
-
-    @property
-    def directories(self) -> list[str]:
-        return sorted(set(self.entries.values()))
-
-
-def known_roots(ledger: Ledger | None, env: Mapping[str, str],
-                roots: Sequence[str] = ()) -> list[str]:
-    """The cache roots a scope can know at its start: those given, those earlier scans found
-    (kept in the ledger) and every layout's default roots under `env` (the job's environment),
-    each an existing directory that some layout takes for a root."""
-    candidates = {os.path.abspath(r) for r in roots}
-    if ledger is not None:
-        with contextlib.suppress(Exception):
-            candidates.update(ledger.known_roots())
-    candidates.update(root for _layout, root in discover([], env))
-    readers = layouts()
-    return sorted(c for c in candidates
-                  if os.path.isdir(c) and any(r.is_root(c) for r in readers))
-
-
-def plan_watch(ledger: Ledger | None, env: Mapping[str, str],
-               roots: Sequence[str] = ()) -> WatchPlan:
-    """Every entry of the known roots and the directory of its binary, read by the layouts
-    (stat-only where the ledger remembers the files). Never raises: a root that cannot be read
-    is in `problems`."""
-    cache = StateCache()
-    if ledger is not None:
-        with contextlib.suppress(Exception):
-            cache.remember(ledger.seen_states())
-    entries: dict[str, str] = {}
-    binaries: dict[str, str] = {}
-    problems: dict[str, str] = {}
-    known = known_roots(ledger, env, roots)
-    for root in known:
-        for layout in layouts():
-            try:
-                if not layout.is_root(root):
-                    continue
-                for item in layout.read(root, cache):
-                    if not isinstance(item, CacheEntry) or item.path in entries:
-                        continue
-                    binary = item.binary.path if item.binary is not None else None
-                    directory = os.path.dirname(binary) if binary else item.path
-                    entries[item.path] = directory
-                    if binary:
-                        binaries[binary] = item.path
-            except Exception as exc:  # noqa: BLE001 - the root is audited as unobserved
-                problems[root] = f"its entries could not be listed: {type(exc).__name__}: {exc}"
-    return WatchPlan(tuple(known), entries, binaries, problems)
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What a scope's observer saw: the plan it watched and the opens."""
-
-    plan: WatchPlan
-    opens: ObservedOpens
-    problem: str | None = None
-    """Why nothing at all could be observed."""
-
-    def unobserved(self, entry: CacheEntry) -> str | None:
-        """Why this entry's opens were not seen, or None when they were."""
-        if self.problem is not None:
-            return self.problem
-        directory = self.plan.entries.get(entry.path)
-        if directory is None:
-            if entry.root in self.plan.problems:
-                return f"{entry.root}: {self.plan.problems[entry.root]}"
-            if entry.root not in self.plan.roots:
-                return (f"its cache root {entry.root} was not known when the run started "
-                        "(created or named inside the job)")
-            return "the entry appeared during the run, and no recorded compile built it"
-        return self.opens.unwatched.get(directory)
-
-    def opened(self, scope: Scope) -> dict[str, tuple[int, bool]]:
-        """Entry -> (last open inside the scope's window, whether it was the binary)."""
-        seen: dict[str, tuple[int, bool]] = {}
-        by_directory: dict[str, list[str]] = {}
-        for entry, directory in self.plan.entries.items():
-            by_directory.setdefault(directory, []).append(entry)
-        for path, opened in self.opens.opens.items():
-            if not scope.within(opened.last_ns):
-                continue
-            entry = self.plan.binaries.get(path)
-            binary = entry is not None
-            if entry is None:
-                # Another file of an entry directory (a metadata file the runtime reads first):
-                # the entry's, when the directory holds one entry.
-                owners = by_directory.get(os.path.dirname(path), [])
-                if len(owners) != 1:
-                    continue
-                entry = owners[0]
-            before = seen.get(entry)
-            seen[entry] = (max(opened.last_ns, before[0] if before else 0),
-                           binary or (before[1] if before else False))
-        return seen
-
-
-WATCH_BUDGET = "CACHEAUDIT_OPEN_WATCHES"
-"""How many inotify watches the observer may take (default: half the user's limit); 0 turns
-the observer off, and every entry is audited as one the run may have been served."""
-
-
-def _watch_budget(env: Mapping[str, str]) -> int | None:
-    value = env.get(WATCH_BUDGET, "").strip()
-    try:
-        return max(0, int(value)) if value else None
-    except ValueError:
-        return None
-
-
-NOT_OBSERVED = Observation(WatchPlan(), ObservedOpens(),
-                           problem="no observer watched the cache entries' opens")
-
-
-class ScopeObserver:
-    """Watches the opens of every entry known at the start, from a thread of this process;
-    `stop()` ends it. Fails open: what it could not watch is audited as possibly served."""
-
-    def __init__(self, ledger: Ledger | None, env: Mapping[str, str],
-                 roots: Sequence[str] = ()) -> None:
-        self.problem: str | None = None
-        self.plan = WatchPlan()
-        self._watch: OpenObserver | None = None
-        self._final: Observation | None = None
-        try:
-            self.plan = plan_watch(ledger, env, roots)
-            self._watch = OpenObserver(self.plan.directories,
-                                       budget=_watch_budget(env)).start()
-        except Exception as exc:  # noqa: BLE001 - observing never stops the run
-            self.problem = f"the observer could not start: {type(exc).__name__}: {exc}"
-
-    @classmethod
-    def start(cls, ledger: str, env: Mapping[str, str],
-              roots: Sequence[str] = ()) -> ScopeObserver:
-        """An observer of the entries known to the ledger at `ledger` (read, never created) and
-        to `env`; never raises."""
-        try:
-            opened = open_existing(ledger)
-        except Exception:  # noqa: BLE001 - the roots of the environment are watched still
-            opened = None
-        if opened is None:
-            return cls(None, env, roots)
-        with opened:
-            return cls(opened, env, roots)
-
-    def observation(self) -> Observation:
-        """What was seen so far (or in all, once stopped)."""
-        if self._final is not None:
-            return self._final
-        opens = self._watch.observed() if self._watch is not None else ObservedOpens()
-        return Observation(self.plan, opens, self.problem)
-
-    @contextlib.contextmanager
-    def ignoring(self) -> Iterator[None]:
-        """cacheaudit's own reads of the entries inside the block are not hits."""
-        if self._watch is None or self._final is not None:
-            yield
-            return
-        with self._watch.ignoring():
-            yield
-
-    def stop(self) -> Observation:
-        if self._final is None:
-            opens = self._watch.stop() if self._watch is not None else ObservedOpens()
-            self._final = Observation(self.plan, opens, self.problem)
-        return self._final
 
 
 # ------------------------------------------------------------------------------ the report
