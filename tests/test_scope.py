@@ -260,7 +260,7 @@ def test_deepjit_stale_hit_fails_the_run_and_the_counts_agree(tmp_path: Path):
     shim = [r for r in job.records() if r.observer.startswith("shim:")]
     # One g++ build of the entry, through the shim: a compile and an invocation.
     assert (counts["compiles"], counts["invocations"], counts["disk_hits"]) == (1, len(shim), 0)
-    assert len(shim) == 1 and counts["entries_judged"] == 1
+    assert len(shim) == 1 and counts["entries_judged"] == 1, (report["roots"], built.stderr)
 
     same, hit, report = job.run()
     assert same.returncode == 0 and _errors(report) == [], same.stderr
