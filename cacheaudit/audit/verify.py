@@ -553,13 +553,13 @@ def verify(entries: Sequence[CacheEntry], env: Mapping[str, str], *,
     if options.dry_run:
         return result
     untrusted = [r for r in rebuilds if r.needs_yes]
-    for rebuild in rebuilds:
-        say(f"will run for {rebuild.entry.path}: {rebuild.shown()}")
     if untrusted and not options.yes:
         raise UntrustedCommands(
             f"{len(untrusted)} of the commands to run come from records this user did not "
             f"seal ({untrusted[0].needs_yes}): read them with --dry-run, then run again with "
             "--yes to run them")
+    for rebuild in rebuilds:
+        say(f"will run for {rebuild.entry.path}: {rebuild.shown()}")
     result.verdicts += _run_all(rebuilds, options, say)
     result.verdicts.sort(key=lambda v: v.entry.path)
     return result
