@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import re
 import shlex
 import shutil
@@ -42,10 +41,19 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 
 from cacheaudit import compilers, envvars, seal
+from cacheaudit.audit.checks.rebuild import (
+    masked,
+    nondeterministic_finding,
+    picks_program,
+    sample,
+    settle,
+    stale_finding,
+    suspects,
+    unverified_finding,
+)
 from cacheaudit.audit.scan import SOURCE_LIMIT, Auditor, ScanResult, policy_of, refuse_inputs
 from cacheaudit.digest import StateCache, read_file
 from cacheaudit.exceptions import CacheAuditError, ExitCode, UsageError
-from cacheaudit.findings import make_finding
 from cacheaudit.ledger import Ledger
 from cacheaudit.model import CacheEntry, CompileRecord, Finding
 from cacheaudit.runtimes import layouts
@@ -204,35 +212,10 @@ def _entry_at(path: str, cache: StateCache) -> CacheEntry | None:
         directory = parent
 
 
-def sample(entries: Sequence[CacheEntry], size: int | None, seed: int) -> list[CacheEntry]:
-    """`size` entries chosen by `seed` from `entries` ordered by path: the same seed and the
-    same cache give the same entries, in path order."""
-    ordered = sorted(entries, key=lambda e: e.path)
-    if size is None or size >= len(ordered):
-        return ordered
-    chosen = random.Random(seed).sample(ordered, max(0, size))
-    return sorted(chosen, key=lambda e: e.path)
-
-
 # ------------------------------------------------------------------------------ planning
 
 
 _STAND_IN = re.compile(r"^[0-9a-f]{10}-")
-# Options through which a command picks a program to run (nvcc's host compiler, gcc's
-# sub-programs, plugins and spec files): only a command this user sealed may carry them.
-_PROGRAM_OPTIONS = ("-ccbin", "--compiler-bindir", "-B", "-wrapper", "-fplugin", "-specs",
-                    "--specs", "--ld-path", "-fuse-ld=/")
-
-
-def _picks_program(tokens: Sequence[str]) -> str | None:
-    for token in tokens:
-        for part in token.split(","):
-            if any(part == o or part.startswith(o + ("" if o.endswith("/") else "="))
-                   or (o == "-B" and part.startswith("-B")) for o in _PROGRAM_OPTIONS):
-                return part
-    return None
-
-
 def resolve_compiler(entry: CacheEntry, name: str, env: Mapping[str, str]
                      ) -> tuple[str | None, str]:
     """(path, how) of the compiler the user's configuration gives for an entry built by a
@@ -335,7 +318,7 @@ def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str]
     if record is None or needs_yes is not None:
         flags = [t for name in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
                  for t in child_env.get(name, "").split()]
-        picked = _picks_program(args + flags)
+        picked = picks_program(args + flags)
         if picked is not None:
             return f"the command picks a program to run ({picked}): not run from unsealed data"
     # What the compiler reads from the entry must be fit to be read.
@@ -435,23 +418,6 @@ def _build(rebuild: Rebuild, parent: str, processes: _Processes,
                                 f"({exc.strerror or exc})"
 
 
-def _masked(data: bytes, paths: Sequence[str], root: str) -> bytes:
-    """`data` with every occurrence of the build directories replaced by one placeholder: the
-    given `paths`, and any build directory under the root's `tmp/` (where the runtimes of the
-    layouts build before they publish an entry)."""
-    for path in sorted({p for p in paths if p}, key=len, reverse=True):
-        data = data.replace(path.encode("utf-8", "surrogateescape"), b"<build-dir>")
-    builds = re.escape(os.path.join(root, "tmp").encode("utf-8", "surrogateescape")) + \
-        rb"/[^/\x00]+"
-    return re.sub(builds, b"<build-dir>", data)
-
-
-def _digest(data: bytes) -> str:
-    import xxhash
-
-    return xxhash.xxh3_128_hexdigest(data)
-
-
 def judge(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float) -> Verdict:
     """Build once; when the binaries differ, build again to tell stale from non-deterministic."""
     entry = rebuild.entry
@@ -468,7 +434,7 @@ def judge(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float) 
         return Verdict(entry, "identical", rebuild=rebuild,
                        note="a fresh compile gives the cached binary byte for byte")
     known = [first_dir, rebuild.build_dir, entry.path]
-    if _masked(first, known, entry.root) == _masked(cached, known, entry.root):
+    if masked(first, known, entry.root) == masked(cached, known, entry.root):
         return Verdict(entry, "identical-but-paths", rebuild=rebuild, note=(
             "a fresh compile differs from the cached binary only where it embeds its build "
             f"directory ({rebuild.build_dir} in the cached one): not stale"))
@@ -477,28 +443,16 @@ def judge(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float) 
         return _unverified(entry, f"the second compile: {problem}", rebuild)
     known.append(second_dir)
     how = f"{rebuild.origin}, run again in a private directory: {rebuild.shown()}"
-    name = os.path.basename(entry.binary.path)
-    if _masked(first, known, entry.root) != _masked(second, known, entry.root):
-        return Verdict(entry, "non-deterministic", rebuild=rebuild, findings=[make_finding(
-            "CA404", subject=entry.path, entry=entry,
-            message=f"two fresh compiles of the same inputs give different {name} files: "
-                    "the build is not deterministic, so comparing bytes proves nothing "
-                    "about this entry",
-            recorded=f"xxh3 {_digest(first)} (first fresh compile)",
-            current=f"xxh3 {_digest(second)} (second fresh compile)", how=how)])
-    return Verdict(entry, "stale", rebuild=rebuild, findings=[make_finding(
-        "CA403", subject=entry.path, entry=entry,
-        message=f"a fresh compile of the entry's inputs gives another {name}: the cached "
-                "binary is not what its inputs build now (two fresh compiles agree)",
-        recorded=f"xxh3 {_digest(cached)} (cached {name})",
-        current=f"xxh3 {_digest(first)} (fresh compile)", how=how)])
+    if masked(first, known, entry.root) != masked(second, known, entry.root):
+        return Verdict(entry, "non-deterministic", rebuild=rebuild,
+                       findings=[nondeterministic_finding(entry, first, second, how)])
+    return Verdict(entry, "stale", rebuild=rebuild,
+                   findings=[stale_finding(entry, cached, first, how)])
 
 
 def _unverified(entry: CacheEntry, why: str, rebuild: Rebuild | None = None) -> Verdict:
-    return Verdict(entry, "unverified", rebuild=rebuild, note=why, findings=[make_finding(
-        "CA501", subject=entry.path, entry=entry,
-        message=f"the rebuild oracle could not compile the entry again: {why}",
-        how=rebuild.origin if rebuild else "the rebuild oracle's plan for the entry")])
+    return Verdict(entry, "unverified", rebuild=rebuild, note=why, findings=[unverified_finding(
+        entry, why, rebuild.origin if rebuild else "the rebuild oracle's plan for the entry")])
 
 
 # ------------------------------------------------------------------------------ the oracle
@@ -596,28 +550,6 @@ def _run_all(rebuilds: Sequence[Rebuild], options: VerifyOptions, say: Say) -> l
 # ------------------------------------------------------------------------------ scan --verify
 
 
-_SUSPICIONS = ("CA501",)
-"""Per-entry codes a proof of freshness settles: the entry could not be judged."""
-
-
-def suspects(result: ScanResult) -> list[CacheEntry]:
-    """The entries of a scan whose verdict is only a suspicion: no finding proves them stale
-    (an error that is not inferred), and something is uncertain about them (a warning or an
-    inference about the entry, or a warning about the scan's environment)."""
-    by_entry: dict[str, list[Finding]] = {}
-    for finding in result.findings:
-        by_entry.setdefault(finding.entry or "", []).append(finding)
-    scan_wide = any(f.severity.rank >= 2 or f.inferred for f in by_entry.get("", []))
-    chosen = []
-    for entry in result.entries:
-        own = by_entry.get(entry.path, [])
-        if any(f.severity.value == "error" and not f.inferred for f in own):
-            continue
-        if own or scan_wide:
-            chosen.append(entry)
-    return chosen
-
-
 def verify_scan(result: ScanResult, env: Mapping[str, str], *, ledger: Ledger | None = None,
                 options: VerifyOptions | None = None, say: Say | None = None
                 ) -> tuple[ScanResult, VerifyResult]:
@@ -625,22 +557,6 @@ def verify_scan(result: ScanResult, env: Mapping[str, str], *, ledger: Ledger | 
     inferred findings and CA501 and its other findings say it was proven; a proven-stale one
     gains CA403 (a non-deterministic one CA404); scan-wide findings say what was proven."""
     verified = verify(suspects(result), env, ledger=ledger, options=options, say=say)
-    outcome = {v.entry.path: v for v in verified.verdicts}
-    findings: list[Finding] = []
-    for finding in result.findings:
-        verdict = outcome.get(finding.entry or "")
-        if verdict is not None and verdict.outcome.startswith("identical"):
-            if finding.inferred or finding.code in _SUSPICIONS:
-                continue
-            finding = replace(finding,
-                              message=f"{finding.message} (rebuild oracle: {verdict.note})")
-        elif finding.entry is None and finding.code.startswith("CA2") and verified.verdicts:
-            counts = verified.counts()
-            proven = counts.get("identical", 0) + counts.get("identical-but-paths", 0)
-            finding = replace(finding, message=(
-                f"{finding.message} (rebuild oracle: {proven} entr"
-                f"{'y' if proven == 1 else 'ies'} proven identical, {counts.get('stale', 0)} "
-                "proven different under this environment)"))
-        findings.append(finding)
-    findings += verified.findings
+    proofs = {v.entry.path: (v.outcome, v.note) for v in verified.verdicts}
+    findings = settle(result.findings, proofs) + verified.findings
     return replace(result, findings=findings), verified
