@@ -260,7 +260,7 @@ def verify_command(
         result = verify(entries, os.environ, ledger=opened, options=options, say=_say)
     if dry_run:
         commands = [{"entry": r.entry.path, "command": r.shown(), "origin": r.origin,
-                     "needs_yes": r.needs_yes} for r in result.planned]
+                     "notes": r.notes, "needs_yes": r.needs_yes} for r in result.planned]
         if json_output:
             import json
 

@@ -300,7 +300,8 @@ def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str]
     if compiler is None:
         return how
     notes.append(f"compiler {compiler} (from {how})")
-    kind = compilers.compiler_kind(compiler)
+    # Parsed as the kind that built the entry: what the configuration resolves is of that kind.
+    kind = compilers.compiler_kind(_STAND_IN.sub("", os.path.basename(invoked)))
     parsed = compilers.parse_command(kind, args)
     source_name = os.path.basename(entry.source.path)
     sources = [os.path.normpath(os.path.join(cwd, s)) for s in parsed.sources]
@@ -314,6 +315,9 @@ def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str]
     output = next((o for o in outputs if os.path.basename(o) == binary_name), None)
     if output is None or not output.startswith(build_dir + os.sep):
         return f"the command writes no {binary_name} beside its source"
+    outside = next((o for o in outputs if not o.startswith(build_dir + os.sep)), None)
+    if outside is not None:
+        return f"the command also writes {outside}, outside its build directory: not run"
     child_env = _environment(record, env, notes)
     if record is None or needs_yes is not None:
         flags = [t for name in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
@@ -513,7 +517,8 @@ def verify(entries: Sequence[CacheEntry], env: Mapping[str, str], *,
             f"seal ({untrusted[0].needs_yes}): read them with --dry-run, then run again with "
             "--yes to run them")
     for rebuild in rebuilds:
-        say(f"will run for {rebuild.entry.path}: {rebuild.shown()}")
+        say(f"will run for {rebuild.entry.path}: {rebuild.shown()}  # {rebuild.origin}; "
+            + "; ".join(rebuild.notes))
     result.verdicts += _run_all(rebuilds, options, say)
     result.verdicts.sort(key=lambda v: v.entry.path)
     return result
