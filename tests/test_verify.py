@@ -327,3 +327,26 @@ def test_sample_is_deterministic_and_says_which(project: Project):
     assert "sampled 2 of 4 entries (seed 7)" in runs[0].stderr
     assert all(os.path.basename(e) in runs[0].stderr for e in chosen[0])
     assert private_dirs(p) == []
+
+
+def test_binaries_that_differ_only_in_their_build_directory_are_not_stale(project: Project):
+    p = project
+    served = p.once(DG_JIT_WITH_LINEINFO="1")  # g++ -g: the build directory is in the binary
+    fresh = p.fresh(DG_JIT_WITH_LINEINFO="1")
+    build_dir = json.loads(Path(served["path"], "meta.json").read_text())["command"].split()[3]
+    build_dir = os.path.dirname(build_dir)  # <root>/tmp/<pid>-<uuid>, renamed away since
+    assert f"{p.cache}/tmp/" in build_dir and build_dir.encode() in Path(
+        served["binary"]).read_bytes()
+    # Truth: a fresh compile differs byte for byte, only because it built elsewhere.
+    assert fresh != served["digest"]
+    code, report, stderr = verify(p, DG_JIT_WITH_LINEINFO="1")
+    assert code == ExitCode.CLEAN, stderr
+    assert report["findings"] == []
+    [verdict] = report["verdicts"]
+    assert verdict["outcome"] == "identical-but-paths" and build_dir in verdict["note"]
+
+    # Masking hides only the paths: an edited untracked header is still proven stale.
+    _write(p.root / "third" / "cutlite" / "detail.h", "#pragma once\n#define DETAIL 2\n")
+    assert p.fresh(DG_JIT_WITH_LINEINFO="1") != served["digest"]
+    code, report, _ = verify(p, DG_JIT_WITH_LINEINFO="1")
+    assert [(f["code"], f["subject"]) for f in report["findings"]] == [("CA403", served["path"])]

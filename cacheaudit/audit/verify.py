@@ -100,6 +100,8 @@ class Rebuild:
     """The directory the original compile built in: replaced by a private one."""
     output: str
     """The binary the original compile wrote (under `build_dir`)."""
+    kind: str
+    """The compiler's kind (`compilers.compiler_kind`)."""
     env: dict[str, str]
     origin: str
     """Where the command comes from, in words."""
@@ -335,7 +337,7 @@ def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str]
                if env.get(k) != v and k != DISABLE_VARIABLE and k != "PATH"]
     unset = [f"-u {k}" for k in sorted(envvars.compile_environment(env)) if k not in child_env]
     return Rebuild(entry=entry, compiler=compiler, args=args, cwd=cwd, build_dir=build_dir,
-                   output=output, env=child_env, origin=origin, notes=notes,
+                   output=output, kind=kind, env=child_env, origin=origin, notes=notes,
                    needs_yes=needs_yes, env_changes=" ".join(unset + changed))
 
 
@@ -390,9 +392,11 @@ def private_dir(parent: str, length: int) -> str:
     return os.path.join(base, *parts) if all(parts) else os.path.join(base, "b")
 
 
-def _build(rebuild: Rebuild, parent: str, processes: _Processes,
-           timeout: float) -> tuple[bytes | None, str, str]:
-    """(binary, build directory, problem) of one fresh compile in a new private directory."""
+def _build(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float,
+           map_back: bool = False) -> tuple[bytes | None, str, str]:
+    """(binary, build directory, problem) of one fresh compile in a new private directory;
+    `map_back` has gcc or clang write the recorded build directory wherever the binary names
+    its own (`-ffile-prefix-map`), as the original compile did."""
     directory = private_dir(parent, len(rebuild.build_dir))
     os.makedirs(directory, mode=0o700, exist_ok=True)
     source = rebuild.entry.source
@@ -400,6 +404,8 @@ def _build(rebuild: Rebuild, parent: str, processes: _Processes,
     with open(os.path.join(directory, os.path.basename(source.path)), "wb") as copy:
         copy.write(read_file(source.path, SOURCE_LIMIT))
     argv, cwd, output = rebuild.command_in(directory)
+    if map_back:
+        argv.insert(1, f"-ffile-prefix-map={directory}={rebuild.build_dir}")
     try:
         process = processes.start(argv, cwd, rebuild.env)
     except OSError as exc:
@@ -442,11 +448,24 @@ def judge(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float) 
         return Verdict(entry, "identical-but-paths", rebuild=rebuild, note=(
             "a fresh compile differs from the cached binary only where it embeds its build "
             f"directory ({rebuild.build_dir} in the cached one): not stale"))
-    second, second_dir, problem = _build(rebuild, parent, processes, timeout)
+    # Where the compiler can map its build directory back to the recorded one, the remaining
+    # builds do: a binary whose debug information orders its strings by path then compares.
+    map_back = rebuild.kind in ("gcc", "clang")
+    how = f"{rebuild.origin}, run again in a private directory: {rebuild.shown()}"
+    if map_back:
+        first, first_dir, problem = _build(rebuild, parent, processes, timeout, map_back)
+        if first is None:
+            return _unverified(entry, problem, rebuild)
+        if first == cached:
+            return Verdict(entry, "identical-but-paths", rebuild=rebuild, note=(
+                "a fresh compile differs from the cached binary only where it names its build "
+                f"directory: with {rebuild.build_dir} written there (-ffile-prefix-map), as the "
+                "original compile had it, the bytes are the same: not stale"))
+        how += f" (with -ffile-prefix-map=<private dir>={rebuild.build_dir})"
+    second, second_dir, problem = _build(rebuild, parent, processes, timeout, map_back)
     if second is None:
         return _unverified(entry, f"the second compile: {problem}", rebuild)
-    known.append(second_dir)
-    how = f"{rebuild.origin}, run again in a private directory: {rebuild.shown()}"
+    known += [first_dir, second_dir]
     if masked(first, known, entry.root) != masked(second, known, entry.root):
         return Verdict(entry, "non-deterministic", rebuild=rebuild,
                        findings=[nondeterministic_finding(entry, first, second, how)])

@@ -45,12 +45,20 @@ def picks_program(tokens: Sequence[str]) -> str | None:
     return None
 
 
+# An ELF note NT_GNU_BUILD_ID (namesz 4, descsz 20 for SHA-1, type 3, "GNU"): the linker's
+# hash of the output, which therefore changes with every embedded path.
+_BUILD_ID = re.compile(rb"(\x04\x00\x00\x00\x14\x00\x00\x00\x03\x00\x00\x00GNU\x00)(.{20})",
+                       re.DOTALL)
+
+
 def masked(data: bytes, paths: Sequence[str], root: str) -> bytes:
-    """`data` with every occurrence of the build directories replaced by one placeholder: the
-    given `paths`, and any build directory under the root's `tmp/` (where the runtimes of the
-    layouts build before they publish an entry)."""
+    """`data` with every occurrence of the build directories replaced by one placeholder (the
+    given `paths`, and any build directory under the root's `tmp/`, where the runtimes of the
+    layouts build before they publish an entry) and the GNU build id zeroed. The oracle builds in
+    a directory as long as the recorded one, so masking moves no other byte."""
     for path in sorted({p for p in paths if p}, key=len, reverse=True):
         data = data.replace(path.encode("utf-8", "surrogateescape"), b"<build-dir>")
+    data = _BUILD_ID.sub(lambda m: m.group(1) + b"\0" * len(m.group(2)), data)
     builds = re.escape(os.path.join(root, "tmp").encode("utf-8", "surrogateescape")) + \
         rb"/[^/\x00]+"
     return re.sub(builds, b"<build-dir>", data)
