@@ -16,7 +16,9 @@ from cacheaudit.exceptions import CacheAuditError, ExitCode, UsageError
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from cacheaudit import audit
     from cacheaudit.config import Settings
+    from cacheaudit.ledger import Ledger
 
 app = typer.Typer(
     name="cacheaudit",
@@ -110,6 +112,11 @@ FormatOption = Annotated[str, typer.Option(
     "--format", help="table, json or markdown.")]
 
 
+YesOption = Annotated[bool, typer.Option(
+    "--yes", help="Run compile commands from records this user did not seal (another user's "
+    "ledger, a record changed after it was written); see them first with `verify --dry-run`.")]
+
+
 def _codes(values: list[str] | None) -> list[str]:
     """`--select CA101,CA2 --select CA301` -> ["CA101", "CA2", "CA301"]."""
     return [code.strip().upper() for value in values or [] for code in value.split(",")
@@ -144,6 +151,10 @@ def scan(
         "--verify-keys/--no-verify-keys",
         help="Recompute every entry's key, not only where a tracked input changed.")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on long scans.")] = True,
+    verify: Annotated[bool, typer.Option(
+        "--verify", help="Then rebuild the entries whose verdict is only a warning or "
+        "unverifiable and compare the binaries (the rebuild oracle, see `verify`).")] = False,
+    yes: YesOption = False,
 ) -> None:
     """Audit cache entries: every input that changed without the key noticing."""
     from cacheaudit import audit, output
@@ -171,6 +182,8 @@ def scan(
             progress and output_format == "table") as advance:
         result = audit.scan(paths or settings.paths, os.environ, ledger=opened, options=options,
                             progress=advance)
+        if verify:
+            result = _verify_scan(result, opened, yes)
     summary = output.summary_line(len(result.entries), len(result.roots), result.matched,
                                   result.reconstructed, result.findings)
     if output_format == "json":
@@ -187,6 +200,85 @@ def scan(
             console.print(f"no cache roots found (give a path, or set "
                           f"{', '.join(_cache_variables())})")
         output.render_findings(result.findings, console, summary)
+    if audit.fails(result.findings, fail_on):
+        raise typer.Exit(ExitCode.FINDINGS)
+
+
+def _say(line: str) -> None:
+    typer.echo(f"cacheaudit verify: {line}", err=True)
+
+
+def _verify_scan(result: audit.ScanResult, ledger: Ledger, yes: bool) -> audit.ScanResult:
+    """`scan --verify`: the rebuild oracle over the scan's suspects."""
+    from cacheaudit.audit.verify import VerifyOptions, verify_scan
+
+    verified, _ = verify_scan(result, os.environ, ledger=ledger,
+                              options=VerifyOptions(yes=yes), say=_say)
+    return verified
+
+
+@app.command("verify")
+def verify_command(
+    targets: Annotated[list[str] | None, typer.Argument(
+        metavar="[ENTRY...]", help="Entry directories (or files in them) or cache roots "
+        "(default: every entry of the roots the known runtimes would use).")] = None,
+    ledger: LedgerOption = None,
+    json_output: JsonOption = False,
+    fail_on: FailOnOption = None,
+    sample: Annotated[int | None, typer.Option(
+        "--sample", min=1, help="Rebuild only N entries, chosen by --seed.")] = None,
+    seed: Annotated[int, typer.Option(help="The sample's seed: the same seed, the same "
+                                           "entries.")] = 0,
+    jobs: Annotated[int | None, typer.Option(
+        "-j", "--jobs", min=1, help="Compiles at once (default and at most: the cores "
+        "present).")] = None,
+    timeout: Annotated[float, typer.Option(
+        help="Seconds one compile may take before it is killed.")] = 300.0,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print the commands that would run, and run nothing.")] = False,
+    yes: YesOption = False,
+) -> None:
+    """The rebuild oracle: compile entries again in a private temporary directory and compare
+    the binaries: CA403 when a fresh compile differs from the cached binary, CA404 when two
+    fresh compiles differ from each other."""
+    from cacheaudit import audit, output
+    from cacheaudit.audit.verify import VerifyOptions, entries_of, verify
+    from cacheaudit.config import fail_on_problem
+    from cacheaudit.digest import StateCache
+    from cacheaudit.ledger import open_existing
+
+    settings = _settings()
+    fail_on = fail_on or settings.fail_on
+    if problem := fail_on_problem(fail_on, "--fail-on"):
+        raise UsageError(problem)
+    entries = entries_of(targets or settings.paths, os.environ, StateCache())
+    options = VerifyOptions(sample=sample, seed=seed, jobs=jobs, timeout=timeout,
+                            dry_run=dry_run, yes=yes)
+    with contextlib.ExitStack() as stack:
+        opened = open_existing(_ledger_location(ledger, settings))
+        if opened is not None:
+            stack.enter_context(opened)
+        result = verify(entries, os.environ, ledger=opened, options=options, say=_say)
+    if dry_run:
+        commands = [{"entry": r.entry.path, "command": r.shown(), "origin": r.origin,
+                     "notes": r.notes, "needs_yes": r.needs_yes} for r in result.planned]
+        if json_output:
+            import json
+
+            sys.stdout.write(json.dumps({"commands": commands}, indent=2) + "\n")
+        for command in [] if json_output else commands:
+            mark = f"  # needs --yes: {command['needs_yes']}" if command["needs_yes"] else ""
+            typer.echo(f"{command['command']}{mark}")
+        return
+    summary = result.summary()
+    if json_output:
+        sys.stdout.write(output.findings_json(result.findings, {
+            "entries": len(result.entries), "total": result.total, "seed": result.seed,
+            "verdicts": [{"entry": v.entry.path, "outcome": v.outcome, "note": v.note}
+                         for v in result.verdicts],
+            "fail_on": fail_on, "summary": summary}) + "\n")
+    else:
+        output.render_findings(result.findings, _console(), summary)
     if audit.fails(result.findings, fail_on):
         raise typer.Exit(ExitCode.FINDINGS)
 

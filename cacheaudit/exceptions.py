@@ -10,6 +10,7 @@ class ExitCode:
     FINDINGS = 1
     USAGE = 2
     INTERNAL = 3
+    UNTRUSTED = 4  # the rebuild oracle met commands this user did not seal, and no --yes
     INTERRUPTED = 130  # 128 + SIGINT, the shell's convention for Ctrl-C
 
 

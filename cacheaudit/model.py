@@ -305,6 +305,10 @@ class CompileRecord:
     runtime_error: str | None = None
     """The runtime refused the lookup or compile (DeepJIT's "non-standard include"): its
     message, shown by the output."""
+    seal: str | None = None
+    """`cacheaudit.seal`'s HMAC over the record's command, made when it was written with the
+    writing user's secret: the rebuild oracle reruns without asking only commands this user
+    wrote and nobody changed since."""
 
     def __post_init__(self) -> None:
         # An observer still writing a typed fact into `extra` would hide it from every reader.
@@ -328,7 +332,7 @@ class CompileRecord:
             stored["modified_during_compile"] = list(self.modified_during_compile)
         if self.unknown_at_build:
             stored["unknown_at_build"] = list(self.unknown_at_build)
-        for name in ("runtime_process", "graph_problem", "runtime_error"):
+        for name in ("runtime_process", "graph_problem", "runtime_error", "seal"):
             value = getattr(self, name)
             if value is not None:
                 stored[name] = value
@@ -337,7 +341,7 @@ class CompileRecord:
 
 STORED_FACTS: tuple[str, ...] = (
     "reconstructed", "modified_during_compile", "unknown_at_build", "runtime_process",
-    "graph_problem", "runtime_error")
+    "graph_problem", "runtime_error", "seal")
 """The `CompileRecord` facts kept in the stored `extra` JSON object, under these names."""
 
 LEDGER_FACTS = ("run_uuid", "graph_id")
@@ -360,7 +364,7 @@ def split_stored_extra(stored: Mapping[str, Any] | None) -> tuple[dict[str, Any]
         paths = rest.pop(name, None)
         if isinstance(paths, (list, tuple)):
             facts[name] = tuple(str(path) for path in paths)
-    for name in ("runtime_process", "graph_problem", "runtime_error"):
+    for name in ("runtime_process", "graph_problem", "runtime_error", "seal"):
         value = rest.pop(name, None)
         if value is not None:
             facts[name] = str(value)

@@ -133,6 +133,16 @@ class Policy:
         not say."""
         return None
 
+    def compiler_variables(self, entry: CacheEntry, env: Mapping[str, str]) -> tuple[str, ...]:
+        """The variables through which the user names the compiler that builds `entry`, in the
+        order the runtime reads them under `env`: the rebuild oracle runs the compiler the
+        user's configuration resolves, never one a cache or a ledger names. Default: the
+        compiler settings of the runtime's spec."""
+        from cacheaudit.spec import spec
+
+        declared = spec(self.runtime)
+        return tuple(s.name for s in declared.compiler_settings) if declared else ()
+
     def configuration_changes(self, entry: CacheEntry, first_env: Mapping[str, str],
                               env: Mapping[str, str]) -> list[ConfigurationChange]:
         """The settings a runtime constructed under `first_env` (the environment of its

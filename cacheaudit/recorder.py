@@ -75,6 +75,7 @@ def test_id_from(env: Mapping[str, str]) -> str | None:
 def write_record(record: CompileRecord, run: RunInfo, ledger_path: str | None = None) -> str | None:
     """Store one record; spool it when the ledger cannot take it. Returns a problem, or None."""
     path = ledger_path or default_ledger_path()
+    record = _sealed(record)
     try:
         with Ledger.open(path) as ledger:
             ledger.add_records([record], run)
@@ -87,6 +88,17 @@ def write_record(record: CompileRecord, run: RunInfo, ledger_path: str | None = 
         reason = exc.strerror if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
         return f"{problem}; spooling failed too ({reason}): record lost"
     return f"{problem}; record kept in {spooled}"
+
+
+def _sealed(record: CompileRecord) -> CompileRecord:
+    """The record with its command sealed by this user's secret (`cacheaudit.seal`), so that the
+    rebuild oracle can tell it from a command someone else wrote; unsealed when that fails."""
+    try:
+        from cacheaudit import seal
+
+        return seal.sealed(record, os.environ)
+    except Exception:  # noqa: BLE001 - fail open: an unsealed record only asks before a rerun
+        return record
 
 
 class _HeldLedger:
@@ -108,6 +120,7 @@ class _HeldLedger:
 
     def write(self, records: Sequence[CompileRecord], run: RunInfo, path: str) -> str | None:
         """All `records` in one transaction; what the ledger cannot take is spooled."""
+        records = [_sealed(r) for r in records]
         with self._lock:
             held = self._open(path)
             if held is not None:

@@ -6,6 +6,8 @@ need from either the scan has put in the context.
 - `environment`: the environment, per entry and once per scan (CA201-CA204)
 - `compiler`: the compiler and host compiler now (CA301, CA302)
 - `entry`: the entry as a whole (CA401, CA402) and why it stays unverified (CA501)
+- `rebuild`: the rebuild oracle's comparisons and proofs (CA403, CA404), imported by
+  `audit.verify` from its module
 """
 
 from cacheaudit.audit.checks.compiler import compiler_findings

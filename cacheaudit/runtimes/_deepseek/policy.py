@@ -36,3 +36,10 @@ class FamilyPolicy(Policy):
         and `env` (the environment it was configured from). Default: all of them, with nothing
         to say which."""
         return EnvFamilies(self.env_prefixes, "")
+
+    def compiler_variables(self, entry: CacheEntry, env: Mapping[str, str]) -> tuple[str, ...]:
+        """`<P>_JIT_NVCC_COMPILER` of the families that built `entry` (all of them when nothing
+        says which), then the spec's settings (DeepJIT's `DJ_` fallback)."""
+        prefixes = self.env_families(entry, env).prefixes or self.env_prefixes
+        own = tuple(f"{prefix}_JIT_NVCC_COMPILER" for prefix in prefixes)
+        return tuple(dict.fromkeys(own + super().compiler_variables(entry, env)))

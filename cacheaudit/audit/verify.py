@@ -1,0 +1,586 @@
+"""The rebuild oracle: compile an entry again, away from its cache, and compare the bytes.
+
+A scan judges an entry from evidence (what the compile read, what is on disk now); some of it is
+inference (an entry built before recording, a variable set that no key covers). The oracle turns
+such a verdict into a proof: for each entry it takes the compile that built it (the scan's
+`Auditor` ties them), runs that command again in a private temporary directory, and compares
+the fresh binary with the cached one.
+
+- equal: proven fresh; equal once the build directories embedded in both are masked (a host
+  object's debug information names them): proven fresh, and said so;
+- different: a second build in another private directory; if the two fresh builds differ
+  from each other the build is not deterministic (CA404), else the entry is stale (CA403).
+
+What runs (docs/security.md): the command is the record's argv with the source and output
+paths moved into the private directory (the entry's own source copied there), include
+directories as recorded, the recorded compile-affecting environment over the current one (for
+an entry without a record: the layout's own command, `Policy.dependency_command`, and the
+current environment). Never the program a cache or ledger names: the compiler is the one the
+user's configuration resolves (`Policy.compiler_variables`, else the kind's usual place or its
+name on PATH), of a known kind; variables that pick programs keep the user's values; a command
+whose options pick programs (`-ccbin`, `-B`, `-fplugin`, ...) runs only from a record this user
+sealed (`cacheaudit.seal`). Sources are regular files of bounded size (`refuse_inputs`); each
+compile has a timeout and its own process group, killed with the oracle; every temporary
+directory is removed, Ctrl-C included. A record this user did not seal (another user's ledger,
+a command changed after it was written) runs only with `yes`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field, replace
+
+from cacheaudit import compilers, envvars, seal
+from cacheaudit.audit.checks.rebuild import (
+    masked,
+    nondeterministic_finding,
+    picks_program,
+    sample,
+    settle,
+    stale_finding,
+    suspects,
+    unverified_finding,
+)
+from cacheaudit.audit.scan import SOURCE_LIMIT, Auditor, ScanResult, policy_of, refuse_inputs
+from cacheaudit.digest import StateCache, read_file
+from cacheaudit.exceptions import CacheAuditError, ExitCode, UsageError
+from cacheaudit.ledger import Ledger
+from cacheaudit.model import CacheEntry, CompileRecord, Finding
+from cacheaudit.runtimes import layouts
+from cacheaudit.shim import ShimError, find_real_compiler, strip_masquerade_dirs
+from cacheaudit.spec import KIND_DEFAULTS
+from cacheaudit.switches import DISABLE_VARIABLE, is_masquerade_dir
+
+Say = Callable[[str], None]
+
+BINARY_LIMIT = 1 << 30
+"""The largest binary compared: a cubin or host object is megabytes."""
+
+
+class UntrustedCommands(CacheAuditError):
+    """Commands from records this user did not seal, and no `--yes`."""
+
+    exit_code = ExitCode.UNTRUSTED
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    sample: int | None = None
+    """Verify this many entries, chosen by `seed` (the same seed gives the same entries)."""
+    seed: int = 0
+    jobs: int | None = None
+    """Compiles at once; at most the cores present (`os.cpu_count()`)."""
+    timeout: float = 300.0
+    """Seconds one compile may take."""
+    dry_run: bool = False
+    yes: bool = False
+    """Run commands from records this user did not seal."""
+
+
+@dataclass
+class Rebuild:
+    """One entry's compile, to be run again in a private directory."""
+
+    entry: CacheEntry
+    compiler: str
+    args: list[str]
+    """The argv after the compiler, as recorded (paths under `build_dir` moved at run time)."""
+    cwd: str
+    build_dir: str
+    """The directory the original compile built in: replaced by a private one."""
+    output: str
+    """The binary the original compile wrote (under `build_dir`)."""
+    kind: str
+    """The compiler's kind (`compilers.compiler_kind`)."""
+    env: dict[str, str]
+    origin: str
+    """Where the command comes from, in words."""
+    notes: list[str] = field(default_factory=list)
+    needs_yes: str | None = None
+    """Why the command runs only with --yes (a record this user did not seal); None when not."""
+    env_changes: str = ""
+    """How `env` differs from the caller's environment, as `env` arguments."""
+
+    def command_in(self, directory: str) -> tuple[list[str], str, str]:
+        """(argv, cwd, output) with the build directory moved to `directory`."""
+        moved = re.compile(re.escape(self.build_dir) + r"(?=/|$)")
+        args = [moved.sub(lambda _m: directory, a) for a in self.args]
+        return [self.compiler, *args], moved.sub(lambda _m: directory, self.cwd), \
+            moved.sub(lambda _m: directory, self.output)
+
+    def shown(self, directory: str = "<private dir>") -> str:
+        argv, cwd, _ = self.command_in(directory)
+        prefix = f"env {self.env_changes} " if self.env_changes else ""
+        return f"cd {shlex.quote(cwd)} && {prefix}{shlex.join(argv)}"
+
+
+@dataclass
+class Verdict:
+    entry: CacheEntry
+    outcome: str
+    """identical, identical-but-paths, stale, non-deterministic, unverified."""
+    findings: list[Finding] = field(default_factory=list)
+    note: str = ""
+    rebuild: Rebuild | None = None
+
+
+@dataclass
+class VerifyResult:
+    entries: list[CacheEntry]
+    """The entries verified (the sample, when sampled)."""
+    total: int
+    """How many entries there were to choose from."""
+    verdicts: list[Verdict]
+    seed: int | None = None
+    """The seed of the sample; None when every entry was taken."""
+    planned: list[Rebuild] = field(default_factory=list)
+    """The compiles to run (or, with dry_run, that would run)."""
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [f for v in self.verdicts for f in v.findings]
+
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for verdict in self.verdicts:
+            counts[verdict.outcome] = counts.get(verdict.outcome, 0) + 1
+        return counts
+
+    def summary(self) -> str:
+        counts = self.counts()
+        parts = [f"{counts[o]} {o}" for o in ("identical", "identical-but-paths", "stale",
+                                             "non-deterministic", "unverified") if counts.get(o)]
+        sampled = (f" (a sample of {len(self.entries)} of {self.total}, seed {self.seed})"
+                   if self.seed is not None else "")
+        return (f"{len(self.entries)} entr{'y' if len(self.entries) == 1 else 'ies'} "
+                f"rebuilt{sampled}: {', '.join(parts) or 'nothing to verify'}")
+
+
+# ------------------------------------------------------------------------------ entries
+
+
+def entries_of(targets: Sequence[str], env: Mapping[str, str],
+               cache: StateCache) -> list[CacheEntry]:
+    """The entries named (an entry directory or a file in it), every entry of the roots named,
+    or with no target every entry of the default roots."""
+    from cacheaudit.audit.scan import discover
+
+    found: dict[str, CacheEntry] = {}
+    if not targets:
+        for layout, root in discover([], env):
+            found.update((e.path, e) for e in layout.read(root, cache)
+                         if isinstance(e, CacheEntry))
+        return sorted(found.values(), key=lambda e: e.path)
+    for target in targets:
+        path = os.path.abspath(os.path.expanduser(target))
+        if not os.path.exists(path):
+            raise UsageError(f"{target}: no such file or directory")
+        roots = [layout for layout in layouts() if layout.is_root(path)]
+        if roots:
+            for layout in roots:
+                found.update((e.path, e) for e in layout.read(path, cache)
+                             if isinstance(e, CacheEntry))
+            continue
+        entry = _entry_at(path, cache)
+        if entry is None:
+            raise UsageError(f"{target}: neither a cache root nor inside a cache entry of any "
+                             "known runtime")
+        found[entry.path] = entry
+    return sorted(found.values(), key=lambda e: e.path)
+
+
+def _entry_at(path: str, cache: StateCache) -> CacheEntry | None:
+    directory = path if os.path.isdir(path) else os.path.dirname(path)
+    while True:
+        for layout in layouts():
+            if layout.is_root(directory):
+                for item in layout.read(directory, cache):
+                    if isinstance(item, CacheEntry) and (
+                            path == item.path or path.startswith(item.path + os.sep)):
+                        return item
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
+
+
+# ------------------------------------------------------------------------------ planning
+
+
+_STAND_IN = re.compile(r"^[0-9a-f]{10}-")
+def resolve_compiler(entry: CacheEntry, name: str, env: Mapping[str, str]
+                     ) -> tuple[str | None, str]:
+    """(path, how) of the compiler the user's configuration gives for an entry built by a
+    compiler called `name` (only its kind is taken from it); (None, why) when there is none."""
+    name = _STAND_IN.sub("", os.path.basename(name))
+    kind = compilers.compiler_kind(name)
+    if kind == "unknown":
+        return None, f"{name!r} is no compiler of a known kind (nvcc, gcc, clang, hipcc)"
+    path_value = env.get("PATH", os.defpath)
+    policy, _ = policy_of(entry)
+    found, how = None, ""
+    for variable in policy.compiler_variables(entry, env) if policy else ():
+        value = env.get(variable, "")
+        if value and compilers.compiler_kind(_STAND_IN.sub("", os.path.basename(value))) == kind:
+            found, how = compilers.find_program(value, path_value), variable
+            break
+    if found is None and kind == "nvcc":
+        from cacheaudit.shim import resolve_lookup
+
+        found, how = resolve_lookup(KIND_DEFAULTS["nvcc"], env), "the CUDA toolkit's place"
+    if found is None:
+        found, how = compilers.find_program(name, path_value, is_masquerade_dir), "PATH"
+    if found is None or not compilers.is_executable_file(found):
+        return None, f"no {name} found through {how or 'PATH'}"
+    if is_masquerade_dir(os.path.dirname(found)):
+        # The setting names cacheaudit's own shim: the compiler behind it is the one it runs.
+        try:
+            found = find_real_compiler(_STAND_IN.sub("", os.path.basename(found)), env)
+        except ShimError as exc:
+            return None, str(exc)
+        how += ", past cacheaudit's shim"
+    return found, how
+
+
+def _environment(record: CompileRecord | None, env: Mapping[str, str],
+                 notes: list[str]) -> dict[str, str]:
+    """The environment of a rebuild: the current one, with the record's compile-affecting
+    variables as recorded, except those that pick programs (PATH, CUDA_HOME, CXX, ...), which
+    keep the user's values; never through cacheaudit's shim, never recorded."""
+    child = dict(env)
+    if record is not None:
+        for name in envvars.compile_environment(env):
+            if name not in record.env and not envvars.selects_compiler(name):
+                child.pop(name, None)
+        for name, value in record.env.items():
+            if envvars.selects_compiler(name):
+                if env.get(name) != value:
+                    notes.append(f"{name} kept as it is now (it picks a program)")
+            elif envvars.REDACTED in value:
+                notes.append(f"{name} was recorded redacted: its value now is used")
+            else:
+                child[name] = value
+    child["PATH"] = strip_masquerade_dirs(child.get("PATH", os.defpath))
+    child[DISABLE_VARIABLE] = "1"
+    return child
+
+
+def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str],
+         trust: Callable[[CompileRecord], str | None]) -> Rebuild | str:
+    """The rebuild of one entry, or why there can be none."""
+    if entry.binary is None or not entry.binary.exists:
+        return "the entry has no binary to compare with"
+    if entry.source is None or not entry.source.exists:
+        return "the entry keeps no source to compile"
+    notes: list[str] = []
+    needs_yes = None
+    if record is not None and not record.reconstructed and record.argv:
+        invoked = record.compiler.invoked if record.compiler else record.observer.split(":")[-1]
+        args, cwd = list(record.argv), record.cwd
+        origin = f"the recorded compile {record.record_id[:12]}"
+        needs_yes = trust(record)
+    else:
+        policy, _ = policy_of(entry)
+        command = policy.dependency_command(entry) if policy else None
+        if not command or not command[0]:
+            return "the entry predates recording and its layout records no command"
+        invoked, args, cwd = command[0][0], list(command[0][1:]), command[1]
+        origin = ("the layout's command (the entry predates recording), under the current "
+                  "environment")
+        record = None
+    compiler, how = resolve_compiler(entry, invoked, env)
+    if compiler is None:
+        return how
+    notes.append(f"compiler {compiler} (from {how})")
+    # Parsed as the kind that built the entry: what the configuration resolves is of that kind.
+    kind = compilers.compiler_kind(_STAND_IN.sub("", os.path.basename(invoked)))
+    parsed = compilers.parse_command(kind, args)
+    source_name = os.path.basename(entry.source.path)
+    sources = [os.path.normpath(os.path.join(cwd, s)) for s in parsed.sources]
+    built = [s for s in sources if os.path.basename(s) == source_name]
+    if not built:
+        return f"the command compiles no {source_name}"
+    build_dir = os.path.dirname(built[0])
+    binary_name = os.path.basename(entry.binary.path)
+    outputs = [os.path.normpath(os.path.join(cwd, o))
+               for o in compilers.output_paths(kind, parsed, cwd)]
+    output = next((o for o in outputs if os.path.basename(o) == binary_name), None)
+    if output is None or not output.startswith(build_dir + os.sep):
+        return f"the command writes no {binary_name} beside its source"
+    outside = next((o for o in outputs if not o.startswith(build_dir + os.sep)), None)
+    if outside is not None:
+        return f"the command also writes {outside}, outside its build directory: not run"
+    child_env = _environment(record, env, notes)
+    if record is None or needs_yes is not None:
+        flags = [t for name in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
+                 for t in child_env.get(name, "").split()]
+        picked = picks_program(args + flags)
+        if picked is not None:
+            return f"the command picks a program to run ({picked}): not run from unsealed data"
+    # What the compiler reads from the entry must be fit to be read.
+    refused = refuse_inputs(entry, parsed, cwd if os.path.isdir(cwd) else entry.path)
+    if refused is not None:
+        return f"{refused[1]}: not compiled"
+    if not os.path.isdir(cwd) and not (cwd + os.sep).startswith(build_dir + os.sep):
+        return f"the compile's working directory {cwd} is gone"
+    changed = [f"{k}={shlex.quote(v)}" for k, v in sorted(child_env.items())
+               if env.get(k) != v and k != DISABLE_VARIABLE and k != "PATH"]
+    unset = [f"-u {k}" for k in sorted(envvars.compile_environment(env)) if k not in child_env]
+    return Rebuild(entry=entry, compiler=compiler, args=args, cwd=cwd, build_dir=build_dir,
+                   output=output, kind=kind, env=child_env, origin=origin, notes=notes,
+                   needs_yes=needs_yes, env_changes=" ".join(unset + changed))
+
+
+# ------------------------------------------------------------------------------ running
+
+
+class _Processes:
+    """Compiles running now, each in its own process group, killed with the oracle."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._groups: set[int] = set()
+        self.stopping = False
+
+    def start(self, argv: list[str], cwd: str, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self.stopping:
+                raise InterruptedError("the oracle is stopping")
+            process = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+            self._groups.add(process.pid)
+            return process
+
+    def end(self, process: subprocess.Popen[bytes]) -> None:
+        _kill_group(process.pid)  # whatever the compiler left running in its group
+        with self._lock:
+            self._groups.discard(process.pid)
+
+    def kill_all(self) -> None:
+        with self._lock:
+            self.stopping = True
+            groups = list(self._groups)
+        for group in groups:
+            _kill_group(group)
+
+
+def _kill_group(group: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signal.SIGKILL)
+
+
+def private_dir(parent: str, length: int) -> str:
+    """A new directory under `parent` whose path is `length` characters long where it can be
+    (the recorded build directory's length), so that a path the compiler embeds in the binary
+    can be masked without moving any other byte."""
+    base = tempfile.mkdtemp(prefix="b", dir=parent)
+    room = length - len(base) - 1
+    if room < 1:
+        return os.path.join(base, "b")
+    parts = [("b" * min(room - i, 200)) for i in range(0, room, 201)]
+    return os.path.join(base, *parts) if all(parts) else os.path.join(base, "b")
+
+
+def _build(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float,
+           map_back: bool = False) -> tuple[bytes | None, str, str]:
+    """(binary, build directory, problem) of one fresh compile in a new private directory;
+    `map_back` has gcc or clang write the recorded build directory wherever the binary names
+    its own (`-ffile-prefix-map`), as the original compile did."""
+    directory = private_dir(parent, len(rebuild.build_dir))
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    source = rebuild.entry.source
+    assert source is not None
+    with open(os.path.join(directory, os.path.basename(source.path)), "wb") as copy:
+        copy.write(read_file(source.path, SOURCE_LIMIT))
+    argv, cwd, output = rebuild.command_in(directory)
+    if map_back:
+        argv.insert(1, f"-ffile-prefix-map={directory}={rebuild.build_dir}")
+    try:
+        process = processes.start(argv, cwd, rebuild.env)
+    except OSError as exc:
+        return None, directory, f"cannot run {argv[0]}: {exc.strerror or exc}"
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(process.pid)
+        process.communicate()
+        return None, directory, f"the compile took longer than {timeout:g} s and was killed"
+    finally:
+        processes.end(process)
+    if process.returncode != 0:
+        tail = out.decode("utf-8", "replace").strip()[-300:]
+        return None, directory, f"the compile failed (exit {process.returncode}): {tail}"
+    try:
+        return read_file(output, BINARY_LIMIT), directory, ""
+    except OSError as exc:
+        return None, directory, f"the compile wrote no readable {os.path.basename(output)} " \
+                                f"({exc.strerror or exc})"
+
+
+def judge(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float) -> Verdict:
+    """Build once; when the binaries differ, build again to tell stale from non-deterministic."""
+    entry = rebuild.entry
+    assert entry.binary is not None
+    try:
+        cached = read_file(entry.binary.path, BINARY_LIMIT)
+    except OSError as exc:
+        return _unverified(entry, f"the cached binary cannot be read ({exc.strerror or exc})",
+                           rebuild)
+    first, first_dir, problem = _build(rebuild, parent, processes, timeout)
+    if first is None:
+        return _unverified(entry, problem, rebuild)
+    if first == cached:
+        return Verdict(entry, "identical", rebuild=rebuild,
+                       note="a fresh compile gives the cached binary byte for byte")
+    known = [first_dir, rebuild.build_dir, entry.path]
+    if masked(first, known, entry.root) == masked(cached, known, entry.root):
+        return Verdict(entry, "identical-but-paths", rebuild=rebuild, note=(
+            "a fresh compile differs from the cached binary only where it embeds its build "
+            f"directory ({rebuild.build_dir} in the cached one): not stale"))
+    # Where the compiler can map its build directory back to the recorded one, the remaining
+    # builds do: a binary whose debug information orders its strings by path then compares.
+    map_back = rebuild.kind in ("gcc", "clang")
+    how = f"{rebuild.origin}, run again in a private directory: {rebuild.shown()}"
+    if map_back:
+        first, first_dir, problem = _build(rebuild, parent, processes, timeout, map_back)
+        if first is None:
+            return _unverified(entry, problem, rebuild)
+        if first == cached:
+            return Verdict(entry, "identical-but-paths", rebuild=rebuild, note=(
+                "a fresh compile differs from the cached binary only where it names its build "
+                f"directory: with {rebuild.build_dir} written there (-ffile-prefix-map), as the "
+                "original compile had it, the bytes are the same: not stale"))
+        how += f" (with -ffile-prefix-map=<private dir>={rebuild.build_dir})"
+    second, second_dir, problem = _build(rebuild, parent, processes, timeout, map_back)
+    if second is None:
+        return _unverified(entry, f"the second compile: {problem}", rebuild)
+    known += [first_dir, second_dir]
+    if masked(first, known, entry.root) != masked(second, known, entry.root):
+        return Verdict(entry, "non-deterministic", rebuild=rebuild,
+                       findings=[nondeterministic_finding(entry, first, second, how)])
+    return Verdict(entry, "stale", rebuild=rebuild,
+                   findings=[stale_finding(entry, cached, first, how)])
+
+
+def _unverified(entry: CacheEntry, why: str, rebuild: Rebuild | None = None) -> Verdict:
+    return Verdict(entry, "unverified", rebuild=rebuild, note=why, findings=[unverified_finding(
+        entry, why, rebuild.origin if rebuild else "the rebuild oracle's plan for the entry")])
+
+
+# ------------------------------------------------------------------------------ the oracle
+
+
+def ledger_trust(ledger: Ledger | None, env: Mapping[str, str]
+                 ) -> Callable[[CompileRecord], str | None]:
+    """Why a record's command needs --yes, or None: another user's ledger file, or a record
+    whose seal this user's secret does not confirm."""
+    owner = None
+    if ledger is not None and ledger.path and os.path.exists(ledger.path):
+        uid = os.stat(ledger.path).st_uid
+        if uid != os.geteuid():
+            owner = f"the ledger {ledger.path} belongs to another user (uid {uid})"
+    key = seal.user_key(env, create=False)
+
+    def trust(record: CompileRecord) -> str | None:
+        if owner is not None:
+            return owner
+        checked = seal.check(record, key)
+        return None if checked.trusted else f"record {record.record_id[:12]}: {checked.reason}"
+
+    return trust
+
+
+def verify(entries: Sequence[CacheEntry], env: Mapping[str, str], *,
+           ledger: Ledger | None = None, options: VerifyOptions | None = None,
+           say: Say | None = None) -> VerifyResult:
+    """Rebuild `entries` (or a sample of them) and judge each; `say` hears the commands to be
+    run and the progress. Raises UntrustedCommands before running anything when a command
+    comes from a record this user did not seal and `options.yes` is not set."""
+    options = options or VerifyOptions()
+    say = say or (lambda _line: None)
+    chosen = sample(entries, options.sample, options.seed)
+    result = VerifyResult(entries=chosen, total=len(entries), verdicts=[],
+                          seed=options.seed if options.sample is not None
+                          and options.sample < len(entries) else None)
+    if result.seed is not None:
+        say(f"sampled {len(chosen)} of {len(entries)} entries (seed {options.seed}): "
+            + ", ".join(os.path.basename(e.path) for e in chosen))
+    auditor = Auditor(env=env, ledger=ledger, full_records=True)
+    auditor.load(chosen)
+    trust = ledger_trust(ledger, env)
+    rebuilds: list[Rebuild] = []
+    for entry in chosen:
+        planned = plan(entry, auditor.record_for(entry), env, trust)
+        if isinstance(planned, str):
+            result.verdicts.append(_unverified(entry, planned))
+        else:
+            rebuilds.append(planned)
+    result.planned = rebuilds
+    if options.dry_run:
+        return result
+    untrusted = [r for r in rebuilds if r.needs_yes]
+    if untrusted and not options.yes:
+        raise UntrustedCommands(
+            f"{len(untrusted)} of the commands to run come from records this user did not "
+            f"seal ({untrusted[0].needs_yes}): read them with --dry-run, then run again with "
+            "--yes to run them")
+    for rebuild in rebuilds:
+        say(f"will run for {rebuild.entry.path}: {rebuild.shown()}  # {rebuild.origin}; "
+            + "; ".join(rebuild.notes))
+    result.verdicts += _run_all(rebuilds, options, say)
+    result.verdicts.sort(key=lambda v: v.entry.path)
+    return result
+
+
+def _run_all(rebuilds: Sequence[Rebuild], options: VerifyOptions, say: Say) -> list[Verdict]:
+    if not rebuilds:
+        return []
+    cores = os.cpu_count() or 1
+    workers = max(1, min(options.jobs or cores, cores, len(rebuilds)))
+    processes = _Processes()
+    parent = tempfile.mkdtemp(prefix="cacheaudit-verify-")
+    verdicts: list[Verdict] = []
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cacheaudit-verify")
+    try:
+        futures = {pool.submit(judge, r, parent, processes, options.timeout): r
+                   for r in rebuilds}
+        for done, future in enumerate(as_completed(futures), 1):
+            rebuild = futures[future]
+            try:
+                verdict = future.result()
+            except Exception as exc:  # noqa: BLE001 - one entry's failure is its own verdict
+                verdict = _unverified(rebuild.entry, f"{type(exc).__name__}: {exc}", rebuild)
+            verdicts.append(verdict)
+            say(f"[{done}/{len(rebuilds)}] {rebuild.entry.path}: {verdict.outcome}"
+                + (f" ({verdict.note})" if verdict.outcome == "unverified" else ""))
+    finally:
+        processes.kill_all()
+        pool.shutdown(wait=True, cancel_futures=True)
+        shutil.rmtree(parent, ignore_errors=True)
+    return verdicts
+
+
+# ------------------------------------------------------------------------------ scan --verify
+
+
+def verify_scan(result: ScanResult, env: Mapping[str, str], *, ledger: Ledger | None = None,
+                options: VerifyOptions | None = None, say: Say | None = None
+                ) -> tuple[ScanResult, VerifyResult]:
+    """`scan --verify`: the oracle on the scan's suspects. A proven-fresh entry loses its
+    inferred findings and CA501 and its other findings say it was proven; a proven-stale one
+    gains CA403 (a non-deterministic one CA404); scan-wide findings say what was proven."""
+    verified = verify(suspects(result), env, ledger=ledger, options=options, say=say)
+    proofs = {v.entry.path: (v.outcome, v.note) for v in verified.verdicts}
+    findings = settle(result.findings, proofs) + verified.findings
+    return replace(result, findings=findings), verified

@@ -1,0 +1,135 @@
+"""Seals: which recorded commands the rebuild oracle may run without asking.
+
+The rebuild oracle (`cacheaudit verify`) runs a compile record's command again. A ledger is a
+plain SQLite file: another user's ledger, one restored from a CI artefact, or one edited after
+the fact would otherwise let whoever wrote it choose the options and environment of a compile
+the oracle runs. So every compile record is sealed when it is written: an HMAC-SHA256 over the
+command (argv, effective argv, working directory, environment, record id), keyed by a secret of
+the user who writes it. The oracle runs a record's command only when the seal checks out with the
+current user's secret; anything else (no seal, another key, a command changed since) needs the
+user's `--yes`.
+
+The secret is 32 random bytes in `$XDG_CONFIG_HOME/cacheaudit/seal.key` (default
+`~/.config/cacheaudit/seal.key`), mode 0600 in a 0700 directory, created on first use (the
+first recorded compile). Standard library only: the shim's recording path imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import json
+import os
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from cacheaudit.model import CompileRecord
+
+VERSION = "v1"
+KEY_BYTES = 32
+KEY_FILE = "seal.key"
+
+
+def key_path(env: Mapping[str, str]) -> str:
+    """Where the current user's sealing secret lives under `env`."""
+    config = env.get("XDG_CONFIG_HOME") or os.path.join(
+        env.get("HOME") or os.path.expanduser("~"), ".config")
+    return os.path.join(config, "cacheaudit", KEY_FILE)
+
+
+def user_key(env: Mapping[str, str], *, create: bool = True) -> bytes | None:
+    """The current user's secret, created (0600, in a 0700 directory) when `create` and there is
+    none yet; None when it cannot be read or made. A file another user owns, one others can
+    read, or one of the wrong size is no secret: None."""
+    path = key_path(env)
+    try:
+        return _read_key(path)
+    except FileNotFoundError:
+        if not create:
+            return None
+    except OSError:
+        return None
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        pass  # another process made it first: read theirs
+    except OSError:
+        return None
+    else:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(os.urandom(KEY_BYTES))
+    try:
+        return _read_key(path)
+    except OSError:
+        return None
+
+
+def _read_key(path: str) -> bytes | None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077 or st.st_size != KEY_BYTES:
+            return None
+        data = os.read(fd, KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    return data if len(data) == KEY_BYTES else None
+
+
+def key_id(key: bytes) -> str:
+    """A public name for a secret: tells "sealed by someone else" from "changed since"."""
+    return hashlib.sha256(b"cacheaudit-seal-id:" + key).hexdigest()[:16]
+
+
+def command_text(record: CompileRecord) -> bytes:
+    """What a seal covers: everything of a record the oracle's command is made from."""
+    return json.dumps({
+        "record": record.record_id,
+        "argv": list(record.argv),
+        "effective": [[t.text, t.origin] for t in record.effective_argv],
+        "cwd": record.cwd,
+        "env": sorted([str(k), str(v)] for k, v in record.env.items()),
+    }, sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogateescape")
+
+
+def seal_of(record: CompileRecord, key: bytes) -> str:
+    mac = hmac.new(key, command_text(record), hashlib.sha256).hexdigest()
+    return f"{VERSION}:{key_id(key)}:{mac}"
+
+
+def sealed(record: CompileRecord, env: Mapping[str, str]) -> CompileRecord:
+    """`record` with its seal, for a compile that has a command; unchanged when it has none or
+    no secret can be had (it is then unsealed, and the oracle asks before running it)."""
+    if record.event != "compile" or not record.argv or record.reconstructed:
+        return record
+    key = user_key(env)
+    if key is None:
+        return record
+    return dataclasses.replace(record, seal=seal_of(record, key))
+
+
+class SealCheck(NamedTuple):
+    trusted: bool
+    reason: str
+    """Why not, in words ("" when trusted)."""
+
+
+def check(record: CompileRecord, key: bytes | None) -> SealCheck:
+    """Whether `record`'s command is as the current user (`key`) wrote it."""
+    if not record.seal:
+        return SealCheck(False, "its command carries no seal (written before sealing, or by "
+                                "a writer without a secret)")
+    if key is None:
+        return SealCheck(False, "this user has no sealing secret to check it with")
+    parts = record.seal.split(":")
+    if len(parts) != 3 or parts[0] != VERSION:
+        return SealCheck(False, "its seal is not one this cacheaudit writes")
+    if parts[1] != key_id(key):
+        return SealCheck(False, "it was sealed with another user's secret (a ledger copied "
+                                "from another user or machine)")
+    if not hmac.compare_digest(record.seal, seal_of(record, key)):
+        return SealCheck(False, "its command was changed after it was written (the seal does "
+                                "not match)")
+    return SealCheck(True, "")
