@@ -102,6 +102,10 @@ def unverified_finding(entry: CacheEntry, why: str, how: str) -> Finding:
 _SETTLED_BY_PROOF = ("CA501",)
 """Per-entry codes a proof of freshness settles: the entry could not be judged."""
 
+_FUTURE_RISK = ("CA102",)
+"""Per-entry codes about what a future edit would do: a proof of freshness today leaves them
+true, however their evidence was gathered (a reconstructed include graph is inferred)."""
+
 
 def suspects(result: ScanResult) -> list[CacheEntry]:
     """The entries of a scan whose verdict is only a suspicion: no finding proves them stale
@@ -123,15 +127,17 @@ def suspects(result: ScanResult) -> list[CacheEntry]:
 
 def settle(findings: Sequence[Finding], proofs: Mapping[str, tuple[str, str]]) -> list[Finding]:
     """A scan's findings once the oracle has judged some entries (`proofs`: entry path ->
-    (outcome, note)). A proven-fresh entry loses its inferred findings and its CA501, and its
-    other findings (a future edit would go unseen: CA102) say it was proven; the scan's
+    (outcome, note)). A proven-fresh entry loses its CA501 and its inferred suspicions of
+    staleness, and its other findings (a future edit would go unseen: CA102, even one resting on
+    a reconstructed graph) say it was proven; the scan's
     environment findings (CA2xx) say how many entries were proven either way."""
     fresh = {path for path, (outcome, _) in proofs.items() if outcome.startswith("identical")}
     stale = sum(1 for outcome, _ in proofs.values() if outcome == "stale")
     settled: list[Finding] = []
     for finding in findings:
         if finding.entry in fresh:
-            if finding.inferred or finding.code in _SETTLED_BY_PROOF:
+            if finding.code in _SETTLED_BY_PROOF or (
+                    finding.inferred and finding.code not in _FUTURE_RISK):
                 continue
             finding = replace(finding, message=f"{finding.message} (rebuild oracle: "
                                                f"{proofs[finding.entry][1]})")
