@@ -121,11 +121,14 @@ class _Session:
             raise
 
     def _start(self, config: pytest.Config, fail_on: str) -> None:
-        from cacheaudit import runtimes
+        from cacheaudit import runtimes, startup
         from cacheaudit.session import prepare
         from cacheaudit.switches import LEDGER
 
         self.config = config
+        # A start-up hook session of this process (`CACHEAUDIT=1 pytest --cacheaudit`) is this
+        # test run: reported here, once, not again by the hook at exit.
+        startup.leave_audit("pytest --cacheaudit")
         # An xdist worker inherits the environment its controller prepared; a pytest started
         # from inside some other xdist worker (pytester, say) inherits PYTEST_XDIST_WORKER alone.
         # `pytest_configure` checks the guess against `config.workerinput`.

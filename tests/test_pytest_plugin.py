@@ -112,6 +112,21 @@ def test_stale_hit_is_reported_with_the_tests_and_fails_the_session(
     assert again.ret == pytest.ExitCode.OK
 
 
+def test_a_start_up_hook_session_is_reported_once_by_the_plugin(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    """`CACHEAUDIT=1 pytest --cacheaudit`: the start-up hook prepares the session in the pytest
+    process and would audit it at exit; the plugin reports the run, the hook stays quiet."""
+    project.makepyfile(test_stale=STALE_SUITE)
+    monkeypatch.setenv("CACHEAUDIT", "1")
+    result = project.runpytest_subprocess("--cacheaudit", "--cacheaudit-fail-on=never",
+                                          "-p", "no:randomly")
+    result.assert_outcomes(passed=3)
+    out = result.stdout.str() + result.stderr.str()
+    assert "third/cutlite/tile.h" in out, out
+    # The hook's exit report writes "cacheaudit: CA101 error: <file>: ..." on stderr.
+    assert "cacheaudit: CA101" not in out, out
+
+
 def test_every_record_once_under_xdist(project: pytest.Pytester, tmp_path: Path):
     tests = "\n".join(
         f"def test_kernel_{n}(runtime):\n"
