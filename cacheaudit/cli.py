@@ -150,6 +150,10 @@ def scan(
     verify_keys: Annotated[bool | None, typer.Option(
         "--verify-keys/--no-verify-keys",
         help="Recompute every entry's key, not only where a tracked input changed.")] = None,
+    include_dir: Annotated[list[str] | None, typer.Option(
+        "--include-dir", help="An installed library's include tree (or its package directory) "
+        "that entries built without recording were compiled against, where the scan cannot "
+        "find it on PYTHONPATH (DeepGEMM's deep_gemm/include); repeatable.")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on long scans.")] = True,
     verify: Annotated[bool, typer.Option(
         "--verify", help="Then rebuild the entries whose verdict is only a warning or "
@@ -174,7 +178,9 @@ def scan(
     options = audit.AuditOptions(
         select=frozenset(selected), ignore=frozenset(ignored),
         reconstruct=settings.reconstruct if reconstruct is None else reconstruct,
-        verify_keys=settings.verify_keys if verify_keys is None else verify_keys)
+        verify_keys=settings.verify_keys if verify_keys is None else verify_keys,
+        include_dirs=tuple(os.path.abspath(os.path.expanduser(d)) for d in include_dir or ())
+        + tuple(settings.include_dirs))
     from cacheaudit.ledger import open_ledger
 
     console = _console()

@@ -4,8 +4,9 @@ Precedence, lowest first: 1. the defaults below; 2. `[tool.cacheaudit]` of the n
 pyproject.toml at or above the working directory; 3. command-line options (and the
 CACHEAUDIT_LEDGER variable, which stands for `--ledger`).
 
-Paths in the table (`ledger`, `paths`) are read as the project means them wherever the command
-runs: `~` is expanded, and a relative path is taken from the pyproject.toml's directory.
+Paths in the table (`ledger`, `paths`, `include-dirs`) are read as the project means them
+wherever the command runs: `~` is expanded, and a relative path is taken from the
+pyproject.toml's directory.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class Settings:
     ledger: str | None = None
     reconstruct: bool = True
     verify_keys: bool = False
+    include_dirs: list[str] = field(default_factory=list)
+    """Include trees of installed libraries a scan cannot find on its own (`--include-dir`):
+    DeepGEMM's `deep_gemm/include`, for entries built without recording."""
 
 
 # key in [tool.cacheaudit] -> (attribute, expected type)
@@ -54,6 +58,7 @@ _TABLE: dict[str, tuple[str, type]] = {
     "ledger": ("ledger", str),
     "reconstruct": ("reconstruct", bool),
     "verify-keys": ("verify_keys", bool),
+    "include-dirs": ("include_dirs", list),
 }
 
 
@@ -118,4 +123,5 @@ def apply_table(settings: Settings, table: Mapping[str, Any], path: str) -> None
     if settings.ledger:
         settings.ledger = resolve_path(settings.ledger, base)
     settings.paths = [resolve_path(p, base) for p in settings.paths]
+    settings.include_dirs = [resolve_path(p, base) for p in settings.include_dirs]
 

@@ -166,6 +166,14 @@ class Policy:
         holds the compiler's own output."""
         return False
 
+    def for_audit(self, env: Mapping[str, str], include_dirs: Sequence[str]) -> Policy:
+        """This policy as an audit under `env` uses it, with the include trees the user named
+        (`--include-dir`, `include-dirs` in [tool.cacheaudit]): a runtime that compiles against
+        an installed package's headers and writes no command into its entries finds them
+        there, or on the audit's PYTHONPATH. Asked once per audit and runtime. Default: the
+        policy itself, which depends on neither."""
+        return self
+
     def compiling_process(self, record: CompileRecord) -> int | None:
         """The pid of the runtime process that asked for a compile, from what the runtime itself
         put in the record. Default: unknown (the audit then knows a record's process only where

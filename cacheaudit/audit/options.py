@@ -15,6 +15,9 @@ class AuditOptions:
     ignore: frozenset[str] = frozenset()
     reconstruct: bool = True
     verify_keys: bool = False
+    include_dirs: tuple[str, ...] = ()
+    """Include trees the user named (`--include-dir`), for policies whose runtime takes its
+    headers from an installed package (`Policy.for_audit`)."""
 
 
 def fails(findings: Iterable[Finding], fail_on: str) -> bool:

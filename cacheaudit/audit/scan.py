@@ -137,6 +137,7 @@ class Auditor:
     observed: ObservedEnvironments | None = None
     """The environments a scope's observers saw its entries under (`AuditContext.observed`)."""
     context: AuditContext = field(init=False)
+    _policies: dict[str, Policy] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.context = AuditContext(env=self.env, options=self.options, cache=self.cache,
@@ -234,10 +235,21 @@ class Auditor:
         except Exception as exc:  # noqa: BLE001 - reported as a finding, never swallowed
             return [*findings, internal_error_finding(entry, exc)]
 
+    def policy_for_audit(self, entry: CacheEntry) -> tuple[Policy | None, str]:
+        """The entry's policy as this audit uses it (`Policy.for_audit`: the audit's environment
+        and the include trees the user named), once per runtime."""
+        if entry.runtime in self._policies:
+            return self._policies[entry.runtime], ""
+        policy, missing = policy_of(entry)
+        if policy is not None:
+            policy = policy.for_audit(self.env, self.options.include_dirs)
+            self._policies[entry.runtime] = policy
+        return policy, missing
+
     def _judge(self, entry: CacheEntry, findings: list[Finding]) -> list[Finding]:
         findings = list(findings)
         context = self.context
-        policy, missing = policy_of(entry)
+        policy, missing = self.policy_for_audit(entry)
         if policy is None:
             findings.append(no_policy_finding(entry, missing))
             return findings

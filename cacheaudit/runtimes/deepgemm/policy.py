@@ -37,7 +37,7 @@ says which; the tracked set follows their own rules):
 
 from __future__ import annotations
 
-import importlib.util
+import copy
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -55,6 +55,7 @@ from cacheaudit.runtimes._deepseek import checks as family_checks
 from cacheaudit.runtimes._deepseek.environment import FLAVOUR_NAMES
 from cacheaudit.runtimes._deepseek.policy import EnvFamilies, FamilyPolicy
 from cacheaudit.runtimes._deepseek.recipe import build_directory_pid, split_mix
+from cacheaudit.runtimes.deepgemm import rebuild
 from cacheaudit.runtimes.deepgemm.layout import INCLUDE_HASH_PREFIX, PYTHON_HASH_LEN
 
 _MASK = (1 << 64) - 1
@@ -158,21 +159,22 @@ def _python_jit(entry: CacheEntry) -> bool:
     return entry.key is not None and len(entry.key) == PYTHON_HASH_LEN
 
 
-def _library_include(record: CompileRecord | None, package: str) -> str | None:
-    """The library's include directory: the `-I` of the recorded compile that holds the
-    package's header directory, else the installed package's (found, not imported)."""
+def _recorded_include(record: CompileRecord | None, package: str) -> str | None:
+    """The `-I` of a compile that holds the package's header directory: the library include
+    directory it compiled against (observed, or chosen when the entry was reconstructed)."""
     if record is not None:
-        for token in record.effective_argv:
-            if token.text.startswith("-I") and os.path.isdir(os.path.join(token.text[2:],
-                                                                          package)):
-                return token.text[2:]
-    spec = importlib.util.find_spec(package)
-    if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            include = os.path.join(location, "include")
-            if os.path.isdir(include):
-                return include
+        for text in _argv(record):
+            if text.startswith("-I") and os.path.isdir(os.path.join(text[2:], package)):
+                return text[2:]
     return None
+
+
+def _argv(record: CompileRecord) -> list[str]:
+    """The command line the runtime gave the compiler: the shim's tokens of origin "argv", or a
+    reconstruction's argv (which has no effective command)."""
+    if record.effective_argv:
+        return [t.text for t in record.effective_argv if t.origin == "argv"]
+    return list(record.argv)
 
 
 def compiler_signature(compiler: CompilerIdentity) -> str | None:
@@ -193,7 +195,7 @@ def _flags_and_signature(record: CompileRecord | None) -> tuple[str, str] | None
     file, joined by single spaces, are the flag string."""
     if record is None or record.compiler is None:
         return None
-    argv = [t.text for t in record.effective_argv if t.origin == "argv"]
+    argv = _argv(record)
     if "-o" not in argv:
         return None
     signature = compiler_signature(record.compiler)
@@ -243,6 +245,90 @@ class DeepGemmPolicy(FamilyPolicy):
         self.flavour: str | None = runtime  # "deepgemm", "deepep": FLAVOURS names
         # Since 7f2a703 the build directory is `<root>/tmp/<get_uuid()>`, named after the pid.
         self.compiling_process = build_directory_pid
+        self.audit_env: Mapping[str, str] | None = None
+        self.include_dirs: tuple[str, ...] = ()
+        self._signatures: dict[str, str | None] = {}
+
+    def for_audit(self, env: Mapping[str, str], include_dirs: Sequence[str]) -> DeepGemmPolicy:
+        # The include tree of an unrecorded entry is looked for on the audit's PYTHONPATH and
+        # among the trees the user named.
+        policy = copy.copy(self)
+        policy.audit_env = env
+        policy.include_dirs = tuple(include_dirs)
+        policy._signatures = {}
+        return policy
+
+    # ------------------------------------------------------------ the library include tree
+
+    def _env(self) -> Mapping[str, str]:
+        return self.audit_env if self.audit_env is not None else os.environ
+
+    def _trees(self) -> list[str]:
+        return rebuild.include_trees(self.prefix, self.include_dirs, self._env())
+
+    def _include_hash(self, tree: str, generated: str) -> str | None:
+        try:
+            return _IncludeHasher(tree, self.prefix).code_hash(generated)
+        except (NonStandardInclude, OSError):
+            return None
+
+    def _edited_since_build(self, entry: CacheEntry, tree: str, generated: str) -> bool:
+        """Whether a tracked header under `tree` changed after the entry's binary was written:
+        the tree then explains an include hash that no longer matches (DeepGEMM misses)."""
+        built = entry.built_ns
+        if built is None:
+            return False
+        names: set[str] = set()
+        pending = [generated]
+        try:
+            while pending:
+                for include in tracked_includes(pending.pop(), self.prefix):
+                    if include in names:
+                        continue
+                    names.add(include)
+                    path = os.path.join(tree, include)
+                    st = os.stat(path)
+                    if max(st.st_mtime_ns, st.st_ctime_ns) > built:
+                        return True
+                    pending.append(read_header(path))
+        except (NonStandardInclude, OSError):
+            return False
+        return False
+
+    def _tree_for(self, entry: CacheEntry) -> str | None:
+        """The include tree that built an unrecorded entry: the first candidate whose include
+        hash is the one kernel.cu records, else one whose tracked headers changed since the
+        build, else (nothing says which) the first; None when there is none."""
+        trees = self._trees()
+        split = _split_source(entry)
+        if not trees or isinstance(split, str) or not split[0]:
+            return trees[0] if trees else None
+        recorded, generated = split
+        for tree in trees:
+            if self._include_hash(tree, generated) == recorded:
+                return tree
+        return next((t for t in trees if self._edited_since_build(entry, t, generated)),
+                    trees[0])
+
+    def _include_dir(self, entry: CacheEntry, record: CompileRecord | None) -> str | None:
+        return _recorded_include(record, self.prefix) or self._tree_for(entry)
+
+    def _tree_problem(self, entry: CacheEntry, tree: str) -> str | None:
+        """Why `tree` is not known to be the one that built the entry: its include hash is
+        not kernel.cu's and none of its tracked headers changed since the build."""
+        split = _split_source(entry)
+        if isinstance(split, str) or not split[0]:
+            return None
+        recorded, generated = split
+        if (self._include_hash(tree, generated) == recorded
+                or self._edited_since_build(entry, tree, generated)):
+            return None
+        seen = ", ".join(f"{t} gives {self._include_hash(t, generated) or 'no hash'}"
+                         for t in dict.fromkeys([tree, *self._trees()]))
+        return (f"the include hash in kernel.cu ({recorded}) matches none of the "
+                f"{self.prefix} include trees found ({seen}), and none of their tracked "
+                f"headers changed since the build: another {self.prefix} built this entry; "
+                f"name its include tree with --include-dir")
 
     def env_families(self, entry: CacheEntry, env: Mapping[str, str]) -> EnvFamilies:
         prefix = self.env_prefixes[0]
@@ -258,7 +344,7 @@ class DeepGemmPolicy(FamilyPolicy):
         return family_checks.prefix_fallback_findings(entries, env)
 
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
-        include_dir = _library_include(record, self.prefix)
+        include_dir = self._include_dir(entry, record)
         name = _source_name(entry)
         how = (f"{self.runtime}'s include regex over {name}: <{self.prefix}...> in the library "
                f"include dir")
@@ -268,7 +354,12 @@ class DeepGemmPolicy(FamilyPolicy):
             return TrackedSet(frozenset(paths), error=split, how=how)
         if include_dir is None:
             return TrackedSet(frozenset(paths), error="the library include directory is unknown "
-                              f"(no recorded compile, {self.prefix} not installed)", how=how)
+                              f"(no recorded compile, no {self.prefix} on PYTHONPATH or "
+                              "sys.path, none named with --include-dir)", how=how)
+        if record is None or record.reconstructed:
+            problem = self._tree_problem(entry, include_dir)
+            if problem is not None:
+                return TrackedSet(frozenset(paths), error=problem, how=how)
         legacy = None
         if _python_jit(entry):
             legacy = (_python_jit_tracked, "the Python JIT's get_deep_gemm_version(): the "
@@ -316,7 +407,7 @@ class DeepGemmPolicy(FamilyPolicy):
         recorded_hash, generated = split
         if not recorded_hash:
             return KeyCheck(None, tuple(components), PRE_INCLUDE_HASH_NOTE)
-        include_dir = _library_include(record, self.prefix)
+        include_dir = self._include_dir(entry, record)
         if include_dir is None:
             return KeyCheck(None, tuple(components), "the library include directory is unknown")
         try:
@@ -345,9 +436,38 @@ class DeepGemmPolicy(FamilyPolicy):
         return compiler_signature(recorded) != compiler_signature(current)
 
     def dependency_command(self, entry: CacheEntry) -> tuple[list[str], str] | None:
-        # DeepGEMM writes no command into the entry, and without a recorded compile the flags
-        # (arch, C++ standard, include directory) are unknown.
-        return None
+        # DeepGEMM writes no command into the entry: the include tree, the compiler and the
+        # flags are found from the audit's environment, and confirmed by the include hash and
+        # the key where they can be (rebuild.py).
+        if _python_jit(entry) or entry.source is None or entry.binary is None:
+            return None
+        binary = os.path.basename(entry.binary.path)
+        kind = "nvcc" if binary.endswith(".cubin") else "gxx"
+        tree = self._tree_for(entry)
+        compiler = rebuild.configured_compiler(kind, self._env(), self.env_prefixes[0])
+        if tree is None or compiler is None:
+            return None
+        candidates = rebuild.flag_strings(kind, tree, self._env(), self.env_prefixes[0])
+        signature = self._signature(compiler)
+        try:
+            code = read_input(entry.source.path)
+        except OSError:
+            code = None
+        flags = candidates[0]
+        if signature is not None and code is not None and entry.key:
+            flags = rebuild.matching_flags(
+                candidates, lambda f: hex_digest(f"{entry.kernel}$${signature}$${f}$${code}"),
+                entry.key) or flags
+        return rebuild.command(kind, compiler, entry.path, binary, flags), entry.path
+
+    def _signature(self, compiler: str) -> str | None:
+        if compiler not in self._signatures:
+            from cacheaudit import compilers
+
+            identity = compilers.identify(compiler, env=self._env())
+            self._signatures[compiler] = (compiler_signature(identity) if identity.error is None
+                                          else None)
+        return self._signatures[compiler]
 
 
 POLICIES = {"deepgemm": DeepGemmPolicy("deepgemm", "deep_gemm", "DG"),
