@@ -9,13 +9,21 @@ the fresh binary with the cached one.
 - equal: proven fresh; equal once the build directories embedded in both are masked (a host
   object's debug information names them): proven fresh, and said so;
 - different: a second build in another private directory; if the two fresh builds differ
-  from each other the build is not deterministic (CA404), else the entry is stale (CA403).
+  from each other the build is not deterministic (CA404), else the entry is stale (CA403),
+  unless the runtime's key for the inputs as they are now is another entry's and no live
+  process keeps the old one (`superseded`: no new process is served it);
+- the compiler runs and fails: a fresh compile cannot rebuild the cached binary any more (a
+  dependency deleted), also CA403 (`fails`), with the compiler's first error line.
+
+The question is "would a fresh compile now give the cached binary?", so the rebuild runs under
+the CURRENT environment, as a fresh compile now would see it; the verdict names the
+compile-affecting variables (`envvars.compile_environment`) whose values differ from the
+recorded ones, which is how an environment change after the build is proven.
 
 What runs (docs/security.md): the command is the record's argv with the source and output
 paths moved into the private directory (the entry's own source copied there), include
-directories as recorded, the recorded compile-affecting environment over the current one (for
-an entry without a record: the layout's own command, `Policy.dependency_command`, and the
-current environment). Never the program a cache or ledger names: the compiler is the one the
+directories as recorded, the current environment (for an entry without a record: the layout's
+own command, `Policy.dependency_command`). Never the program a cache or ledger names: the compiler is the one the
 user's configuration resolves (`Policy.compiler_variables`, else the kind's usual place or its
 name on PATH), of a known kind; variables that pick programs keep the user's values; a command
 whose options pick programs (`-ccbin`, `-B`, `-fplugin`, ...) runs only from a record this user
@@ -42,6 +50,8 @@ from dataclasses import dataclass, field, replace
 
 from cacheaudit import compilers, envvars, seal
 from cacheaudit.audit.checks.rebuild import (
+    failed_finding,
+    first_error_line,
     masked,
     nondeterministic_finding,
     picks_program,
@@ -51,6 +61,7 @@ from cacheaudit.audit.checks.rebuild import (
     suspects,
     unverified_finding,
 )
+from cacheaudit.audit.context import live_process
 from cacheaudit.audit.scan import SOURCE_LIMIT, Auditor, ScanResult, policy_of, refuse_inputs
 from cacheaudit.digest import StateCache, read_file
 from cacheaudit.exceptions import CacheAuditError, ExitCode, UsageError
@@ -110,6 +121,21 @@ class Rebuild:
     """Why the command runs only with --yes (a record this user did not seal); None when not."""
     env_changes: str = ""
     """How `env` differs from the caller's environment, as `env` arguments."""
+    record: CompileRecord | None = None
+    """The compile the scan ties to the entry (observed or reconstructed), for its key and its
+    process."""
+    drift: list[str] = field(default_factory=list)
+    """The compile-affecting variables whose value now differs from the recorded one, each as
+    `NAME (recorded V, now W)`."""
+
+    def under(self) -> str:
+        """The environment the rebuild ran under, in words."""
+        if self.drift:
+            return ("under the current environment, which differs from the recorded one in "
+                    + "; ".join(self.drift))
+        if self.record is not None and not self.record.reconstructed:
+            return "under the current environment, as recorded in every compile-affecting variable"
+        return "under the current environment"
 
     def command_in(self, directory: str) -> tuple[list[str], str, str]:
         """(argv, cwd, output) with the build directory moved to `directory`."""
@@ -128,10 +154,15 @@ class Rebuild:
 class Verdict:
     entry: CacheEntry
     outcome: str
-    """identical, identical-but-paths, stale, non-deterministic, unverified."""
+    """identical, identical-but-paths, stale, fails, superseded, non-deterministic,
+    unverified."""
     findings: list[Finding] = field(default_factory=list)
     note: str = ""
     rebuild: Rebuild | None = None
+
+
+OUTCOMES = ("identical", "identical-but-paths", "stale", "fails", "superseded",
+            "non-deterministic", "unverified")
 
 
 @dataclass
@@ -158,8 +189,7 @@ class VerifyResult:
 
     def summary(self) -> str:
         counts = self.counts()
-        parts = [f"{counts[o]} {o}" for o in ("identical", "identical-but-paths", "stale",
-                                             "non-deterministic", "unverified") if counts.get(o)]
+        parts = [f"{counts[o]} {o}" for o in OUTCOMES if counts.get(o)]
         sampled = (f" (a sample of {len(self.entries)} of {self.total}, seed {self.seed})"
                    if self.seed is not None else "")
         return (f"{len(self.entries)} entr{'y' if len(self.entries) == 1 else 'ies'} "
@@ -252,27 +282,32 @@ def resolve_compiler(entry: CacheEntry, name: str, env: Mapping[str, str]
     return found, how
 
 
-def _environment(record: CompileRecord | None, env: Mapping[str, str],
-                 notes: list[str]) -> dict[str, str]:
-    """The environment of a rebuild: the current one, with the record's compile-affecting
-    variables as recorded, except those that pick programs (PATH, CUDA_HOME, CXX, ...), which
-    keep the user's values; never through cacheaudit's shim, never recorded."""
+def _environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a rebuild: the current one, as a fresh compile now sees it; never
+    through cacheaudit's shim, never recorded."""
     child = dict(env)
-    if record is not None:
-        for name in envvars.compile_environment(env):
-            if name not in record.env and not envvars.selects_compiler(name):
-                child.pop(name, None)
-        for name, value in record.env.items():
-            if envvars.selects_compiler(name):
-                if env.get(name) != value:
-                    notes.append(f"{name} kept as it is now (it picks a program)")
-            elif envvars.REDACTED in value:
-                notes.append(f"{name} was recorded redacted: its value now is used")
-            else:
-                child[name] = value
     child["PATH"] = strip_masquerade_dirs(child.get("PATH", os.defpath))
     child[DISABLE_VARIABLE] = "1"
     return child
+
+
+def drift(record: CompileRecord | None, env: Mapping[str, str]) -> list[str]:
+    """The compile-affecting variables whose value in `env` differs from the record's, each as
+    `NAME (recorded V, now W)`, values redacted as the shim stores them; nothing for an entry
+    without an observed compile (its environment at the build is unknown)."""
+    if record is None or record.reconstructed:
+        return []
+    now = envvars.compile_environment(env)
+    changed = []
+    for name in sorted(set(now) | set(record.env)):
+        then, current = record.env.get(name), now.get(name)
+        if then != current and name != DISABLE_VARIABLE:
+            changed.append(f"{name} (recorded {_shown(then)}, now {_shown(current)})")
+    return changed
+
+
+def _shown(value: str | None) -> str:
+    return "unset" if value is None else shlex.quote(value)
 
 
 def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str],
@@ -284,6 +319,7 @@ def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str]
         return "the entry keeps no source to compile"
     notes: list[str] = []
     needs_yes = None
+    tied = record
     if record is not None and not record.reconstructed and record.argv:
         invoked = record.compiler.invoked if record.compiler else record.observer.split(":")[-1]
         args, cwd = list(record.argv), record.cwd
@@ -320,7 +356,10 @@ def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str]
     outside = next((o for o in outputs if not o.startswith(build_dir + os.sep)), None)
     if outside is not None:
         return f"the command also writes {outside}, outside its build directory: not run"
-    child_env = _environment(record, env, notes)
+    child_env = _environment(env)
+    changes = drift(record, env)
+    if changes:
+        notes.append("the environment differs from the recorded one in " + "; ".join(changes))
     if record is None or needs_yes is not None:
         flags = [t for name in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
                  for t in child_env.get(name, "").split()]
@@ -338,7 +377,8 @@ def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str]
     unset = [f"-u {k}" for k in sorted(envvars.compile_environment(env)) if k not in child_env]
     return Rebuild(entry=entry, compiler=compiler, args=args, cwd=cwd, build_dir=build_dir,
                    output=output, kind=kind, env=child_env, origin=origin, notes=notes,
-                   needs_yes=needs_yes, env_changes=" ".join(unset + changed))
+                   needs_yes=needs_yes, env_changes=" ".join(unset + changed), record=tied,
+                   drift=changes)
 
 
 # ------------------------------------------------------------------------------ running
@@ -392,9 +432,19 @@ def private_dir(parent: str, length: int) -> str:
     return os.path.join(base, *parts) if all(parts) else os.path.join(base, "b")
 
 
+@dataclass
+class _Built:
+    binary: bytes | None
+    directory: str
+    problem: str = ""
+    failed: str | None = None
+    """The compiler's first error line when it ran and exited non-zero (the inputs no longer
+    build); None when it succeeded or could not be run at all."""
+
+
 def _build(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float,
-           map_back: bool = False) -> tuple[bytes | None, str, str]:
-    """(binary, build directory, problem) of one fresh compile in a new private directory;
+           map_back: bool = False) -> _Built:
+    """The binary (or the problem) of one fresh compile in a new private directory;
     `map_back` has gcc or clang write the recorded build directory wherever the binary names
     its own (`-ffile-prefix-map`), as the original compile did."""
     directory = private_dir(parent, len(rebuild.build_dir))
@@ -409,23 +459,27 @@ def _build(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float,
     try:
         process = processes.start(argv, cwd, rebuild.env)
     except OSError as exc:
-        return None, directory, f"cannot run {argv[0]}: {exc.strerror or exc}"
+        return _Built(None, directory, f"cannot run {argv[0]}: {exc.strerror or exc}")
     try:
         out, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(process.pid)
         process.communicate()
-        return None, directory, f"the compile took longer than {timeout:g} s and was killed"
+        return _Built(None, directory,
+                      f"the compile took longer than {timeout:g} s and was killed")
     finally:
         processes.end(process)
     if process.returncode != 0:
-        tail = out.decode("utf-8", "replace").strip()[-300:]
-        return None, directory, f"the compile failed (exit {process.returncode}): {tail}"
+        text = out.decode("utf-8", "replace").replace(directory, "<private dir>")
+        problem = f"the compile failed (exit {process.returncode}): {text.strip()[-300:]}"
+        # Killed by a signal (negative status): the machine's doing, not the inputs'.
+        return _Built(None, directory, problem, failed=first_error_line(text)
+                      if process.returncode > 0 else None)
     try:
-        return read_file(output, BINARY_LIMIT), directory, ""
+        return _Built(read_file(output, BINARY_LIMIT), directory)
     except OSError as exc:
-        return None, directory, f"the compile wrote no readable {os.path.basename(output)} " \
-                                f"({exc.strerror or exc})"
+        return _Built(None, directory, f"the compile wrote no readable "
+                                       f"{os.path.basename(output)} ({exc.strerror or exc})")
 
 
 def judge(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float) -> Verdict:
@@ -437,40 +491,83 @@ def judge(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float) 
     except OSError as exc:
         return _unverified(entry, f"the cached binary cannot be read ({exc.strerror or exc})",
                            rebuild)
-    first, first_dir, problem = _build(rebuild, parent, processes, timeout)
-    if first is None:
-        return _unverified(entry, problem, rebuild)
-    if first == cached:
+    under = rebuild.under()
+    how = f"{rebuild.origin}, run again in a private directory {under}: {rebuild.shown()}"
+    first = _build(rebuild, parent, processes, timeout)
+    if first.failed is not None:
+        return _different(rebuild, "fails", failed_finding(entry, first.failed, how))
+    if first.binary is None:
+        return _unverified(entry, first.problem, rebuild)
+    if first.binary == cached:
         return Verdict(entry, "identical", rebuild=rebuild,
-                       note="a fresh compile gives the cached binary byte for byte")
-    known = [first_dir, rebuild.build_dir, entry.path]
-    if masked(first, known, entry.root) == masked(cached, known, entry.root):
+                       note=f"a fresh compile gives the cached binary byte for byte ({under})")
+    known = [first.directory, rebuild.build_dir, entry.path]
+    if masked(first.binary, known, entry.root) == masked(cached, known, entry.root):
         return Verdict(entry, "identical-but-paths", rebuild=rebuild, note=(
             "a fresh compile differs from the cached binary only where it embeds its build "
-            f"directory ({rebuild.build_dir} in the cached one): not stale"))
+            f"directory ({rebuild.build_dir} in the cached one): not stale ({under})"))
     # Where the compiler can map its build directory back to the recorded one, the remaining
     # builds do: a binary whose debug information orders its strings by path then compares.
     map_back = rebuild.kind in ("gcc", "clang")
-    how = f"{rebuild.origin}, run again in a private directory: {rebuild.shown()}"
     if map_back:
-        first, first_dir, problem = _build(rebuild, parent, processes, timeout, map_back)
-        if first is None:
-            return _unverified(entry, problem, rebuild)
-        if first == cached:
+        first = _build(rebuild, parent, processes, timeout, map_back)
+        if first.binary is None:
+            return _unverified(entry, first.problem, rebuild)
+        if first.binary == cached:
             return Verdict(entry, "identical-but-paths", rebuild=rebuild, note=(
                 "a fresh compile differs from the cached binary only where it names its build "
                 f"directory: with {rebuild.build_dir} written there (-ffile-prefix-map), as the "
-                "original compile had it, the bytes are the same: not stale"))
+                f"original compile had it, the bytes are the same: not stale ({under})"))
         how += f" (with -ffile-prefix-map=<private dir>={rebuild.build_dir})"
-    second, second_dir, problem = _build(rebuild, parent, processes, timeout, map_back)
-    if second is None:
-        return _unverified(entry, f"the second compile: {problem}", rebuild)
-    known += [first_dir, second_dir]
-    if masked(first, known, entry.root) != masked(second, known, entry.root):
+    second = _build(rebuild, parent, processes, timeout, map_back)
+    if second.binary is None:
+        return _unverified(entry, f"the second compile: {second.problem}", rebuild)
+    known += [first.directory, second.directory]
+    if masked(first.binary, known, entry.root) != masked(second.binary, known, entry.root):
         return Verdict(entry, "non-deterministic", rebuild=rebuild,
-                       findings=[nondeterministic_finding(entry, first, second, how)])
-    return Verdict(entry, "stale", rebuild=rebuild,
-                   findings=[stale_finding(entry, cached, first, how)])
+                       findings=[nondeterministic_finding(entry, first.binary, second.binary,
+                                                          how)])
+    return _different(rebuild, "stale", stale_finding(entry, cached, first.binary, how))
+
+
+def _different(rebuild: Rebuild, outcome: str, finding: Finding) -> Verdict:
+    """A fresh compile does not give the cached binary (it differs, or fails): CA403, unless the
+    runtime's key for the inputs as they are now is another entry's and no process that
+    computed the old key still runs: then no new process is served this binary."""
+    entry = rebuild.entry
+    moved, unknown = _key_moved(rebuild)
+    if moved is None:
+        if unknown:
+            finding = replace(finding, message=(
+                f"{finding.message}; whether the runtime's key still leads to this entry is "
+                f"unknown (the key cannot be recomputed: {unknown})"))
+        return Verdict(entry, outcome, rebuild=rebuild, findings=[finding], note=finding.message)
+    return Verdict(entry, "superseded", rebuild=rebuild, note=(
+        f"{finding.message}; but the runtime's key for the inputs as they are now is {moved}, "
+        f"not this entry's {entry.key}: a new process misses it and compiles, so nothing is "
+        "served this binary"))
+
+
+def _key_moved(rebuild: Rebuild) -> tuple[str | None, str]:
+    """(the key the runtime computes now, when it differs from the entry's and no live process
+    keeps computing the old one, else None; why the key cannot be recomputed, else "")."""
+    entry = rebuild.entry
+    policy, _ = policy_of(entry)
+    if policy is None or entry.key is None:
+        return None, "no policy knows the entry's key" if policy is None else "no key"
+    try:
+        check = policy.check_key(entry, rebuild.record, env=rebuild.env)
+    except Exception as exc:  # noqa: BLE001 - a key not recomputed leaves the proof as it is
+        return None, f"{type(exc).__name__}: {exc}"
+    matches = check.matches(entry.key)
+    if matches is None:
+        return None, check.note or "the runtime's recipe is not reproducible"
+    if matches:
+        return None, ""
+    if rebuild.record is not None and policy.caches_header_digests and \
+            live_process(rebuild.record, policy) is not None:
+        return None, ""  # that process still computes the old key (CA106): it is served this
+    return check.recomputed, ""
 
 
 def _unverified(entry: CacheEntry, why: str, rebuild: Rebuild | None = None) -> Verdict:
