@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_truth_table import EXPECTED
 
 from support import NVCC, needs_gxx
-from test_truth_table import EXPECTED
 from truth_table import GXX_ONLY, NVCC_ONLY, SCENARIOS, Outcome, run
 
 pytestmark = needs_gxx
@@ -31,8 +31,8 @@ OUTCOME = {"dependency_deleted": "fails"}
 
 
 def _report(outcome: Outcome) -> tuple[int, dict[str, Any], str]:
-    assert outcome.project is not None and outcome.project.verified is not None, outcome
-    return outcome.project.verified
+    assert outcome.project is not None and outcome.project.verified, outcome
+    return outcome.project.verified[-1]
 
 
 def _verdict(report: dict[str, Any], entry: str) -> dict[str, Any]:
@@ -46,7 +46,7 @@ def test_oracle_agrees_with_the_ground_truth(name: str, backend: str, tmp_path: 
     assert outcome.stale is EXPECTED[name][1], outcome  # the ground truth, as test_scenario has it
     if outcome.stale is None:
         # The runtime refused before compiling: no entry, nothing to rebuild.
-        assert outcome.project is not None and outcome.project.verified is None
+        assert outcome.project is not None and outcome.project.verified == []
         return
     code, report, stderr = _report(outcome)
     assert code == 0 and report, stderr
@@ -110,6 +110,17 @@ def _unknown_tracked_set(outcome: Outcome, report: dict[str, Any]) -> None:
     assert "meta.json" in finding["message"], finding
 
 
+def _rewritten_binary(outcome: Outcome, report: dict[str, Any]) -> None:
+    # Before the edit (the first scan), the post hook's rewrite is no staleness: a fresh compile
+    # gives what the compiler wrote then.
+    assert outcome.project is not None
+    _, first, stderr = outcome.project.verified[0]
+    assert [f for f in first["findings"] if f["code"] in ("CA403", "CA404")] == [], stderr
+    [verdict] = first["verdicts"]
+    assert verdict["outcome"] == "identical" and "rewritten after its compile" in \
+        verdict["note"], verdict
+
+
 def _superseded(outcome: Outcome, report: dict[str, Any]) -> None:
     # The entry the tracked edit orphaned differs from a fresh compile, but its key is dead.
     [old] = [v for v in report["verdicts"] if v["entry"] != outcome.served["path"]]
@@ -124,4 +135,5 @@ SUBJECTS = {
     "tracked_header_edited": _superseded,
     "tracked_header_shadowed": _superseded,
     "unknown_tracked_set": _unknown_tracked_set,
+    "rewritten_binary": _rewritten_binary,
 }

@@ -107,8 +107,8 @@ class Project:
     """Another project's ledger, for two caches that one ledger knows (twin checkouts)."""
     verify_scans: bool = False
     """Run the rebuild oracle (`verify`) right after each scan, under the scan's environment."""
-    verified: tuple[int, dict[str, Any], str] | None = None
-    """The last scan's oracle: (exit status, `verify --json` report, stderr)."""
+    verified: list[tuple[int, dict[str, Any], str]] = field(default_factory=list)
+    """Each scan's oracle, in order: (exit status, `verify --json` report, stderr)."""
 
     @property
     def compiler_name(self) -> str:
@@ -192,7 +192,7 @@ class Project:
         if done.returncode != 0:
             raise RuntimeError(f"scan failed ({done.returncode}): {done.stderr}")
         if self.verify_scans:
-            self.verified = self.verify(**changes)
+            self.verified.append(self.verify(**changes))
         return json.loads(done.stdout)
 
     def verify(self, *args: str, **changes: str | None) -> tuple[int, dict[str, Any], str]:

@@ -23,35 +23,32 @@ recorded ones, which is how an environment change after the build is proven.
 What runs (docs/security.md): the command is the record's argv with the source and output
 paths moved into the private directory (the entry's own source copied there), include
 directories as recorded, the current environment (for an entry without a record: the layout's
-own command, `Policy.dependency_command`). Never the program a cache or ledger names: the compiler is the one the
-user's configuration resolves (`Policy.compiler_variables`, else the kind's usual place or its
-name on PATH), of a known kind; variables that pick programs keep the user's values; a command
-whose options pick programs (`-ccbin`, `-B`, `-fplugin`, ...) runs only from a record this user
-sealed (`cacheaudit.seal`). Sources are regular files of bounded size (`refuse_inputs`); each
-compile has a timeout and its own process group, killed with the oracle; every temporary
-directory is removed, Ctrl-C included. A record this user did not seal (another user's ledger,
-a command changed after it was written) runs only with `yes`.
+own command, `Policy.dependency_command`). Never the program a cache or ledger names: the
+compiler is the one the user's configuration resolves (`Policy.compiler_variables`, else the
+kind's usual place or its name on PATH), of a known kind; a command whose options pick
+programs (`-ccbin`, `-B`, `-fplugin`, ...) runs only from a record this user sealed
+(`cacheaudit.seal`). Sources are regular files of bounded size (`refuse_inputs`); each compile
+has a timeout and its own process group, killed with the oracle (`cacheaudit.audit.rebuilding`);
+every temporary directory is removed, Ctrl-C included. A record this user did not seal (another
+user's ledger, a command changed after it was written) runs only with `yes`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
 import shutil
-import signal
-import subprocess
 import tempfile
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 
+import xxhash
+
 from cacheaudit import compilers, envvars, seal
 from cacheaudit.audit.checks.rebuild import (
     failed_finding,
-    first_error_line,
     masked,
     nondeterministic_finding,
     picks_program,
@@ -62,7 +59,8 @@ from cacheaudit.audit.checks.rebuild import (
     unverified_finding,
 )
 from cacheaudit.audit.context import live_process
-from cacheaudit.audit.scan import SOURCE_LIMIT, Auditor, ScanResult, policy_of, refuse_inputs
+from cacheaudit.audit.rebuilding import BINARY_LIMIT, Processes, Rebuild, build
+from cacheaudit.audit.scan import Auditor, ScanResult, policy_of, refuse_inputs
 from cacheaudit.digest import StateCache, read_file
 from cacheaudit.exceptions import CacheAuditError, ExitCode, UsageError
 from cacheaudit.ledger import Ledger
@@ -73,10 +71,6 @@ from cacheaudit.spec import KIND_DEFAULTS
 from cacheaudit.switches import DISABLE_VARIABLE, is_masquerade_dir
 
 Say = Callable[[str], None]
-
-BINARY_LIMIT = 1 << 30
-"""The largest binary compared: a cubin or host object is megabytes."""
-
 
 class UntrustedCommands(CacheAuditError):
     """Commands from records this user did not seal, and no `--yes`."""
@@ -96,58 +90,6 @@ class VerifyOptions:
     dry_run: bool = False
     yes: bool = False
     """Run commands from records this user did not seal."""
-
-
-@dataclass
-class Rebuild:
-    """One entry's compile, to be run again in a private directory."""
-
-    entry: CacheEntry
-    compiler: str
-    args: list[str]
-    """The argv after the compiler, as recorded (paths under `build_dir` moved at run time)."""
-    cwd: str
-    build_dir: str
-    """The directory the original compile built in: replaced by a private one."""
-    output: str
-    """The binary the original compile wrote (under `build_dir`)."""
-    kind: str
-    """The compiler's kind (`compilers.compiler_kind`)."""
-    env: dict[str, str]
-    origin: str
-    """Where the command comes from, in words."""
-    notes: list[str] = field(default_factory=list)
-    needs_yes: str | None = None
-    """Why the command runs only with --yes (a record this user did not seal); None when not."""
-    env_changes: str = ""
-    """How `env` differs from the caller's environment, as `env` arguments."""
-    record: CompileRecord | None = None
-    """The compile the scan ties to the entry (observed or reconstructed), for its key and its
-    process."""
-    drift: list[str] = field(default_factory=list)
-    """The compile-affecting variables whose value now differs from the recorded one, each as
-    `NAME (recorded V, now W)`."""
-
-    def under(self) -> str:
-        """The environment the rebuild ran under, in words."""
-        if self.drift:
-            return ("under the current environment, which differs from the recorded one in "
-                    + "; ".join(self.drift))
-        if self.record is not None and not self.record.reconstructed:
-            return "under the current environment, as recorded in every compile-affecting variable"
-        return "under the current environment"
-
-    def command_in(self, directory: str) -> tuple[list[str], str, str]:
-        """(argv, cwd, output) with the build directory moved to `directory`."""
-        moved = re.compile(re.escape(self.build_dir) + r"(?=/|$)")
-        args = [moved.sub(lambda _m: directory, a) for a in self.args]
-        return [self.compiler, *args], moved.sub(lambda _m: directory, self.cwd), \
-            moved.sub(lambda _m: directory, self.output)
-
-    def shown(self, directory: str = "<private dir>") -> str:
-        argv, cwd, _ = self.command_in(directory)
-        prefix = f"env {self.env_changes} " if self.env_changes else ""
-        return f"cd {shlex.quote(cwd)} && {prefix}{shlex.join(argv)}"
 
 
 @dataclass
@@ -381,108 +323,7 @@ def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str]
                    drift=changes)
 
 
-# ------------------------------------------------------------------------------ running
-
-
-class _Processes:
-    """Compiles running now, each in its own process group, killed with the oracle."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._groups: set[int] = set()
-        self.stopping = False
-
-    def start(self, argv: list[str], cwd: str, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-        with self._lock:
-            if self.stopping:
-                raise InterruptedError("the oracle is stopping")
-            process = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
-            self._groups.add(process.pid)
-            return process
-
-    def end(self, process: subprocess.Popen[bytes]) -> None:
-        _kill_group(process.pid)  # whatever the compiler left running in its group
-        with self._lock:
-            self._groups.discard(process.pid)
-
-    def kill_all(self) -> None:
-        with self._lock:
-            self.stopping = True
-            groups = list(self._groups)
-        for group in groups:
-            _kill_group(group)
-
-
-def _kill_group(group: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(group, signal.SIGKILL)
-
-
-def private_dir(parent: str, length: int) -> str:
-    """A new directory under `parent` whose path is `length` characters long where it can be
-    (the recorded build directory's length), so that a path the compiler embeds in the binary
-    can be masked without moving any other byte."""
-    base = tempfile.mkdtemp(prefix="b", dir=parent)
-    room = length - len(base) - 1
-    if room < 1:
-        return os.path.join(base, "b")
-    parts = [("b" * min(room - i, 200)) for i in range(0, room, 201)]
-    return os.path.join(base, *parts) if all(parts) else os.path.join(base, "b")
-
-
-@dataclass
-class _Built:
-    binary: bytes | None
-    directory: str
-    problem: str = ""
-    failed: str | None = None
-    """The compiler's first error line when it ran and exited non-zero (the inputs no longer
-    build); None when it succeeded or could not be run at all."""
-
-
-def _build(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float,
-           map_back: bool = False) -> _Built:
-    """The binary (or the problem) of one fresh compile in a new private directory;
-    `map_back` has gcc or clang write the recorded build directory wherever the binary names
-    its own (`-ffile-prefix-map`), as the original compile did."""
-    directory = private_dir(parent, len(rebuild.build_dir))
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    source = rebuild.entry.source
-    assert source is not None
-    with open(os.path.join(directory, os.path.basename(source.path)), "wb") as copy:
-        copy.write(read_file(source.path, SOURCE_LIMIT))
-    argv, cwd, output = rebuild.command_in(directory)
-    if map_back:
-        argv.insert(1, f"-ffile-prefix-map={directory}={rebuild.build_dir}")
-    try:
-        process = processes.start(argv, cwd, rebuild.env)
-    except OSError as exc:
-        return _Built(None, directory, f"cannot run {argv[0]}: {exc.strerror or exc}")
-    try:
-        out, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(process.pid)
-        process.communicate()
-        return _Built(None, directory,
-                      f"the compile took longer than {timeout:g} s and was killed")
-    finally:
-        processes.end(process)
-    if process.returncode != 0:
-        text = out.decode("utf-8", "replace").replace(directory, "<private dir>")
-        problem = f"the compile failed (exit {process.returncode}): {text.strip()[-300:]}"
-        # Killed by a signal (negative status): the machine's doing, not the inputs'.
-        return _Built(None, directory, problem, failed=first_error_line(text)
-                      if process.returncode > 0 else None)
-    try:
-        return _Built(read_file(output, BINARY_LIMIT), directory)
-    except OSError as exc:
-        return _Built(None, directory, f"the compile wrote no readable "
-                                       f"{os.path.basename(output)} ({exc.strerror or exc})")
-
-
-def judge(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float) -> Verdict:
+def judge(rebuild: Rebuild, parent: str, processes: Processes, timeout: float) -> Verdict:
     """Build once; when the binaries differ, build again to tell stale from non-deterministic."""
     entry = rebuild.entry
     assert entry.binary is not None
@@ -493,7 +334,7 @@ def judge(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float) 
                            rebuild)
     under = rebuild.under()
     how = f"{rebuild.origin}, run again in a private directory {under}: {rebuild.shown()}"
-    first = _build(rebuild, parent, processes, timeout)
+    first = build(rebuild, parent, processes, timeout)
     if first.failed is not None:
         return _different(rebuild, "fails", failed_finding(entry, first.failed, how))
     if first.binary is None:
@@ -501,6 +342,12 @@ def judge(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float) 
     if first.binary == cached:
         return Verdict(entry, "identical", rebuild=rebuild,
                        note=f"a fresh compile gives the cached binary byte for byte ({under})")
+    if (written := _compiler_wrote(rebuild, cached)) is not None and \
+            xxhash.xxh3_128_hexdigest(first.binary) == written:
+        return Verdict(entry, "identical", rebuild=rebuild, note=(
+            f"the cached binary was rewritten after its compile (the compiler wrote xxh3 "
+            f"{written}; a post hook, say): a fresh compile gives what the compiler wrote then, "
+            f"byte for byte ({under})"))
     known = [first.directory, rebuild.build_dir, entry.path]
     if masked(first.binary, known, entry.root) == masked(cached, known, entry.root):
         return Verdict(entry, "identical-but-paths", rebuild=rebuild, note=(
@@ -510,7 +357,7 @@ def judge(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float) 
     # builds do: a binary whose debug information orders its strings by path then compares.
     map_back = rebuild.kind in ("gcc", "clang")
     if map_back:
-        first = _build(rebuild, parent, processes, timeout, map_back)
+        first = build(rebuild, parent, processes, timeout, map_back)
         if first.binary is None:
             return _unverified(entry, first.problem, rebuild)
         if first.binary == cached:
@@ -519,7 +366,7 @@ def judge(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float) 
                 f"directory: with {rebuild.build_dir} written there (-ffile-prefix-map), as the "
                 f"original compile had it, the bytes are the same: not stale ({under})"))
         how += f" (with -ffile-prefix-map=<private dir>={rebuild.build_dir})"
-    second = _build(rebuild, parent, processes, timeout, map_back)
+    second = build(rebuild, parent, processes, timeout, map_back)
     if second.binary is None:
         return _unverified(entry, f"the second compile: {second.problem}", rebuild)
     known += [first.directory, second.directory]
@@ -528,6 +375,18 @@ def judge(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float) 
                        findings=[nondeterministic_finding(entry, first.binary, second.binary,
                                                           how)])
     return _different(rebuild, "stale", stale_finding(entry, cached, first.binary, how))
+
+
+def _compiler_wrote(rebuild: Rebuild, cached: bytes) -> str | None:
+    """The digest of the binary the recorded compile wrote, when the cached one is not it (the
+    runtime rewrote it afterwards); None when they agree or the record does not say."""
+    if rebuild.record is None or rebuild.record.reconstructed:
+        return None
+    written = next((o.digest for o in rebuild.record.outputs
+                    if o.path == rebuild.output and o.digest), None)
+    if written is None or written == xxhash.xxh3_128_hexdigest(cached):
+        return None
+    return written
 
 
 def _different(rebuild: Rebuild, outcome: str, finding: Finding) -> Verdict:
@@ -645,7 +504,7 @@ def _run_all(rebuilds: Sequence[Rebuild], options: VerifyOptions, say: Say) -> l
         return []
     cores = os.cpu_count() or 1
     workers = max(1, min(options.jobs or cores, cores, len(rebuilds)))
-    processes = _Processes()
+    processes = Processes()
     parent = tempfile.mkdtemp(prefix="cacheaudit-verify-")
     verdicts: list[Verdict] = []
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cacheaudit-verify")
