@@ -105,6 +105,10 @@ class Project:
     env: dict[str, str] = field(default_factory=dict)
     shared_ledger: Path | None = None
     """Another project's ledger, for two caches that one ledger knows (twin checkouts)."""
+    verify_scans: bool = False
+    """Run the rebuild oracle (`verify`) right after each scan, under the scan's environment."""
+    verified: list[tuple[int, dict[str, Any], str]] = field(default_factory=list)
+    """Each scan's oracle, in order: (exit status, `verify --json` report, stderr)."""
 
     @property
     def compiler_name(self) -> str:
@@ -187,7 +191,18 @@ class Project:
             capture_output=True, text=True, env=env, cwd=self.root, timeout=600)
         if done.returncode != 0:
             raise RuntimeError(f"scan failed ({done.returncode}): {done.stderr}")
+        if self.verify_scans:
+            self.verified.append(self.verify(**changes))
         return json.loads(done.stdout)
+
+    def verify(self, *args: str, **changes: str | None) -> tuple[int, dict[str, Any], str]:
+        """(exit status, report, stderr) of `cacheaudit verify` on the cache, as a user runs it."""
+        done = subprocess.run(
+            [sys.executable, "-m", "cacheaudit", "verify", str(self.cache), *args, "--json",
+             "--ledger", str(self.ledger), "--fail-on", "never"],
+            capture_output=True, text=True, env=self._env(changes), cwd=self.root, timeout=600)
+        return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {}, \
+            done.stderr
 
     def wrapper(self, name: str, body: str) -> Path:
         """A compiler wrapper script in tools/, as the real compiler behind the shim."""
@@ -211,6 +226,10 @@ class Outcome:
     """The last scan's findings, for assertions on their subjects."""
     notes: dict[str, Any] = field(default_factory=dict)
     """What a scenario observed besides (an earlier scan, the records the scan tied)."""
+    project: Project | None = None
+    """The project whose cache the last scan judged (set by `run` where a scenario does not)."""
+    served: dict[str, Any] = field(default_factory=dict)
+    """The runtime's answer to the last request (its entry `path`, `binary`, `digest`)."""
 
     def row(self) -> str:
         stale = {True: "stale", False: "fresh", None: "n/a"}[self.stale]
@@ -224,7 +243,7 @@ Scenario = Callable[[Project], Outcome]
 def _outcome(name: str, expected: str, served: dict[str, Any], fresh: str | None,
              report: dict[str, Any]) -> Outcome:
     findings = report["findings"]
-    return Outcome(scenario=name, event=served.get("event", "error"),
+    return Outcome(scenario=name, event=served.get("event", "error"), served=served,
                    stale=None if served.get("digest") is None else served["digest"] != fresh,
                    codes=[f["code"] for f in findings],
                    errors=[f["code"] for f in findings if f["severity"] == "error"],
@@ -377,7 +396,8 @@ def _tied_records(p: Project) -> dict[str, dict[str, Any]]:
 def twin_caches(p: Project) -> Outcome:
     # Two checkouts (A = p, B = twin) with the same kernel and one ledger: B builds first, so
     # A's compile is the newest with this very binary.
-    twin = Project(p.root / "twin", p.backend, shared_ledger=p.ledger)
+    twin = Project(p.root / "twin", p.backend, shared_ledger=p.ledger,
+                   verify_scans=p.verify_scans)
     twin.setup()
     twin.once()
     p.once()
@@ -390,6 +410,7 @@ def twin_caches(p: Project) -> Outcome:
     for tree in a_tree:
         shutil.rmtree(tree)
     outcome.notes = {"a_tree": a_tree, "after_a_deleted": twin.scan()["findings"]}
+    outcome.project = twin
     return outcome
 
 
@@ -527,10 +548,12 @@ NVCC_ONLY = {"append_flags_changed"}
 GXX_ONLY = {"link_step_taken_as_build"}  # its wrapper stands in for nvcc's g++ link step
 
 
-def run(name: str, backend: str, workdir: Path) -> Outcome:
-    project = Project(workdir, backend)
+def run(name: str, backend: str, workdir: Path, verify_scans: bool = False) -> Outcome:
+    project = Project(workdir, backend, verify_scans=verify_scans)
     project.setup()
-    return SCENARIOS[name](project)
+    outcome = SCENARIOS[name](project)
+    outcome.project = outcome.project or project
+    return outcome
 
 
 def main() -> None:

@@ -9,39 +9,46 @@ the fresh binary with the cached one.
 - equal: proven fresh; equal once the build directories embedded in both are masked (a host
   object's debug information names them): proven fresh, and said so;
 - different: a second build in another private directory; if the two fresh builds differ
-  from each other the build is not deterministic (CA404), else the entry is stale (CA403).
+  from each other the build is not deterministic (CA404), else the entry is stale (CA403),
+  unless the runtime's key for the inputs as they are now is another entry's and no live
+  process keeps the old one (`superseded`: no new process is served it);
+- the compiler runs and fails: a fresh compile cannot rebuild the cached binary any more (a
+  dependency deleted), also CA403 (`fails`), with the compiler's first error line.
+
+The question is "would a fresh compile now give the cached binary?", so the rebuild runs under
+the CURRENT environment, as a fresh compile now would see it; the verdict names the
+compile-affecting variables (`envvars.compile_environment`) whose values differ from the
+recorded ones, which is how an environment change after the build is proven.
 
 What runs (docs/security.md): the command is the record's argv with the source and output
 paths moved into the private directory (the entry's own source copied there), include
-directories as recorded, the recorded compile-affecting environment over the current one (for
-an entry without a record: the layout's own command, `Policy.dependency_command`, and the
-current environment). Never the program a cache or ledger names: the compiler is the one the
-user's configuration resolves (`Policy.compiler_variables`, else the kind's usual place or its
-name on PATH), of a known kind; variables that pick programs keep the user's values; a command
-whose options pick programs (`-ccbin`, `-B`, `-fplugin`, ...) runs only from a record this user
-sealed (`cacheaudit.seal`). Sources are regular files of bounded size (`refuse_inputs`); each
-compile has a timeout and its own process group, killed with the oracle; every temporary
-directory is removed, Ctrl-C included. A record this user did not seal (another user's ledger,
-a command changed after it was written) runs only with `yes`.
+directories as recorded, the current environment (for an entry without a record: the layout's
+own command, `Policy.dependency_command`). Never the program a cache or ledger names: the
+compiler is the one the user's configuration resolves (`Policy.compiler_variables`, else the
+kind's usual place or its name on PATH), of a known kind; a command whose options pick
+programs (`-ccbin`, `-B`, `-fplugin`, ...) runs only from a record this user sealed
+(`cacheaudit.seal`). Sources are regular files of bounded size (`refuse_inputs`); each compile
+has a timeout and its own process group, killed with the oracle (`cacheaudit.audit.rebuilding`);
+every temporary directory is removed, Ctrl-C included. A record this user did not seal (another
+user's ledger, a command changed after it was written) runs only with `yes`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
 import shutil
-import signal
-import subprocess
 import tempfile
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 
+import xxhash
+
 from cacheaudit import compilers, envvars, seal
 from cacheaudit.audit.checks.rebuild import (
+    failed_finding,
     masked,
     nondeterministic_finding,
     picks_program,
@@ -51,7 +58,9 @@ from cacheaudit.audit.checks.rebuild import (
     suspects,
     unverified_finding,
 )
-from cacheaudit.audit.scan import SOURCE_LIMIT, Auditor, ScanResult, policy_of, refuse_inputs
+from cacheaudit.audit.context import live_process
+from cacheaudit.audit.rebuilding import BINARY_LIMIT, Processes, Rebuild, build
+from cacheaudit.audit.scan import Auditor, ScanResult, policy_of, refuse_inputs
 from cacheaudit.digest import StateCache, read_file
 from cacheaudit.exceptions import CacheAuditError, ExitCode, UsageError
 from cacheaudit.ledger import Ledger
@@ -62,10 +71,6 @@ from cacheaudit.spec import KIND_DEFAULTS
 from cacheaudit.switches import DISABLE_VARIABLE, is_masquerade_dir
 
 Say = Callable[[str], None]
-
-BINARY_LIMIT = 1 << 30
-"""The largest binary compared: a cubin or host object is megabytes."""
-
 
 class UntrustedCommands(CacheAuditError):
     """Commands from records this user did not seal, and no `--yes`."""
@@ -88,50 +93,18 @@ class VerifyOptions:
 
 
 @dataclass
-class Rebuild:
-    """One entry's compile, to be run again in a private directory."""
-
-    entry: CacheEntry
-    compiler: str
-    args: list[str]
-    """The argv after the compiler, as recorded (paths under `build_dir` moved at run time)."""
-    cwd: str
-    build_dir: str
-    """The directory the original compile built in: replaced by a private one."""
-    output: str
-    """The binary the original compile wrote (under `build_dir`)."""
-    kind: str
-    """The compiler's kind (`compilers.compiler_kind`)."""
-    env: dict[str, str]
-    origin: str
-    """Where the command comes from, in words."""
-    notes: list[str] = field(default_factory=list)
-    needs_yes: str | None = None
-    """Why the command runs only with --yes (a record this user did not seal); None when not."""
-    env_changes: str = ""
-    """How `env` differs from the caller's environment, as `env` arguments."""
-
-    def command_in(self, directory: str) -> tuple[list[str], str, str]:
-        """(argv, cwd, output) with the build directory moved to `directory`."""
-        moved = re.compile(re.escape(self.build_dir) + r"(?=/|$)")
-        args = [moved.sub(lambda _m: directory, a) for a in self.args]
-        return [self.compiler, *args], moved.sub(lambda _m: directory, self.cwd), \
-            moved.sub(lambda _m: directory, self.output)
-
-    def shown(self, directory: str = "<private dir>") -> str:
-        argv, cwd, _ = self.command_in(directory)
-        prefix = f"env {self.env_changes} " if self.env_changes else ""
-        return f"cd {shlex.quote(cwd)} && {prefix}{shlex.join(argv)}"
-
-
-@dataclass
 class Verdict:
     entry: CacheEntry
     outcome: str
-    """identical, identical-but-paths, stale, non-deterministic, unverified."""
+    """identical, identical-but-paths, stale, fails, superseded, non-deterministic,
+    unverified."""
     findings: list[Finding] = field(default_factory=list)
     note: str = ""
     rebuild: Rebuild | None = None
+
+
+OUTCOMES = ("identical", "identical-but-paths", "stale", "fails", "superseded",
+            "non-deterministic", "unverified")
 
 
 @dataclass
@@ -158,8 +131,7 @@ class VerifyResult:
 
     def summary(self) -> str:
         counts = self.counts()
-        parts = [f"{counts[o]} {o}" for o in ("identical", "identical-but-paths", "stale",
-                                             "non-deterministic", "unverified") if counts.get(o)]
+        parts = [f"{counts[o]} {o}" for o in OUTCOMES if counts.get(o)]
         sampled = (f" (a sample of {len(self.entries)} of {self.total}, seed {self.seed})"
                    if self.seed is not None else "")
         return (f"{len(self.entries)} entr{'y' if len(self.entries) == 1 else 'ies'} "
@@ -252,27 +224,32 @@ def resolve_compiler(entry: CacheEntry, name: str, env: Mapping[str, str]
     return found, how
 
 
-def _environment(record: CompileRecord | None, env: Mapping[str, str],
-                 notes: list[str]) -> dict[str, str]:
-    """The environment of a rebuild: the current one, with the record's compile-affecting
-    variables as recorded, except those that pick programs (PATH, CUDA_HOME, CXX, ...), which
-    keep the user's values; never through cacheaudit's shim, never recorded."""
+def _environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a rebuild: the current one, as a fresh compile now sees it; never
+    through cacheaudit's shim, never recorded."""
     child = dict(env)
-    if record is not None:
-        for name in envvars.compile_environment(env):
-            if name not in record.env and not envvars.selects_compiler(name):
-                child.pop(name, None)
-        for name, value in record.env.items():
-            if envvars.selects_compiler(name):
-                if env.get(name) != value:
-                    notes.append(f"{name} kept as it is now (it picks a program)")
-            elif envvars.REDACTED in value:
-                notes.append(f"{name} was recorded redacted: its value now is used")
-            else:
-                child[name] = value
     child["PATH"] = strip_masquerade_dirs(child.get("PATH", os.defpath))
     child[DISABLE_VARIABLE] = "1"
     return child
+
+
+def drift(record: CompileRecord | None, env: Mapping[str, str]) -> list[str]:
+    """The compile-affecting variables whose value in `env` differs from the record's, each as
+    `NAME (recorded V, now W)`, values redacted as the shim stores them; nothing for an entry
+    without an observed compile (its environment at the build is unknown)."""
+    if record is None or record.reconstructed:
+        return []
+    now = envvars.compile_environment(env)
+    changed = []
+    for name in sorted(set(now) | set(record.env)):
+        then, current = record.env.get(name), now.get(name)
+        if then != current and name != DISABLE_VARIABLE:
+            changed.append(f"{name} (recorded {_shown(then)}, now {_shown(current)})")
+    return changed
+
+
+def _shown(value: str | None) -> str:
+    return "unset" if value is None else shlex.quote(value)
 
 
 def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str],
@@ -284,6 +261,7 @@ def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str]
         return "the entry keeps no source to compile"
     notes: list[str] = []
     needs_yes = None
+    tied = record
     if record is not None and not record.reconstructed and record.argv:
         invoked = record.compiler.invoked if record.compiler else record.observer.split(":")[-1]
         args, cwd = list(record.argv), record.cwd
@@ -320,7 +298,10 @@ def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str]
     outside = next((o for o in outputs if not o.startswith(build_dir + os.sep)), None)
     if outside is not None:
         return f"the command also writes {outside}, outside its build directory: not run"
-    child_env = _environment(record, env, notes)
+    child_env = _environment(env)
+    changes = drift(record, env)
+    if changes:
+        notes.append("the environment differs from the recorded one in " + "; ".join(changes))
     if record is None or needs_yes is not None:
         flags = [t for name in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
                  for t in child_env.get(name, "").split()]
@@ -338,97 +319,11 @@ def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str]
     unset = [f"-u {k}" for k in sorted(envvars.compile_environment(env)) if k not in child_env]
     return Rebuild(entry=entry, compiler=compiler, args=args, cwd=cwd, build_dir=build_dir,
                    output=output, kind=kind, env=child_env, origin=origin, notes=notes,
-                   needs_yes=needs_yes, env_changes=" ".join(unset + changed))
+                   needs_yes=needs_yes, env_changes=" ".join(unset + changed), record=tied,
+                   drift=changes)
 
 
-# ------------------------------------------------------------------------------ running
-
-
-class _Processes:
-    """Compiles running now, each in its own process group, killed with the oracle."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._groups: set[int] = set()
-        self.stopping = False
-
-    def start(self, argv: list[str], cwd: str, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-        with self._lock:
-            if self.stopping:
-                raise InterruptedError("the oracle is stopping")
-            process = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
-            self._groups.add(process.pid)
-            return process
-
-    def end(self, process: subprocess.Popen[bytes]) -> None:
-        _kill_group(process.pid)  # whatever the compiler left running in its group
-        with self._lock:
-            self._groups.discard(process.pid)
-
-    def kill_all(self) -> None:
-        with self._lock:
-            self.stopping = True
-            groups = list(self._groups)
-        for group in groups:
-            _kill_group(group)
-
-
-def _kill_group(group: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(group, signal.SIGKILL)
-
-
-def private_dir(parent: str, length: int) -> str:
-    """A new directory under `parent` whose path is `length` characters long where it can be
-    (the recorded build directory's length), so that a path the compiler embeds in the binary
-    can be masked without moving any other byte."""
-    base = tempfile.mkdtemp(prefix="b", dir=parent)
-    room = length - len(base) - 1
-    if room < 1:
-        return os.path.join(base, "b")
-    parts = [("b" * min(room - i, 200)) for i in range(0, room, 201)]
-    return os.path.join(base, *parts) if all(parts) else os.path.join(base, "b")
-
-
-def _build(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float,
-           map_back: bool = False) -> tuple[bytes | None, str, str]:
-    """(binary, build directory, problem) of one fresh compile in a new private directory;
-    `map_back` has gcc or clang write the recorded build directory wherever the binary names
-    its own (`-ffile-prefix-map`), as the original compile did."""
-    directory = private_dir(parent, len(rebuild.build_dir))
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    source = rebuild.entry.source
-    assert source is not None
-    with open(os.path.join(directory, os.path.basename(source.path)), "wb") as copy:
-        copy.write(read_file(source.path, SOURCE_LIMIT))
-    argv, cwd, output = rebuild.command_in(directory)
-    if map_back:
-        argv.insert(1, f"-ffile-prefix-map={directory}={rebuild.build_dir}")
-    try:
-        process = processes.start(argv, cwd, rebuild.env)
-    except OSError as exc:
-        return None, directory, f"cannot run {argv[0]}: {exc.strerror or exc}"
-    try:
-        out, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(process.pid)
-        process.communicate()
-        return None, directory, f"the compile took longer than {timeout:g} s and was killed"
-    finally:
-        processes.end(process)
-    if process.returncode != 0:
-        tail = out.decode("utf-8", "replace").strip()[-300:]
-        return None, directory, f"the compile failed (exit {process.returncode}): {tail}"
-    try:
-        return read_file(output, BINARY_LIMIT), directory, ""
-    except OSError as exc:
-        return None, directory, f"the compile wrote no readable {os.path.basename(output)} " \
-                                f"({exc.strerror or exc})"
-
-
-def judge(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float) -> Verdict:
+def judge(rebuild: Rebuild, parent: str, processes: Processes, timeout: float) -> Verdict:
     """Build once; when the binaries differ, build again to tell stale from non-deterministic."""
     entry = rebuild.entry
     assert entry.binary is not None
@@ -437,40 +332,101 @@ def judge(rebuild: Rebuild, parent: str, processes: _Processes, timeout: float) 
     except OSError as exc:
         return _unverified(entry, f"the cached binary cannot be read ({exc.strerror or exc})",
                            rebuild)
-    first, first_dir, problem = _build(rebuild, parent, processes, timeout)
-    if first is None:
-        return _unverified(entry, problem, rebuild)
-    if first == cached:
+    under = rebuild.under()
+    how = f"{rebuild.origin}, run again in a private directory {under}: {rebuild.shown()}"
+    first = build(rebuild, parent, processes, timeout)
+    if first.failed is not None:
+        return _different(rebuild, "fails", failed_finding(entry, first.failed, how))
+    if first.binary is None:
+        return _unverified(entry, first.problem, rebuild)
+    if first.binary == cached:
         return Verdict(entry, "identical", rebuild=rebuild,
-                       note="a fresh compile gives the cached binary byte for byte")
-    known = [first_dir, rebuild.build_dir, entry.path]
-    if masked(first, known, entry.root) == masked(cached, known, entry.root):
+                       note=f"a fresh compile gives the cached binary byte for byte ({under})")
+    if (written := _compiler_wrote(rebuild, cached)) is not None and \
+            xxhash.xxh3_128_hexdigest(first.binary) == written:
+        return Verdict(entry, "identical", rebuild=rebuild, note=(
+            f"the cached binary was rewritten after its compile (the compiler wrote xxh3 "
+            f"{written}; a post hook, say): a fresh compile gives what the compiler wrote then, "
+            f"byte for byte ({under})"))
+    known = [first.directory, rebuild.build_dir, entry.path]
+    if masked(first.binary, known, entry.root) == masked(cached, known, entry.root):
         return Verdict(entry, "identical-but-paths", rebuild=rebuild, note=(
             "a fresh compile differs from the cached binary only where it embeds its build "
-            f"directory ({rebuild.build_dir} in the cached one): not stale"))
+            f"directory ({rebuild.build_dir} in the cached one): not stale ({under})"))
     # Where the compiler can map its build directory back to the recorded one, the remaining
     # builds do: a binary whose debug information orders its strings by path then compares.
     map_back = rebuild.kind in ("gcc", "clang")
-    how = f"{rebuild.origin}, run again in a private directory: {rebuild.shown()}"
     if map_back:
-        first, first_dir, problem = _build(rebuild, parent, processes, timeout, map_back)
-        if first is None:
-            return _unverified(entry, problem, rebuild)
-        if first == cached:
+        first = build(rebuild, parent, processes, timeout, map_back)
+        if first.binary is None:
+            return _unverified(entry, first.problem, rebuild)
+        if first.binary == cached:
             return Verdict(entry, "identical-but-paths", rebuild=rebuild, note=(
                 "a fresh compile differs from the cached binary only where it names its build "
                 f"directory: with {rebuild.build_dir} written there (-ffile-prefix-map), as the "
-                "original compile had it, the bytes are the same: not stale"))
+                f"original compile had it, the bytes are the same: not stale ({under})"))
         how += f" (with -ffile-prefix-map=<private dir>={rebuild.build_dir})"
-    second, second_dir, problem = _build(rebuild, parent, processes, timeout, map_back)
-    if second is None:
-        return _unverified(entry, f"the second compile: {problem}", rebuild)
-    known += [first_dir, second_dir]
-    if masked(first, known, entry.root) != masked(second, known, entry.root):
+    second = build(rebuild, parent, processes, timeout, map_back)
+    if second.binary is None:
+        return _unverified(entry, f"the second compile: {second.problem}", rebuild)
+    known += [first.directory, second.directory]
+    if masked(first.binary, known, entry.root) != masked(second.binary, known, entry.root):
         return Verdict(entry, "non-deterministic", rebuild=rebuild,
-                       findings=[nondeterministic_finding(entry, first, second, how)])
-    return Verdict(entry, "stale", rebuild=rebuild,
-                   findings=[stale_finding(entry, cached, first, how)])
+                       findings=[nondeterministic_finding(entry, first.binary, second.binary,
+                                                          how)])
+    return _different(rebuild, "stale", stale_finding(entry, cached, first.binary, how))
+
+
+def _compiler_wrote(rebuild: Rebuild, cached: bytes) -> str | None:
+    """The digest of the binary the recorded compile wrote, when the cached one is not it (the
+    runtime rewrote it afterwards); None when they agree or the record does not say."""
+    if rebuild.record is None or rebuild.record.reconstructed:
+        return None
+    written = next((o.digest for o in rebuild.record.outputs
+                    if o.path == rebuild.output and o.digest), None)
+    if written is None or written == xxhash.xxh3_128_hexdigest(cached):
+        return None
+    return written
+
+
+def _different(rebuild: Rebuild, outcome: str, finding: Finding) -> Verdict:
+    """A fresh compile does not give the cached binary (it differs, or fails): CA403, unless the
+    runtime's key for the inputs as they are now is another entry's and no process that
+    computed the old key still runs: then no new process is served this binary."""
+    entry = rebuild.entry
+    moved, unknown = _key_moved(rebuild)
+    if moved is None:
+        if unknown:
+            finding = replace(finding, message=(
+                f"{finding.message}; whether the runtime's key still leads to this entry is "
+                f"unknown (the key cannot be recomputed: {unknown})"))
+        return Verdict(entry, outcome, rebuild=rebuild, findings=[finding], note=finding.message)
+    return Verdict(entry, "superseded", rebuild=rebuild, note=(
+        f"{finding.message}; but the runtime's key for the inputs as they are now is {moved}, "
+        f"not this entry's {entry.key}: a new process misses it and compiles, so nothing is "
+        "served this binary"))
+
+
+def _key_moved(rebuild: Rebuild) -> tuple[str | None, str]:
+    """(the key the runtime computes now, when it differs from the entry's and no live process
+    keeps computing the old one, else None; why the key cannot be recomputed, else "")."""
+    entry = rebuild.entry
+    policy, _ = policy_of(entry)
+    if policy is None or entry.key is None:
+        return None, "no policy knows the entry's key" if policy is None else "no key"
+    try:
+        check = policy.check_key(entry, rebuild.record, env=rebuild.env)
+    except Exception as exc:  # noqa: BLE001 - a key not recomputed leaves the proof as it is
+        return None, f"{type(exc).__name__}: {exc}"
+    matches = check.matches(entry.key)
+    if matches is None:
+        return None, check.note or "the runtime's recipe is not reproducible"
+    if matches:
+        return None, ""
+    if rebuild.record is not None and policy.caches_header_digests and \
+            live_process(rebuild.record, policy) is not None:
+        return None, ""  # that process still computes the old key (CA106): it is served this
+    return check.recomputed, ""
 
 
 def _unverified(entry: CacheEntry, why: str, rebuild: Rebuild | None = None) -> Verdict:
@@ -548,7 +504,7 @@ def _run_all(rebuilds: Sequence[Rebuild], options: VerifyOptions, say: Say) -> l
         return []
     cores = os.cpu_count() or 1
     workers = max(1, min(options.jobs or cores, cores, len(rebuilds)))
-    processes = _Processes()
+    processes = Processes()
     parent = tempfile.mkdtemp(prefix="cacheaudit-verify-")
     verdicts: list[Verdict] = []
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cacheaudit-verify")

@@ -78,6 +78,26 @@ def stale_finding(entry: CacheEntry, cached: bytes, fresh: bytes, how: str) -> F
         current=f"xxh3 {_digest(fresh)} (fresh compile)", how=how)
 
 
+_ERROR_LINE = re.compile(r"\b(fatal )?error\b", re.IGNORECASE)
+
+
+def first_error_line(output: str) -> str:
+    """The line of a failed compile's output that says what failed: its first error line
+    (gcc's and nvcc's `...: error: ...`, `fatal error`), else its first line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return next((line for line in lines if _ERROR_LINE.search(line)),
+                lines[0] if lines else "no output")[:300]
+
+
+def failed_finding(entry: CacheEntry, error: str, how: str) -> Finding:
+    name = os.path.basename(entry.binary.path) if entry.binary else "binary"
+    return make_finding(
+        "CA403", subject=entry.path, entry=entry,
+        message=f"a fresh compile now fails: {error}: the cached {name} can no longer be "
+                "built from the entry's inputs",
+        current="the fresh compile failed", how=how)
+
+
 def nondeterministic_finding(entry: CacheEntry, first: bytes, second: bytes,
                              how: str) -> Finding:
     name = os.path.basename(entry.binary.path) if entry.binary else "binary"
@@ -132,7 +152,7 @@ def settle(findings: Sequence[Finding], proofs: Mapping[str, tuple[str, str]]) -
     a reconstructed graph) say it was proven; the scan's
     environment findings (CA2xx) say how many entries were proven either way."""
     fresh = {path for path, (outcome, _) in proofs.items() if outcome.startswith("identical")}
-    stale = sum(1 for outcome, _ in proofs.values() if outcome == "stale")
+    stale = sum(1 for outcome, _ in proofs.values() if outcome in ("stale", "fails"))
     settled: list[Finding] = []
     for finding in findings:
         if finding.entry in fresh:
