@@ -12,12 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from cacheaudit.audit import AuditOptions, Auditor, discover
+from cacheaudit.audit.scan import entry_at
 from cacheaudit.digest import StateCache
 from cacheaudit.exceptions import UsageError
 from cacheaudit.ledger import Ledger
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import KeyCheck, TrackedSet
-from cacheaudit.runtimes import layouts, policy_for
+from cacheaudit.runtimes import policy_for
 
 
 @dataclass(frozen=True)
@@ -42,23 +43,6 @@ class Explanation:
     findings: list[Finding] = field(default_factory=list)
 
 
-def _entry_at(path: str, cache: StateCache) -> CacheEntry | None:
-    """The entry a path lies in: walk up to a directory some reader calls a root."""
-    path = os.path.abspath(path)
-    directory = path if os.path.isdir(path) else os.path.dirname(path)
-    while True:
-        for reader in layouts():
-            if reader.is_root(directory):
-                for item in reader.read(directory, cache):
-                    if isinstance(item, CacheEntry) and (
-                            path == item.path or path.startswith(item.path + os.sep)):
-                        return item
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            return None
-        directory = parent
-
-
 def _entry_by_key(prefix: str, env: Mapping[str, str], cache: StateCache) -> CacheEntry | None:
     matches = []
     for reader, root in discover([], env):
@@ -74,7 +58,7 @@ def locate(target: str, env: Mapping[str, str], ledger: Ledger | None,
            cache: StateCache) -> tuple[CacheEntry | None, CompileRecord | None]:
     """An entry path (or a file in it), a key prefix, or a record id."""
     if os.path.exists(target):
-        entry = _entry_at(target, cache)
+        entry = entry_at(target, cache)
         if entry is None:
             raise UsageError(f"{target}: not inside a cache entry of any known runtime")
         return entry, None
@@ -88,7 +72,7 @@ def locate(target: str, env: Mapping[str, str], ledger: Ledger | None,
             raise UsageError(f"{target!r} matches {count} records; give more of the record id")
         if len(records) == 1:
             record = records[0]
-            entry = _entry_at(record.entry, cache) if record.entry and os.path.exists(
+            entry = entry_at(record.entry, cache) if record.entry and os.path.exists(
                 record.entry) else None
             return entry, record
     entry = _entry_by_key(target, env, cache)

@@ -447,6 +447,24 @@ def refuse_inputs(entry: CacheEntry, command: compilers.ParsedCommand,
 # ------------------------------------------------------------------------------ scanning
 
 
+def entry_at(path: str, cache: StateCache) -> CacheEntry | None:
+    """The entry a path lies in (its directory, or a file inside it): walk up to a directory
+    some layout calls a root, and read it."""
+    path = os.path.abspath(path)
+    directory = path if os.path.isdir(path) else os.path.dirname(path)
+    while True:
+        for layout in all_layouts():
+            if layout.is_root(directory):
+                for item in layout.read(directory, cache):
+                    if isinstance(item, CacheEntry) and (
+                            path == item.path or path.startswith(item.path + os.sep)):
+                        return item
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
+
+
 def discover(paths: Sequence[str], env: Mapping[str, str]) -> list[tuple[Layout, str]]:
     """Cache roots to scan: the given paths (each matched to the layout it has), or with none,
     every existing default root of every known runtime."""

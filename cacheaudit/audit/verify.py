@@ -60,7 +60,7 @@ from cacheaudit.audit.checks.rebuild import (
 )
 from cacheaudit.audit.context import live_process
 from cacheaudit.audit.rebuilding import BINARY_LIMIT, Processes, Rebuild, build
-from cacheaudit.audit.scan import Auditor, ScanResult, policy_of, refuse_inputs
+from cacheaudit.audit.scan import Auditor, ScanResult, entry_at, policy_of, refuse_inputs
 from cacheaudit.digest import StateCache, read_file
 from cacheaudit.exceptions import CacheAuditError, ExitCode, UsageError
 from cacheaudit.ledger import Ledger
@@ -163,27 +163,12 @@ def entries_of(targets: Sequence[str], env: Mapping[str, str],
                 found.update((e.path, e) for e in layout.read(path, cache)
                              if isinstance(e, CacheEntry))
             continue
-        entry = _entry_at(path, cache)
+        entry = entry_at(path, cache)
         if entry is None:
             raise UsageError(f"{target}: neither a cache root nor inside a cache entry of any "
                              "known runtime")
         found[entry.path] = entry
     return sorted(found.values(), key=lambda e: e.path)
-
-
-def _entry_at(path: str, cache: StateCache) -> CacheEntry | None:
-    directory = path if os.path.isdir(path) else os.path.dirname(path)
-    while True:
-        for layout in layouts():
-            if layout.is_root(directory):
-                for item in layout.read(directory, cache):
-                    if isinstance(item, CacheEntry) and (
-                            path == item.path or path.startswith(item.path + os.sep)):
-                        return item
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            return None
-        directory = parent
 
 
 # ------------------------------------------------------------------------------ planning
