@@ -153,7 +153,7 @@ def scan(
     include_dir: Annotated[list[str] | None, typer.Option(
         "--include-dir", help="An installed library's include tree (or its package directory) "
         "that entries built without recording were compiled against, where the scan cannot "
-        "find it on PYTHONPATH (DeepGEMM's deep_gemm/include); repeatable.")] = None,
+        "find it on PYTHONPATH (a package's include/ directory); repeatable.")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on long scans.")] = True,
     verify: Annotated[bool, typer.Option(
         "--verify", help="Then rebuild the entries whose verdict is only a warning or "
