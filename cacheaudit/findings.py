@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from collections.abc import Mapping
@@ -9,17 +10,23 @@ from typing import Any
 
 from cacheaudit.model import FINDING_CODES, CacheEntry, CompileRecord, FileState, Finding
 
+DEFAULT_KEY_REMEDY = ("make the runtime's key cover {input}: a version string or salt it "
+                      "hashes, where it offers one (its page in docs/runtimes/ says)")
+"""How an input gets into a runtime's key, when its policy does not say (`Policy.key_remedy`).
+`{input}` is the input a hint is about: "the file", "these files", "the variable's value"."""
+
+# What `{input}` names in each hint that offers the runtime's remedy.
+REMEDY_INPUTS = {"CA101": "the file", "CA102": "these files", "CA201": "the variable's value"}
+
 HINTS = {
-    "CA101": "evict the entry ({entry}) so that the runtime compiles again, or feed a digest of "
-             "the file into the runtime's extra signature",
-    "CA102": "feed a digest of these files into the runtime's extra signature, or evict the "
-             "runtime's cache whenever they change",
+    "CA101": "evict the entry ({entry}) so that the runtime compiles again, or {remedy}",
+    "CA102": "{remedy}, or evict the runtime's cache whenever they change",
     "CA103": "the runtime's own keying is broken for this input: evict the entry and report it "
              "to the runtime's maintainers",
     "CA104": "evict the entry: the next compile would read a different set of files",
     "CA105": "evict the entry, or remove the shadowing header",
     "CA106": "restart the process that holds the runtime: it keeps serving what it hashed before",
-    "CA201": "add the variable's value to the runtime's extra signature, or unset it",
+    "CA201": "{remedy}, or unset it",
     "CA202": "evict the entry, or restore the value it was built with",
     "CA203": "set the prefixed variable explicitly if the fallback is not intended",
     "CA204": "restart the process after changing a *_JIT_* setting: the runtime read its "
@@ -34,12 +41,43 @@ HINTS = {
 }
 
 
+PROVE_HINT = ("prove it either way with `cacheaudit verify {entry}` (or `cacheaudit scan "
+              "--verify`): it rebuilds the entry from its own command and compares the "
+              "binaries; or evict the entry")
+"""The hint of a verdict that only a rebuild can settle (an input changed after an unrecorded
+build)."""
+
+
+def hint_text(code: str, entry: str | None, remedy: str | None = None) -> str:
+    """The hint of `code` for `entry` (a path), with the runtime's own remedy where the hint
+    offers one (`Policy.key_remedy`; `DEFAULT_KEY_REMEDY` without)."""
+    template = HINTS.get(code, "")
+    remedy_text = (remedy or DEFAULT_KEY_REMEDY).format(
+        input=REMEDY_INPUTS.get(code, "the input"))
+    return template.format(entry=entry or "the entry", remedy=remedy_text)
+
+
+def with_remedy(finding: Finding, remedy: str | None) -> Finding:
+    """`finding` with its hint naming the runtime's own remedy; a hint a check chose itself (not
+    the code's) is kept."""
+    if remedy is None or finding.code not in REMEDY_INPUTS:
+        return finding
+    if finding.hint != hint_text(finding.code, finding.entry):
+        return finding
+    return dataclasses.replace(finding, hint=hint_text(finding.code, finding.entry, remedy))
+
+
 def make_finding(code: str, *, subject: str, message: str, entry: CacheEntry | None = None,
                  record: CompileRecord | None = None, recorded: str | None = None,
-                 current: str | None = None, how: str = "", inferred: bool = False) -> Finding:
+                 current: str | None = None, how: str = "", inferred: bool = False,
+                 hint: str | None = None) -> Finding:
+    """A finding with the code's hint (`HINTS`), or `hint` (formatted with `{entry}`) where the
+    check knows a better one for this case."""
     if code not in FINDING_CODES:
         raise ValueError(f"unknown finding code {code}")
-    hint = HINTS.get(code, "").format(entry=entry.path if entry else "the entry")
+    path = entry.path if entry else None
+    hint = (hint.format(entry=path or "the entry") if hint is not None
+            else hint_text(code, path))
     return Finding(code=code, subject=subject, message=message, recorded=recorded,
                    current=current, how=how, record_id=record.record_id if record else None,
                    entry=entry.path if entry else None,

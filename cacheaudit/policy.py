@@ -174,6 +174,15 @@ class Policy:
         policy itself, which depends on neither."""
         return self
 
+    def key_remedy(self, entry: CacheEntry | None) -> str | None:
+        """How a user gets an input the key misses into this runtime's key, for `entry` (None:
+        the runtime in general), as the clause a hint offers (CA101, CA102, CA201), with
+        `{input}` for what is to be covered ("feed a digest of {input} into ..."); or, for a
+        runtime that offers no way, what to do instead. Default: None, the generic wording
+        (`findings.DEFAULT_KEY_REMEDY`), which names no runtime's mechanism: a hint never
+        offers one runtime's remedy for another."""
+        return None
+
     def compiling_process(self, record: CompileRecord) -> int | None:
         """The pid of the runtime process that asked for a compile, from what the runtime itself
         put in the record. Default: unknown (the audit then knows a record's process only where

@@ -11,17 +11,23 @@ import os
 import sys
 
 from cacheaudit.runtimes.deepjit import minijit as adapter
-from fixtures.minijit import CompilerOptions, Config, DeepJITError, Runtime
+from fixtures.minijit import CompilerOptions, Config, DeepJITError, Runtime, SimulatedCrash
 
 
 def main() -> None:
     config = json.loads(sys.argv[1])
     runtime = Runtime(Config(config["root"], "DG", include_dirs=config["include_dirs"],
                              include_prefixes=config["include_prefixes"]),
-                      backend=config["backend"])
+                      backend=config["backend"],
+                      command_form=config.get("command_form", "joined"))
     adapter.install(runtime)
     for line in sys.stdin:
         request = json.loads(line)
+        if request["op"] == "crash":
+            # The next miss dies between the compile and the commit, leaving its build behind.
+            runtime.crash_before_commit = True
+            print(json.dumps({"event": "crash"}), flush=True)
+            continue
         if request["op"] == "setenv":
             # Changes the process's environment after the runtime read its configuration.
             os.environ[request["name"]] = request["value"]
@@ -35,6 +41,10 @@ def main() -> None:
                       "binary": kernel.binary}
         except DeepJITError as exc:
             answer = {"event": "error", "error": str(exc)}
+        except SimulatedCrash as exc:
+            # As a killed process: no cleanup, no answer but where it died.
+            print(json.dumps({"event": "killed", "path": exc.tmp_dir}), flush=True)
+            os._exit(137)
         print(json.dumps(answer), flush=True)
 
 

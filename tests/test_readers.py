@@ -688,3 +688,19 @@ def test_fifo_cupy_entry_is_evidence_not_a_hang(tmp_path):
         entry = only_entry(reader_for("cupy"), tmp_path)
     assert any("cannot be read" in p and "not a regular file" in p for p in entry.problems)
 
+
+
+def test_deepjit_command_forms_give_the_same_argv():
+    # DeepJIT up to e5bdee2 joins the words with spaces; since 24eb539 each word is quoted.
+    from cacheaudit.runtimes.deepjit.policy import command_flags, command_words
+
+    argv = ["/usr/local/cuda/bin/nvcc", "/r/tmp/1-a/kernel.cu", "--cubin", "--output-file",
+            "/r/tmp/1-a/kernel.cubin", "-O3", "--include-path", "/it's here"]
+    joined = " ".join([*argv[:-2], "--include-path", "/inc"])
+    quoted = " ".join("'" + w.replace("'", "'\\''") + "'" for w in argv)
+    assert command_words(joined)[0] == [*argv[:-1], "/inc"]
+    assert command_words(quoted)[0] == argv
+    assert command_words("HIP_PLATFORM=amd " + quoted)[0] == argv  # the ROCm backend's prefix
+    assert command_flags(quoted, ["/it's here"]) == ["-O3"]
+    words, why = command_words("'/usr/bin/nvcc' 'kernel.cu")
+    assert words is None and "unbalanced" in why

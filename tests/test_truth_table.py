@@ -6,6 +6,8 @@ cache, compared byte for byte with what the runtime served.
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,9 @@ EXPECTED = {
     "rewritten_binary": ("disk-hit", True, "CA101"),
     "rebuilt_inputs_restored": ("disk-hit", False, None),
     "unknown_tracked_set": ("compile", False, None),
+    # Caches built without recording: the newest DeepJIT, a killed first build (issue 12).
+    "quoted_command_unrecorded": ("disk-hit", True, "CA501"),
+    "killed_first_build": ("killed", None, None),
 }
 
 CASES = [pytest.param(name, "gxx", id=f"g++-{name}") for name in SCENARIOS
@@ -123,6 +128,39 @@ def _unknown_tracked_set(outcome: Outcome) -> None:
     assert unverified["entry"] == outcome.notes["entry"] and "meta.json" in unverified["message"]
 
 
+def _quoted_command_unrecorded(outcome: Outcome) -> None:
+    notes = outcome.notes
+    entry, header = notes["entry"], notes["header"]
+    assert notes["command"].startswith("'"), notes["command"]  # the newest DeepJIT's form
+    # Reconstructed from the quoted command: the edited header itself is named, for this entry,
+    # unverified because it changed after an unrecorded build, with the way to settle it.
+    [unknown] = _named(outcome.findings, "CA501", header)
+    assert unknown["entry"] == entry and "changed after the binary was written" in (
+        unknown["message"]), unknown
+    assert f"cacheaudit verify {entry}" in unknown["hint"], unknown
+    assert [f for f in outcome.findings if f["code"] == "CA501" and f["subject"] != header] == []
+    assert "DeepJIT's extra signature" in next(
+        f for f in outcome.findings if f["code"] == "CA102")["hint"]
+    # The oracle, from the same quoted command, proves the served binary stale.
+    code, stdout, stderr = notes["verified"]
+    assert code == 0, stderr
+    assert _named(json.loads(stdout)["findings"], "CA403", entry), stdout
+
+
+def _killed_first_build(outcome: Outcome) -> None:
+    notes = outcome.notes
+    build, cache = notes["build"], notes["cache"]
+    assert build and build.startswith(cache + "/tmp/") and not os.path.exists(cache + "/cache")
+    assert notes["explicit"][0] == 0, notes["explicit"]  # a cache root, not a usage error
+    [leftover] = _named(outcome.findings, "CA402", build)
+    assert leftover["severity"] == "warning", leftover
+    code, stdout, stderr = notes["default"]
+    assert code == 0, stderr
+    assert [f["subject"] for f in json.loads(stdout)["findings"] if f["code"] == "CA402"] == [
+        build], stdout  # the default scan finds the root through DG_JIT_CACHE_DIR
+    assert notes["failing"] == 1  # the exit status follows the findings: a warning, asked for
+
+
 SUBJECTS = {
     "twin_caches": _twin_caches,
     "identical_binaries_new_key": _identical_binaries,
@@ -130,4 +168,6 @@ SUBJECTS = {
     "rewritten_binary": _rewritten_binary,
     "rebuilt_inputs_restored": _rebuilt_inputs_restored,
     "unknown_tracked_set": _unknown_tracked_set,
+    "quoted_command_unrecorded": _quoted_command_unrecorded,
+    "killed_first_build": _killed_first_build,
 }

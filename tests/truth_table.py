@@ -63,6 +63,7 @@ class Driver:
 
     def __init__(self, project: Project, env: dict[str, str]) -> None:
         config = json.dumps({"root": str(project.root), "backend": project.backend,
+                             "command_form": project.command_form,
                              "include_dirs": [str(d) for d in project.include_dirs],
                              "include_prefixes": ["mylib/"]})
         self.process = subprocess.Popen(
@@ -81,6 +82,13 @@ class Driver:
         answer = json.loads(line)
         answer["digest"] = _digest(answer.get("binary"))
         return answer
+
+    def crash_next_build(self) -> None:
+        """The next miss dies between the compile and the commit (the process exits)."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps({"op": "crash"}) + "\n")
+        self.process.stdin.flush()
+        self.process.stdout.readline()
 
     def setenv(self, name: str, value: str) -> None:
         assert self.process.stdin is not None and self.process.stdout is not None
@@ -109,6 +117,9 @@ class Project:
     """Run the rebuild oracle (`verify`) right after each scan, under the scan's environment."""
     verified: list[tuple[int, dict[str, Any], str]] = field(default_factory=list)
     """Each scan's oracle, in order: (exit status, `verify --json` report, stderr)."""
+    command_form: str = "joined"
+    """How the runtime writes meta.json's command: "joined" (DeepJIT up to e5bdee2) or
+    "quoted" (every word shell-quoted, DeepJIT since 24eb539)."""
 
     @property
     def compiler_name(self) -> str:
@@ -184,11 +195,7 @@ class Project:
         return answer.get("digest")
 
     def scan(self, **changes: str | None) -> dict[str, Any]:
-        env = self._env(changes)
-        done = subprocess.run(
-            [sys.executable, "-m", "cacheaudit", "scan", str(self.cache), "--json",
-             "--ledger", str(self.ledger), "--fail-on", "never", "--no-progress"],
-            capture_output=True, text=True, env=env, cwd=self.root, timeout=600)
+        done = self.scan_process(str(self.cache), **changes)
         if done.returncode != 0:
             raise RuntimeError(f"scan failed ({done.returncode}): {done.stderr}")
         if self.verify_scans:
@@ -203,6 +210,14 @@ class Project:
             capture_output=True, text=True, env=self._env(changes), cwd=self.root, timeout=600)
         return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {}, \
             done.stderr
+
+    def scan_process(self, *arguments: str, fail_on: str = "never",
+                     **changes: str | None) -> subprocess.CompletedProcess[str]:
+        """`cacheaudit scan ARGUMENTS --json` as a user runs it: its exit status, its output."""
+        return subprocess.run(
+            [sys.executable, "-m", "cacheaudit", "scan", *arguments, "--json",
+             "--ledger", str(self.ledger), "--fail-on", fail_on, "--no-progress"],
+            capture_output=True, text=True, env=self._env(changes), cwd=self.root, timeout=600)
 
     def wrapper(self, name: str, body: str) -> Path:
         """A compiler wrapper script in tools/, as the real compiler behind the shim."""
@@ -529,6 +544,58 @@ IDENTITY_SCENARIOS: dict[str, Scenario] = {
 }
 
 
+# ------------------------------------------------ caches built without recording (issue 12, part)
+# (the newest DeepJIT's quoted command, a root holding only a killed first build)
+
+
+def quoted_command_unrecorded(p: Project) -> Outcome:
+    # The newest DeepJIT writes meta.json's command shell-quoted; built before recording, a
+    # CUTLASS-like header outside the tracked prefixes edited: the scan reconstructs the entry's
+    # inputs from that command and reports the header.
+    p.command_form = "quoted"
+    unrecorded = {"DG_JIT_NVCC_COMPILER": _real_compiler(p), "CACHEAUDIT_DISABLE": "1"}
+    built = p.once(**unrecorded)
+    detail = p.root / "third" / "cutlite" / "detail.h"
+    _write(detail, "#pragma once\n#define DETAIL 2\n")
+    served = p.once(**unrecorded)
+    outcome = _outcome("the newest DeepJIT's quoted command, built unrecorded; untracked header "
+                       "edited", "reported (CA101 or CA501 saying why)", served,
+                       p.fresh(DG_JIT_NVCC_COMPILER=_real_compiler(p)), p.scan())
+    meta = json.loads((Path(built["path"]) / "meta.json").read_text())
+    # The rebuild oracle from the layout's own (quoted) command turns the suspicion into proof.
+    verified = p.scan_process(str(p.cache), "--verify")
+    outcome.notes = {"entry": built["path"], "header": str(detail), "command": meta["command"],
+                     "verified": (verified.returncode, verified.stdout, verified.stderr)}
+    return outcome
+
+
+def killed_first_build(p: Project) -> Outcome:
+    # The first build in a new root is killed before its commit: tmp/<build>/ and no cache/.
+    driver = p.driver()
+    try:
+        driver.crash_next_build()
+        served = driver.compile()
+    finally:
+        driver.close()
+    explicit = p.scan_process(str(p.cache))
+    default = p.scan_process()
+    failing = p.scan_process(str(p.cache), fail_on="warning")
+    report = json.loads(explicit.stdout) if explicit.returncode == 0 else {"findings": []}
+    outcome = _outcome("a root holding only a killed first build", "found; CA402 leftover",
+                       served, None, report)
+    outcome.notes = {"build": served.get("path"), "cache": str(p.cache),
+                     "explicit": (explicit.returncode, explicit.stderr),
+                     "default": (default.returncode, default.stdout, default.stderr),
+                     "failing": failing.returncode}
+    return outcome
+
+
+DEEPJIT_LAYOUT_SCENARIOS: dict[str, Scenario] = {
+    "quoted_command_unrecorded": quoted_command_unrecorded,
+    "killed_first_build": killed_first_build,
+}
+
+
 SCENARIOS: dict[str, Scenario] = {
     "nothing_changed": nothing_changed,
     "tracked_header_edited": tracked_header_edited,
@@ -543,6 +610,7 @@ SCENARIOS: dict[str, Scenario] = {
     "dependency_deleted": dependency_deleted,
     "edited_during_compile": edited_during_compile,
     **IDENTITY_SCENARIOS,
+    **DEEPJIT_LAYOUT_SCENARIOS,
 }
 NVCC_ONLY = {"append_flags_changed"}
 GXX_ONLY = {"link_step_taken_as_build"}  # its wrapper stands in for nvcc's g++ link step

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -89,7 +89,7 @@ class Memos:
 
     graph_changes: dict[str, list[FileChange]] = field(default_factory=dict)
     graph_paths: dict[str, frozenset[str]] = field(default_factory=dict)
-    untracked: dict[tuple[str, frozenset[str]], tuple[int, str]] = field(default_factory=dict)
+    untracked: dict[tuple[object, ...], tuple[int, str]] = field(default_factory=dict)
     search: dict[tuple[object, ...], tuple[str, ...]] = field(default_factory=dict)
     shadows: dict[tuple[str, tuple[str, ...]], list[tuple[str, str]]] = field(
         default_factory=dict)
@@ -140,19 +140,29 @@ class AuditContext:
                                                           self.cache)
         return self.memos.graph_changes[key]
 
-    def untracked(self, graph: IncludeGraph, excluded: frozenset[str] | set[str]
-                  ) -> tuple[int, str]:
-        """How many graph files are outside `excluded`, and where most of them live. Thousands
-        of entries share a graph and a tracked set, so the answer is computed once for each."""
+    def untracked(self, graph: IncludeGraph, excluded: frozenset[str] | set[str], *,
+                  trees: Sequence[str] = (), system: Sequence[str] = ()) -> tuple[int, str]:
+        """How many graph files are outside `excluded`, and where they live: the trees users
+        edit first (a CUTLASS or CuTe checkout), then the compiler's own (`system`), each with
+        its count. A file's tree is the search directory it lies in (`trees`, the -I order)
+        with the first directory below it (`<cutlass>/include/cute`), else its directory.
+        Thousands of entries share a graph and a tracked set, so the answer is computed once
+        for each."""
         members = self.memos.graph_paths.get(graph.digest)
         if members is None:
             members = self.memos.graph_paths[graph.digest] = frozenset(graph.paths)
         excluded = frozenset(excluded) & members
-        memo_key = (graph.digest, excluded)
+        memo_key = (graph.digest, excluded, tuple(trees), tuple(system))
         if memo_key not in self.memos.untracked:
-            roots = Counter(os.path.dirname(p) for p in graph.paths if p not in excluded)
-            top = ", ".join(f"{d} ({n})" for d, n in roots.most_common(3))
-            self.memos.untracked[memo_key] = (sum(roots.values()), top)
+            counts = Counter(_tree_of(p, trees) for p in graph.paths if p not in excluded)
+            ordered = sorted(counts.items(),
+                             key=lambda item: (_under_any(item[0], system), -item[1], item[0]))
+            shown = ordered[:_TREES_SHOWN]
+            top = ", ".join(f"{d} ({n})" for d, n in shown)
+            if len(ordered) > len(shown):
+                rest = sum(n for _, n in ordered[len(shown):])
+                top += f", and {rest} more in {len(ordered) - len(shown)} other directories"
+            self.memos.untracked[memo_key] = (sum(counts.values()), top)
         return self.memos.untracked[memo_key]
 
     # ---------------------------------------------------------------- the environment registry
@@ -239,3 +249,20 @@ def live_process(record: CompileRecord, policy: Policy) -> tuple[int, str] | Non
                      f"still runs")
     return None
 
+
+_TREES_SHOWN = 4
+
+
+def _under_any(path: str, directories: Sequence[str]) -> bool:
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in directories)
+
+
+def _tree_of(path: str, trees: Sequence[str]) -> str:
+    """The tree a header belongs to: the first search directory holding it, with the directory
+    just below it when there is one; else the header's own directory."""
+    for tree in trees:
+        base = tree.rstrip("/")
+        if path.startswith(base + "/"):
+            below = path[len(base) + 1:].split("/", 1)
+            return f"{base}/{below[0]}" if len(below) == 2 else base
+    return os.path.dirname(path)

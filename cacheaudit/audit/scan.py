@@ -43,7 +43,7 @@ from cacheaudit.audit.identity import Candidates, choose, places_of
 from cacheaudit.audit.observations import ObservedEnvironments
 from cacheaudit.audit.options import AuditOptions, keep
 from cacheaudit.digest import StateCache
-from cacheaudit.findings import make_finding
+from cacheaudit.findings import make_finding, with_remedy
 from cacheaudit.layout import Layout
 from cacheaudit.ledger import Attribution, Ledger, RunInfo, new_record_id
 from cacheaudit.model import (
@@ -231,7 +231,7 @@ class Auditor:
         for this entry, naming the error, and the scan goes on to the next one."""
         findings = problem_findings(entry)
         try:
-            return self._judge(entry, findings)
+            return with_remedies(self._judge(entry, findings), entry)
         except Exception as exc:  # noqa: BLE001 - reported as a finding, never swallowed
             return [*findings, internal_error_finding(entry, exc)]
 
@@ -351,7 +351,24 @@ class Auditor:
         runtime policy's `scan_findings`)."""
         judged = [(entry, policy) for entry in entries
                   if (policy := policy_of(entry)[0]) is not None]
-        return scan_environment_findings(self.context, entries, judged)
+        return with_remedies(scan_environment_findings(self.context, entries, judged))
+
+
+def with_remedies(findings: list[Finding], entry: CacheEntry | None = None) -> list[Finding]:
+    """`findings` with each hint naming its runtime's own remedy (`Policy.key_remedy`) for
+    `entry` (None: findings about the environment, the runtime in general)."""
+    remedies: dict[str | None, str | None] = {}
+    done: list[Finding] = []
+    for finding in findings:
+        runtime = entry.runtime if entry is not None else finding.runtime
+        if runtime not in remedies:
+            policy = None
+            if runtime is not None:
+                with contextlib.suppress(KeyError):
+                    policy = policy_for(runtime)
+            remedies[runtime] = policy.key_remedy(entry) if policy is not None else None
+        done.append(with_remedy(finding, remedies[runtime]))
+    return done
 
 
 # ------------------------------------------------------------------ evidence and its age

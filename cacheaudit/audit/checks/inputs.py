@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from cacheaudit import compilers
 from cacheaudit.audit.context import AuditContext, FileChange, live_process
 from cacheaudit.digest import normalise_path
-from cacheaudit.findings import make_finding, ns_text, state_text
+from cacheaudit.findings import PROVE_HINT, make_finding, ns_text, state_text
 from cacheaudit.model import CacheEntry, CompileRecord, FileState, Finding, IncludeGraph
 from cacheaudit.policy import Policy, TrackedSet
 
@@ -83,7 +83,7 @@ def input_findings(context: AuditContext, entry: CacheEntry, record: CompileReco
                         f"binary tells",
                 recorded=f"binary written {ns_text(entry.built_ns)}",
                 current=f"mtime {ns_text(new.mtime_ns if new.exists else old.mtime_ns)}",
-                how=UNKNOWN_HOW))
+                how=UNKNOWN_HOW, hint=PROVE_HINT))
         elif not tracked.known:
             findings.append(make_finding(
                 "CA501", subject=old.path, entry=entry, record=record, inferred=inferred,
@@ -113,7 +113,9 @@ def input_findings(context: AuditContext, entry: CacheEntry, record: CompileReco
                                         unknown_tracked)
     if not tracked.known:
         return findings  # which files are untracked is what cannot be said
-    count, top = context.untracked(graph, tracked.paths | seen)
+    count, top = context.untracked(graph, tracked.paths | seen,
+                                   trees=search_directories(record),
+                                   system=system_directories(record))
     if count:
         findings.append(make_finding(
             "CA102", subject=f"{count} untracked dependenc{'y' if count == 1 else 'ies'}",
@@ -221,6 +223,29 @@ def memory_hits_after(context: AuditContext, entry: CacheEntry, changes: list[Fi
 
 
 # ------------------------------------------------------------------------------ search paths
+
+
+_SYSTEM_TREES = ("/usr/include", "/usr/local/include", "/usr/lib/gcc", "/usr/lib64/gcc",
+                 "/usr/libexec/gcc", "/usr/lib/clang", "/usr/lib64/clang", "/usr/lib/llvm",
+                 "/usr/local/cuda", "/opt/rocm")
+"""Where compilers keep their own headers: the C library's, the compiler's (libstdc++, its
+intrinsics), the CUDA toolkit's default place. A user edits a CUTLASS checkout, not these."""
+
+
+def system_directories(record: CompileRecord) -> tuple[str, ...]:
+    """The compiler's own include trees for `record`: the usual system places, and the CUDA
+    toolkit the compile used (the nvcc's `<home>/bin/nvcc` and the record's CUDA_HOME or
+    CUDA_PATH), whose `include/` and `targets/` hold the toolkit's headers."""
+    homes: list[str] = []
+    compiler = record.compiler
+    if compiler is not None and compiler.kind == "nvcc":
+        for path in (compiler.resolved, compiler.path):
+            if path and os.path.basename(os.path.dirname(path)) == "bin":
+                homes.append(os.path.dirname(os.path.dirname(path)))
+    homes += [record.env[name] for name in ("CUDA_HOME", "CUDA_PATH") if record.env.get(name)]
+    toolkit = [os.path.join(normalise_path(home, record.cwd or "/"), part)
+               for home in homes for part in ("include", "targets")]
+    return tuple(dict.fromkeys((*_SYSTEM_TREES, *toolkit)))
 
 
 def search_directories(record: CompileRecord) -> list[str]:

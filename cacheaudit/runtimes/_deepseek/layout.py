@@ -125,6 +125,34 @@ def has_entry_named(cache_dir: str, pattern: re.Pattern[str]) -> bool:
     return False
 
 
+# What a DeepJIT or DeepGEMM 2.x build directory holds before its commit: the source, written
+# first, then the compiler's outputs and meta.json (CUDA, ROCm and Ascend spellings).
+_BUILD_FILE_RE = re.compile(r"kernel\.[A-Za-z0-9_.]+|meta\.json|compiler\.log|asm")
+
+
+def only_killed_builds(root: str) -> bool:
+    """A root whose first build was killed before its commit: no `cache/` yet (the commit
+    creates it), and a `tmp/` holding a build directory named like the family's (`TMP_NAME_RE`)
+    that is empty or holds only what a build writes. The contents are looked at, not only the
+    names, because a uuid-named directory under some `tmp/` proves little by itself."""
+    if os.path.lexists(os.path.join(root, "cache")):
+        return False
+    try:
+        with os.scandir(os.path.join(root, "tmp")) as it:
+            builds = [entry.path for _, entry in zip(range(16), it, strict=False)
+                      if TMP_NAME_RE.fullmatch(entry.name) and is_directory(entry)]
+    except OSError:
+        return False
+    for build in builds:
+        try:
+            names = os.listdir(build)
+        except OSError:
+            continue
+        if all(_BUILD_FILE_RE.fullmatch(name) for name in names):
+            return True
+    return False
+
+
 def has_tmp_named(tmp_dir: str, pattern: re.Pattern[str], *, dirs: bool, limit: int = 16) -> bool:
     """Whether tmp/ holds, among its first `limit` names, a directory (or file) fitting
     `pattern`."""

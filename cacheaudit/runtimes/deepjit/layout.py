@@ -69,6 +69,7 @@ from cacheaudit.runtimes._deepseek.layout import (
     has_tmp_named,
     home_default,
     list_entry,
+    only_killed_builds,
     read_cache_root,
     symlinks_outside,
 )
@@ -118,10 +119,14 @@ class DeepJitReader(Layout):
         """A `cache/` holding a `<tag>.<32hex>` directory, or (no entry of either layout yet) a
         `cache/` beside a `tmp/` with build directories. A DeepGEMM root says no: its entries
         have two dots. The build-directories-only root is claimed by the deepgemm reader too
-        (both runtimes name them alike)."""
+        (both runtimes name them alike).
+
+        A root holding only a killed first build (`tmp/<build>/`, no `cache/` yet: DeepJIT
+        creates it at the first commit) is a root too (`only_killed_builds`), so that its
+        leftover is reported rather than the root refused."""
         cache_dir = os.path.join(path, "cache")
         if not os.path.isdir(cache_dir):
-            return False
+            return only_killed_builds(path)
         if has_entry_named(cache_dir, DEEPJIT_ENTRY_RE):
             return True
         if has_entry_named(cache_dir, DEEPGEMM_ENTRY_RE):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -254,13 +255,39 @@ def options_flags(options: dict[str, Any]) -> list[str] | None:
 
 _OUTPUT_OPTIONS = ("--output-file", "-o")
 _INCLUDE_OPTIONS = ("--include-path", "-I")
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def command_words(command: str) -> tuple[list[str] | None, str]:
+    """meta.json's `command` as the argv it ran, and which form it has ((None, why) when the
+    text cannot be split).
+
+    Two forms, told apart by the text. DeepJIT up to e5bdee2 (`backend/cuda/backend.hpp`)
+    writes `str::join(args)`: the words with single spaces, unquoted, so splitting on spaces
+    gives them back, empty words included (an empty flag still enters the key). Since 24eb539
+    every word is in single quotes (a quote inside spelt `'\\''`), as the ROCm backend's
+    `command_string` always did, behind `NAME=value` assignments there (`HIP_PLATFORM=amd`):
+    a POSIX shell's split gives the words back, the assignments are dropped. Only the quoted
+    form holds a single quote, since an unquoted one would have broken DeepJIT's own shell line.
+    """
+    if "'" not in command:
+        return command.split(" "), "space-joined (DeepJIT up to e5bdee2)"
+    try:
+        words = shlex.split(command, posix=True)
+    except ValueError as exc:
+        return None, f"its shell quoting is unbalanced ({exc})"
+    while words and _ASSIGNMENT.match(words[0]):
+        words.pop(0)
+    return words, "shell-quoted (DeepJIT since 24eb539)"
 
 
 def command_flags(command: str, include_dirs: Sequence[str]) -> list[str] | None:
     """The flags part of DeepJIT's compile command: between the output file and the trailing
     include-path pairs (`backend.hpp` joins `[nvcc, src, --cubin, --output-file, cubin, *flags,
-    (--include-path, dir)*]` with single spaces)."""
-    tokens = command.split(" ")
+    (--include-path, dir)*]`, with single spaces or word by word quoted: `command_words`)."""
+    tokens, _form = command_words(command)
+    if tokens is None:
+        return None
     output = next((i for i, t in enumerate(tokens) if t in _OUTPUT_OPTIONS), None)
     if output is None:
         return None
@@ -345,6 +372,22 @@ class DeepJitPolicy(FamilyPolicy):
         return EnvFamilies((), "meta.json does not record the env prefix, the cache root does "
                                "not tell, and no DG_JIT_* or EP_JIT_* variable set in the "
                                "runtime's environment sets the two families apart")
+
+    def key_remedy(self, entry: CacheEntry | None) -> str | None:
+        """DeepJIT hashes `Config::extra_signature` first into every key, and its README says
+        untracked inputs belong there; but the libraries built on it set it themselves
+        (DeepGEMM 2.8: `"cutlass-" + CUTLASS_VERSION`) and give their users no way to add to
+        it. Which one built the entry: its include prefixes (`env_families`); another library
+        (DeepEP-Ascend), whose use of the signature is not known, gets the generic wording."""
+        families = self.env_families(entry, {}).prefixes if entry is not None else ()
+        if "DG" in families:
+            return ("DeepGEMM sets DeepJIT's extra signature itself (its CUTLASS version) and "
+                    "has no setting that adds {input} to its key: give each configuration of "
+                    "{input} its own DG_JIT_CACHE_DIR")
+        if families:
+            return None  # DeepEP-Ascend: what it passes as the extra signature is not known
+        return ("feed a digest of {input} into DeepJIT's extra signature (the `extra_signature` "
+                "of `deep_jit::Config`, hashed first into every key)")
 
     def rewrites_binary(self, entry: CacheEntry) -> bool:
         # `CUDA::compile` runs `python <hook> <cubin>` after nvcc when the options carry a
@@ -455,7 +498,9 @@ class DeepJitPolicy(FamilyPolicy):
         command = entry.meta.get("command")
         if not isinstance(command, str) or entry.source is None:
             return None
-        tokens = command.split(" ")
+        tokens, _form = command_words(command)
+        if tokens is None:
+            return None
         built_in = next((os.path.dirname(t) for t in tokens if t.endswith("/kernel.cu")), None)
         if built_in is None:
             return None
