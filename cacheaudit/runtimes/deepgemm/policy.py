@@ -20,8 +20,8 @@ patch version. Later revisions also fold a digest of the whole library include t
 include hash; an entry built that way does not match the 2.6.1 recipe, which the recomputation
 reports instead of guessing.
 
-Older entries in the same layout follow other recipes, and are not recomputed (the key check
-says which; the tracked set follows their own rules):
+Older entries in the same layout follow other recipes (the tracked set follows their own
+rules); the Python JIT's is recomputed by `python_jit.py`, the pre-7f2a703 C++ JIT's is not:
 
 - the Python JIT (`kernel.<name>.<md5[:12]>`, deep_gemm/jit/compiler.py, 2025-02 to 2025-07):
   at 8dfa329 the md5 of `name$$get_deep_gemm_version()$$signature$$flags$$enable_sass_opt$$code`,
