@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 import xxhash
 
-from support import needs_gxx
+from support import needs_gxx, needs_nvcc
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -223,3 +224,242 @@ def test_include_dir_named_in_pyproject(job: Job):
     report = job.scan(pythonpath=[], cwd=project)
     assert str(_tile(job)) in _named(report, "CA101"), report["findings"]
 
+
+
+# ------------------------------------------------------------ DeepGEMM's Python JIT (case 3)
+
+REPLICA = ROOT / "fixtures" / "deepgemm_python"
+
+_PYTHON_BUILD = """\
+import json, os, sys
+import xxhash
+import deep_gemm
+from deep_gemm.jit.compiler import get_cache_dir
+cache = get_cache_dir()
+before = set(os.listdir(cache)) if os.path.isdir(cache) else set()
+runtime = deep_gemm.fill(3)
+print(json.dumps({"event": "disk-hit" if os.path.basename(runtime.path) in before
+                  else "compile", "path": runtime.path,
+                  "digest": xxhash.xxh3_128_hexdigest(runtime.load())}))
+"""
+
+
+@dataclass
+class PythonJob:
+    """The replica installed in a site directory, its top-level utils.cuh including a CuTe-like
+    header that `get_deep_gemm_version` never hashes."""
+
+    root: Path
+    site: Path
+    env: dict[str, str]
+
+    @property
+    def cache(self) -> Path:
+        return self.root / "dg"
+
+    @property
+    def include(self) -> Path:
+        return self.site / "deep_gemm" / "include"
+
+    @property
+    def tile(self) -> Path:
+        return self.include / "cute" / "tile.hpp"
+
+    @property
+    def utils(self) -> Path:
+        return self.include / "deep_gemm" / "utils.cuh"
+
+    def build(self, cache: Path | None = None, recorded: bool = False,
+              **extra: str) -> dict[str, Any]:
+        script = self.root / "job.py"
+        script.write_text(_PYTHON_BUILD)
+        env = dict(self.env, DG_JIT_CACHE_DIR=str(cache or self.cache),
+                   DG_CACHE_DIR=str(cache or self.cache), **extra)
+        if recorded:
+            env["PYTHONPATH"] = os.pathsep.join([str(self.site), str(ROOT)])
+            argv = [sys.executable, "-m", "cacheaudit", "run", "--ledger",
+                    str(self.root / "ledger.db"), "--fail-on", "never", "--",
+                    sys.executable, str(script)]
+        else:
+            env.update(CACHEAUDIT_DISABLE="1", PYTHONPATH=str(self.site))
+            argv = [sys.executable, str(script)]
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300,
+                              cwd=self.root)
+        assert done.returncode == 0, done.stdout + done.stderr
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        return json.loads(lines[-1])
+
+    def fresh(self, **extra: str) -> str:
+        fresh = self.root / f"fresh-{len(list(self.root.glob('fresh-*')))}"
+        answer = self.build(fresh, **extra)
+        assert answer["event"] == "compile"
+        return str(answer["digest"])
+
+    def scan(self, *args: str) -> dict[str, Any]:
+        env = dict(self.env, PYTHONPATH=os.pathsep.join([str(ROOT), str(self.site)]))
+        done = subprocess.run(
+            [sys.executable, "-m", "cacheaudit", "scan", str(self.cache), "--json", "--ledger",
+             str(self.root / "ledger.db"), "--fail-on", "never", "--no-progress", *args],
+            capture_output=True, text=True, env=env, cwd=self.root, timeout=600)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+
+def _python_job(tmp_path: Path, release: str) -> PythonJob:
+    site = tmp_path / "site"
+    shutil.copytree(REPLICA, site, ignore=shutil.ignore_patterns("__pycache__"))
+    job = PythonJob(tmp_path, site, {})
+    _write(job.tile, "#pragma once\nnamespace cute { constexpr int kTile = 10; }\n")
+    job.utils.write_text(job.utils.read_text().replace(
+        "constexpr int kBias = 1;", "constexpr int kBias = 1 + cute::kTile;").replace(
+        "#pragma once\n", "#pragma once\n#include <cute/tile.hpp>\n"))
+    stamp = time.time_ns() - 5_000_000_000
+    for header in (job.tile, job.utils):
+        os.utime(header, ns=(stamp, stamp))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CACHEAUDIT", "NVCC_", "DG_", "EP_", "DJ_", "PYTEST_"))
+           and k not in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "PYTHONPATH")}
+    env.update(HOME=str(tmp_path / "home"), DG_REPLICA_RELEASE=release)
+    (tmp_path / "home").mkdir()
+    job.env = env
+    return job
+
+
+@pytest.fixture
+def python_job(tmp_path: Path) -> PythonJob:
+    return _python_job(tmp_path, "8dfa329")
+
+
+def _entry_findings(report: dict[str, Any], entry: str, *codes: str) -> list[dict[str, Any]]:
+    return [f for f in report["findings"] if f["entry"] == entry and f["code"] in codes]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("release", ["8dfa329", "a6d97a1"])
+def test_python_jit_key_is_recomputed_as_the_replica_keys(tmp_path: Path, release: str):
+    job = _python_job(tmp_path, release)
+    built = job.build()
+    entry = built["path"]
+    from cacheaudit.runtimes.deepgemm.policy import POLICIES
+
+    policy = POLICIES["deepgemm"].for_audit(
+        dict(job.env, PYTHONPATH=str(job.site)), ())
+    from cacheaudit.digest import StateCache
+    from cacheaudit.runtimes.deepgemm.layout import LAYOUT
+
+    entries = [e for e in LAYOUT.read(str(job.cache), StateCache()) if hasattr(e, "key")]
+    assert [e.path for e in entries] == [entry]
+    check = policy.check_key(entries[0])
+    # The recomputed key is the directory name's 12 hex digits the replica chose.
+    assert check.recomputed == entry.rsplit(".", 1)[1], (entry, check)
+    report = job.scan("--verify-keys")
+    assert report["reconstructed"] == 1, report
+    assert _entry_findings(report, entry, "CA501") == [], report["findings"]
+
+
+@needs_nvcc
+def test_python_jit_unrecorded_tracked_edit_is_an_orphan(python_job: PythonJob):
+    job = python_job
+    first = job.build()
+    job.utils.write_text(job.utils.read_text().replace("1 + cute::kTile", "2 + cute::kTile"))
+    served = job.build()
+    assert served["event"] == "compile" and served["path"] != first["path"]
+    assert served["digest"] == job.fresh()
+    report = job.scan()
+    # The old entry's key no longer comes out of the headers: the runtime misses it.
+    assert report["reconstructed"] == 2, report
+    assert _errors(report) == [], report["findings"]
+    assert _entry_findings(report, first["path"], "CA501", "CA101") == [], report["findings"]
+
+
+@needs_nvcc
+def test_python_jit_unrecorded_untracked_edit_is_stale(python_job: PythonJob):
+    job = python_job
+    first = job.build()
+    assert job.scan()["reconstructed_now"] == 1  # a scan before the edit keeps what it read
+    _write(job.tile, "#pragma once\nnamespace cute { constexpr int kTile = 20; }\n")
+    served = job.build()
+    assert served["event"] == "disk-hit" and served["path"] == first["path"]
+    assert served["digest"] != job.fresh()  # a stale hit: the ground truth
+    report = job.scan()
+    stale = _entry_findings(report, first["path"], "CA101")
+    assert [f["subject"] for f in stale] == [str(job.tile)], report["findings"]
+
+
+@needs_nvcc
+def test_python_jit_unrecorded_untracked_edit_before_any_scan_is_named(python_job: PythonJob):
+    job = python_job
+    first = job.build()
+    _write(job.tile, "#pragma once\nnamespace cute { constexpr int kTile = 20; }\n")
+    served = job.build()
+    assert served["digest"] != job.fresh()
+    report = job.scan()
+    assert str(job.tile) in [f["subject"] for f in _entry_findings(report, first["path"],
+                                                                   "CA501")], report["findings"]
+
+
+@needs_nvcc
+def test_python_jit_recorded_tracked_edit_is_an_orphan(python_job: PythonJob):
+    job = python_job
+    first = job.build(recorded=True)
+    job.utils.write_text(job.utils.read_text().replace("1 + cute::kTile", "2 + cute::kTile"))
+    served = job.build(recorded=True)
+    assert served["event"] == "compile" and served["digest"] == job.fresh()
+    report = job.scan()
+    assert report["matched"] == 2, report
+    assert _errors(report) == [], report["findings"]
+    assert _entry_findings(report, first["path"], "CA501", "CA101") == [], report["findings"]
+
+
+def _code_digest(entry: str) -> str:
+    """The digest of the `.text.*` sections of an entry's kernel.cubin (ELF64, little-endian)."""
+    import struct
+
+    data = (Path(entry) / "kernel.cubin").read_bytes()
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+
+    def section(index: int) -> tuple[int, int, int]:
+        name, _type, _flags, _addr, offset, size = struct.unpack_from(
+            "<IIQQQQ", data, shoff + index * shentsize)
+        return name, offset, size
+
+    _, names, _ = section(shstrndx)
+    code = b""
+    for index in range(shnum):
+        name, offset, size = section(index)
+        if data[names + name:data.index(b"\0", names + name)].startswith(b".text."):
+            code += data[offset:offset + size]
+    assert code, f"{entry}/kernel.cubin has no .text section"
+    return xxhash.xxh3_128_hexdigest(code)
+
+
+def _nvrtc_problem() -> str | None:
+    try:
+        from cuda.bindings import nvrtc  # noqa: F401
+    except ImportError as exc:
+        return f"cuda.bindings.nvrtc does not import: {exc}"
+    return None
+
+
+@pytest.mark.skipif(_nvrtc_problem() is not None, reason=str(_nvrtc_problem()))
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "unrecorded"])
+def test_python_jit_nvrtc_entry_is_not_reported_broken(python_job: PythonJob, recorded: bool):
+    job = python_job
+    built = job.build(recorded=recorded, DG_JIT_USE_NVRTC="1")
+    fresh = job.root / "fresh-nvrtc"
+    again = job.build(fresh, DG_JIT_USE_NVRTC="1")
+    # NVRTC's cubins differ from one compile to the next outside the code: the ground truth is
+    # the same key and the same machine code in a fresh compile into an empty cache.
+    assert Path(again["path"]).name == Path(built["path"]).name
+    assert _code_digest(built["path"]) == _code_digest(again["path"])
+    assert not (Path(built["path"]) / "kernel.cu").exists()
+    report = job.scan()
+    entry = built["path"]
+    assert _entry_findings(report, entry, "CA402", "CA301") == [], report["findings"]
+    assert _errors(report) == [], report["findings"]
+    unverified = _entry_findings(report, entry, "CA501")
+    assert len(unverified) <= 1, unverified
+    if recorded:
+        assert [f["subject"] for f in unverified] == [entry], report["findings"]
+        assert "NVRTC" in unverified[0]["message"], unverified

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 
 from cacheaudit.digest import StateCache
 from cacheaudit.layout import Layout, capture, read_head, unique_paths
@@ -78,6 +78,8 @@ LAYOUT_NAME = "deepgemm"
 SOURCE = "kernel.cu"
 BINARIES = ("kernel.cubin", "kernel.so")
 PYTHON_HASH_LEN = 12
+NVRTC = "nvrtc"
+"""`CacheEntry.meta["compiler"]` of a Python JIT entry NVRTC built (no kernel.cu)."""
 
 INCLUDE_HASH_PREFIX = b"// Includes' hash value: "
 _INCLUDE_HASH_RE = re.compile(r"[0-9a-f]{32}")
@@ -178,6 +180,14 @@ def parse_head(head: bytes) -> tuple[str | None, str | None, bool]:
     return include_hash, problem, is_deepep
 
 
+def nvrtc_mode(names: Collection[str]) -> bool:
+    """Whether a Python JIT entry was built by NVRTC (`DG_JIT_USE_NVRTC=1`, 8dfa329): that mode
+    compiles the code in memory and writes only kernel.cubin, while NVCC mode `put`s kernel.cu
+    before it compiles, so a published NVCC entry always holds it. (A kernel.cu deleted by hand
+    reads the same; the runtime serves the cubin either way.)"""
+    return "kernel.cubin" in names and SOURCE not in names and "kernel.args" not in names
+
+
 def read_entry(root: str, item: os.DirEntry[str], name: str, digest: str, boundary: str,
                cache: StateCache) -> CacheEntry:
     """One entry directory, with every reason it is corrupt or partial (CA402 evidence)."""
@@ -199,7 +209,7 @@ def read_entry(root: str, item: os.DirEntry[str], name: str, digest: str, bounda
             problems.append(f"{binary_name} is missing: the Python JIT (Runtime.is_path_valid) "
                             "treats the key as a miss and recompiles into this directory in "
                             "place; an interrupted compile leaves exactly this")
-        if not source.exists:
+        if not source.exists and not nvrtc_mode(names):
             problems.append(f"{SOURCE} is missing: the Python JIT loads the binary without it, "
                             "but the binary can no longer be tied to its source")
     else:
@@ -229,8 +239,9 @@ def read_entry(root: str, item: os.DirEntry[str], name: str, digest: str, bounda
             if is_deepep:
                 runtime = RUNTIME_DEEPEP
 
+    meta = {"compiler": NVRTC} if python_jit and nvrtc_mode(names) else {}
     return CacheEntry(runtime=runtime, layout=LAYOUT_NAME, root=root, path=path, kernel=name,
-                      key=digest, binary=binary, source=source, committed_ns=None, meta={},
+                      key=digest, binary=binary, source=source, committed_ns=None, meta=meta,
                       include_hash=include_hash, files=tuple(sorted(names)),
                       problems=tuple(problems))
 

@@ -20,8 +20,8 @@ patch version. Later revisions also fold a digest of the whole library include t
 include hash; an entry built that way does not match the 2.6.1 recipe, which the recomputation
 reports instead of guessing.
 
-Older entries in the same layout follow other recipes, and are not recomputed (the key check
-says which; the tracked set follows their own rules):
+Older entries in the same layout follow other recipes (the tracked set follows their own
+rules); the Python JIT's is recomputed by `python_jit.py`, the pre-7f2a703 C++ JIT's is not:
 
 - the Python JIT (`kernel.<name>.<md5[:12]>`, deep_gemm/jit/compiler.py, 2025-02 to 2025-07):
   at 8dfa329 the md5 of `name$$get_deep_gemm_version()$$signature$$flags$$enable_sass_opt$$code`,
@@ -41,6 +41,7 @@ import copy
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import (
@@ -55,8 +56,8 @@ from cacheaudit.runtimes._deepseek import checks as family_checks
 from cacheaudit.runtimes._deepseek.environment import FLAVOUR_NAMES
 from cacheaudit.runtimes._deepseek.policy import EnvFamilies, FamilyPolicy
 from cacheaudit.runtimes._deepseek.recipe import build_directory_pid, split_mix
-from cacheaudit.runtimes.deepgemm import rebuild
-from cacheaudit.runtimes.deepgemm.layout import INCLUDE_HASH_PREFIX, PYTHON_HASH_LEN
+from cacheaudit.runtimes.deepgemm import python_jit, rebuild
+from cacheaudit.runtimes.deepgemm.layout import INCLUDE_HASH_PREFIX, NVRTC, PYTHON_HASH_LEN
 
 _MASK = (1 << 64) - 1
 _PRIME = 0x100000001B3
@@ -66,9 +67,10 @@ _HASH_LINE = INCLUDE_HASH_PREFIX.decode()
 _RELEASE = re.compile(r"release (\d+)\.(\d+)")
 _FIRST_VERSION = re.compile(r"(\d+)\.(\d+)")
 
-PYTHON_JIT_NOTE = ("a Python JIT entry (md5[:12] key): its signature holds "
-                   "get_deep_gemm_version() and the compiler's path and version, in an order "
-                   "that changed between releases, so it is not recomputed")
+NVRTC_NOTE = ("built by NVRTC (DG_JIT_USE_NVRTC=1: the entry holds kernel.cubin and no "
+              "kernel.cu): the code NVRTC compiled in memory is nowhere on disk, so a scan can "
+              "neither recompute the key nor find the headers it read; the DeepGEMM adapter "
+              "records such builds in-process (cacheaudit run / the pytest plugin)")
 PRE_INCLUDE_HASH_NOTE = ("kernel.cu has no include-hash line: built by DeepGEMM before 7f2a703, "
                          "whose key held get_library_version() (every .cuh under "
                          "include/deep_gemm) instead; not recomputed")
@@ -159,6 +161,10 @@ def _python_jit(entry: CacheEntry) -> bool:
     return entry.key is not None and len(entry.key) == PYTHON_HASH_LEN
 
 
+def _nvrtc(entry: CacheEntry) -> bool:
+    return _python_jit(entry) and entry.meta.get("compiler") == NVRTC
+
+
 def _recorded_include(record: CompileRecord | None, package: str) -> str | None:
     """The `-I` of a compile that holds the package's header directory: the library include
     directory it compiled against (observed, or chosen when the entry was reconstructed)."""
@@ -187,6 +193,12 @@ def compiler_signature(compiler: CompilerIdentity) -> str | None:
         return f"GXX{match.group(1)}.{match.group(2)}" if match else None
     match = _RELEASE.search(compiler.version_text)
     return f"NVCC{match.group(1)}.{match.group(2)}" if match else None
+
+
+def _nvrtc_release(compiler: CompilerIdentity) -> tuple[str, ...] | None:
+    """NVRTC's (major, minor) from an identity's version text ("NVRTC 13.0 (nvrtcVersion)")."""
+    match = _FIRST_VERSION.search(compiler.version_text) if compiler.kind == "nvrtc" else None
+    return match.groups() if match else None
 
 
 def _flags_and_signature(record: CompileRecord | None) -> tuple[str, str] | None:
@@ -234,6 +246,15 @@ def _library_version_tracked(include_dir: str) -> dict[str, str]:
     return names
 
 
+@dataclass(frozen=True)
+class _PythonBuild:
+    match: python_jit.Build | None
+    """The build whose recomputed key is the entry's."""
+    first: python_jit.Build | None
+    """The first build tried (the audit's own settings), when none matches."""
+    note: str
+
+
 class DeepGemmPolicy(FamilyPolicy):
     reads_configuration_once = True  # the JIT's settings are read once per process
     scan_family = family_checks.SCAN_FAMILY
@@ -248,6 +269,8 @@ class DeepGemmPolicy(FamilyPolicy):
         self.audit_env: Mapping[str, str] | None = None
         self.include_dirs: tuple[str, ...] = ()
         self._signatures: dict[str, str | None] = {}
+        self._nvcc_releases: dict[str, tuple[int, int] | None] = {}
+        self._python_builds: dict[tuple[str, str | None], _PythonBuild] = {}
 
     def for_audit(self, env: Mapping[str, str], include_dirs: Sequence[str]) -> DeepGemmPolicy:
         # The include tree of an unrecorded entry is looked for on the audit's PYTHONPATH and
@@ -256,6 +279,8 @@ class DeepGemmPolicy(FamilyPolicy):
         policy.audit_env = env
         policy.include_dirs = tuple(include_dirs)
         policy._signatures = {}
+        policy._nvcc_releases = {}
+        policy._python_builds = {}
         return policy
 
     # ------------------------------------------------------------ the library include tree
@@ -311,7 +336,75 @@ class DeepGemmPolicy(FamilyPolicy):
                     trees[0])
 
     def _include_dir(self, entry: CacheEntry, record: CompileRecord | None) -> str | None:
+        if _python_jit(entry):
+            found = self._python_build(entry, record)
+            if found.match is not None:
+                return found.match.tree
         return _recorded_include(record, self.prefix) or self._tree_for(entry)
+
+    # ------------------------------------------------------------ the Python JIT's key
+
+    def _nvcc_release(self, path: str) -> tuple[int, int] | None:
+        if path not in self._nvcc_releases:
+            from cacheaudit import compilers
+
+            identity = compilers.identify(path, env=self._env())
+            self._nvcc_releases[path] = (python_jit.nvcc_version(identity.version_text)
+                                         if identity.error is None else None)
+        return self._nvcc_releases[path]
+
+    def _python_build(self, entry: CacheEntry, record: CompileRecord | None) -> _PythonBuild:
+        """How the Python JIT built `entry`: the include tree, the nvcc and the settings whose
+        recomputed key is the entry's, tried from the recorded compile (when there is one) and
+        the audit's environment (DG_JIT_NVCC_COMPILER / DG_NVCC_COMPILER, else torch's
+        CUDA_HOME's nvcc; the trees as for the C++ JIT)."""
+        memo = (entry.path, record.record_id if record is not None else None)
+        if memo in self._python_builds:
+            return self._python_builds[memo]
+        env = self._env()
+        trees = [t for t in [_recorded_include(record, self.prefix)] if t] + self._trees()
+        paths: list[str] = []
+        if record is not None and record.compiler is not None:
+            paths += [p for p in (record.compiler.invoked, record.compiler.path)
+                      if p and os.path.isabs(p)]
+        for release in python_jit.RELEASES:
+            paths += python_jit.configured_nvcc(release, env)
+        compilers = [(p, v) for p in dict.fromkeys(paths) if (v := self._nvcc_release(p))]
+        found = _PythonBuild(None, None, "")
+        if entry.source is None or not entry.source.exists:
+            found = _PythonBuild(None, None, NVRTC_NOTE if _nvrtc(entry) else
+                                 f"{_source_name(entry)} is missing")
+        elif not trees:
+            found = _PythonBuild(None, None, f"no {self.prefix} include tree found (none on "
+                                 "PYTHONPATH or sys.path, none named with --include-dir)")
+        elif not compilers:
+            found = _PythonBuild(None, None, "no nvcc found as the runtime looks for it "
+                                 "(DG_JIT_NVCC_COMPILER, else <CUDA_HOME>/bin/nvcc)")
+        else:
+            try:
+                match, first = python_jit.matching(entry.key or "", entry.kernel,
+                                                   entry.source.path, trees, compilers, env)
+                note = "" if match else (
+                    f"no include tree, nvcc and settings tried gives the entry's key (trees "
+                    f"{', '.join(trees)}; nvcc {', '.join(p for p, _ in compilers)})")
+                found = _PythonBuild(match, first, note)
+            except OSError as exc:
+                found = _PythonBuild(None, None, f"{_source_name(entry)} cannot be read: {exc}")
+        self._python_builds[memo] = found
+        return found
+
+    def _python_key(self, entry: CacheEntry, record: CompileRecord | None) -> KeyCheck:
+        components = [KeyComponent("name", entry.kernel, None)]
+        found = self._python_build(entry, record)
+        build = found.match or found.first
+        if build is None:
+            return KeyCheck(None, tuple(components), found.note)
+        sass = "FFMA interleave" + ("" if build.nvcc_version <= (12, 8) else " (off: nvcc > 12.8)")
+        components += [KeyComponent("get_deep_gemm_version()", build.tree, build.version),
+                       KeyComponent("compiler", f"{build.nvcc}+{build.nvcc_version}", None),
+                       KeyComponent("flags", " ".join(build.flags), None),
+                       KeyComponent("release", build.release, sass)]
+        return KeyCheck(build.key, tuple(components), found.note)
 
     def _tree_problem(self, entry: CacheEntry, tree: str) -> str | None:
         """Why `tree` is not known to be the one that built the entry: its include hash is
@@ -349,6 +442,8 @@ class DeepGemmPolicy(FamilyPolicy):
         how = (f"{self.runtime}'s include regex over {name}: <{self.prefix}...> in the library "
                f"include dir")
         paths = {entry.source.path} if entry.source is not None else set()
+        if _nvrtc(entry):
+            return TrackedSet(frozenset(), error=NVRTC_NOTE, how="the Python JIT's NVRTC mode")
         split = _split_source(entry)
         if isinstance(split, str):
             return TrackedSet(frozenset(paths), error=split, how=how)
@@ -356,7 +451,7 @@ class DeepGemmPolicy(FamilyPolicy):
             return TrackedSet(frozenset(paths), error="the library include directory is unknown "
                               f"(no recorded compile, no {self.prefix} on PYTHONPATH or "
                               "sys.path, none named with --include-dir)", how=how)
-        if record is None or record.reconstructed:
+        if (record is None or record.reconstructed) and not _python_jit(entry):
             problem = self._tree_problem(entry, include_dir)
             if problem is not None:
                 return TrackedSet(frozenset(paths), error=problem, how=how)
@@ -400,7 +495,7 @@ class DeepGemmPolicy(FamilyPolicy):
         # the signature and the library include directory.
         components = [KeyComponent("name", entry.kernel, None)]
         if _python_jit(entry):
-            return KeyCheck(None, tuple(components), PYTHON_JIT_NOTE)
+            return self._python_key(entry, record)
         split = _split_source(entry)
         if isinstance(split, str):
             return KeyCheck(None, tuple(components), split)
@@ -432,15 +527,25 @@ class DeepGemmPolicy(FamilyPolicy):
                                current: CompilerIdentity) -> bool:
         # Only the signature ("NVCC<major>.<minor>", or the stand-in's "GXX<major>.<minor>")
         # enters the key: a patch release or another binary of the same release at the same
-        # path does not.
+        # path does not. The Python JIT's NVRTC mode keys "nvrtc+(major, minor)"; a libnvrtc a
+        # scan cannot identify (it is a library, loaded in-process) is no evidence of drift.
+        if recorded.kind == "nvrtc":
+            now = _nvrtc_release(current)
+            return now is None or now != _nvrtc_release(recorded)
         return compiler_signature(recorded) != compiler_signature(current)
 
     def dependency_command(self, entry: CacheEntry) -> tuple[list[str], str] | None:
         # DeepGEMM writes no command into the entry: the include tree, the compiler and the
         # flags are found from the audit's environment, and confirmed by the include hash and
         # the key where they can be (rebuild.py).
-        if _python_jit(entry) or entry.source is None or entry.binary is None:
+        if entry.source is None or entry.binary is None:
             return None
+        if _python_jit(entry):
+            found = self._python_build(entry, None)
+            build = found.match or found.first
+            if build is None:
+                return None
+            return python_jit.command(build, entry.path), entry.path
         binary = os.path.basename(entry.binary.path)
         kind = "nvcc" if binary.endswith(".cubin") else "gxx"
         tree = self._tree_for(entry)
