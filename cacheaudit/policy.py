@@ -133,6 +133,12 @@ class Policy:
         not say."""
         return None
 
+    def reconstruction_problem(self, entry: CacheEntry) -> str | None:
+        """Why `entry`'s inputs cannot be reconstructed, in words a user can act on, when
+        `dependency_command` gives none ("meta.json names no kernel.cu"). Default: None, for
+        which the finding says the runtime's entries hold no compile command."""
+        return None
+
     def compiler_variables(self, entry: CacheEntry, env: Mapping[str, str]) -> tuple[str, ...]:
         """The variables through which the user names the compiler that builds `entry`, in the
         order the runtime reads them under `env`: the rebuild oracle runs the compiler the

@@ -101,6 +101,26 @@ def test_reconstruction_without_the_compiler_is_unverifiable(project: Project, t
     assert not any(f["code"] == "CA101" for f in report["findings"])
 
 
+@pytest.mark.parametrize("meta_change", ["no command", "no kernel.cu in the command"])
+def test_an_entry_that_cannot_be_reconstructed_says_why_and_what_to_do(
+        project: Project, meta_change: str):
+    served = _unrecorded(project)
+    meta_path = Path(served["path"]) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    if meta_change == "no command":
+        del meta["command"]
+        why = "records no compile command"
+    else:
+        meta["command"] = meta["command"].replace("kernel.cu", "source.cu")
+        why = "names no kernel.cu"
+    meta_path.write_text(json.dumps(meta))
+    report = project.scan()
+    [unverified] = [f for f in report["findings"] if f["code"] == "CA501"]
+    assert unverified["entry"] == served["path"], unverified
+    assert why in unverified["message"], unverified
+    assert "cacheaudit run" in unverified["hint"], unverified
+
+
 def test_recomputed_key_equals_the_reference_runtimes_key(project: Project):
     answer = project.once()
     [entry] = [e for e in reader_for("deepjit").read(str(project.cache), StateCache())

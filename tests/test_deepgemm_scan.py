@@ -460,6 +460,6 @@ def test_python_jit_nvrtc_entry_is_not_reported_broken(python_job: PythonJob, re
     assert _errors(report) == [], report["findings"]
     unverified = _entry_findings(report, entry, "CA501")
     assert len(unverified) <= 1, unverified
-    if recorded:
-        assert [f["subject"] for f in unverified] == [entry], report["findings"]
-        assert "NVRTC" in unverified[0]["message"], unverified
+    # Recorded or not, the one CA501 says why a scan cannot judge it: NVRTC compiled in memory.
+    assert [f["subject"] for f in unverified] == [entry], report["findings"]
+    assert "NVRTC" in unverified[0]["message"], unverified

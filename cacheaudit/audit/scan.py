@@ -257,10 +257,12 @@ class Auditor:
         if registry_problem is not None:
             findings.append(registry_finding(entry, registry_problem))
         record = context.record_for(entry)
+        before = list(findings)
         if record is None and self.options.reconstruct:
             record = self._reconstruct(entry, policy, findings)
         if record is None:
-            findings.append(no_record_finding(entry))
+            if not any(f.code == "CA501" for f in findings[len(before):]):
+                findings.append(no_record_finding(entry, policy.reconstruction_problem(entry)))
             return findings
         if record.reconstructed:
             self.reconstructed += 1

@@ -61,14 +61,22 @@ def registry_finding(entry: CacheEntry, problem: str) -> Finding:
         how="the environment registry (cacheaudit.envvars)")
 
 
-def no_record_finding(entry: CacheEntry) -> Finding:
+NOT_RECONSTRUCTABLE = ("record the next build instead (cacheaudit run, pytest --cacheaudit), or "
+                       "evict the entry so that the runtime rebuilds it under recording")
+
+
+def no_record_finding(entry: CacheEntry, why: str | None = None) -> Finding:
+    """CA501 for an entry no recorded compile built, saying why its inputs cannot be
+    reconstructed (`why`, from the runtime's policy) and what the user can do."""
+    reason = why or "the runtime's entries hold no compile command to rebuild them from"
     return make_finding(
         "CA501", subject=entry.path, entry=entry,
-        message="no recorded compile for this entry and no way to reconstruct its "
-                "inputs: nothing about its dependencies can be verified",
+        message=f"no recorded compile for this entry, and its inputs cannot be reconstructed: "
+                f"{reason}; nothing about its dependencies can be verified",
         how="ledger lookup: no compile recorded for this entry's path, or of its source for "
             "this cache root and confirmed by its binary (docs/design.md, \"Tying an entry to "
-            "its compile\")")
+            "its compile\"); then the runtime's policy, for a command to rebuild it from",
+        hint=NOT_RECONSTRUCTABLE)
 
 
 def tracked_set_findings(entry: CacheEntry, record: CompileRecord,

@@ -565,6 +565,24 @@ class DeepGemmPolicy(FamilyPolicy):
                 entry.key) or flags
         return rebuild.command(kind, compiler, entry.path, binary, flags), entry.path
 
+    def reconstruction_problem(self, entry: CacheEntry) -> str | None:
+        if _nvrtc(entry):
+            return NVRTC_NOTE
+        if entry.source is None or entry.binary is None:
+            return "the entry holds no kernel.cu or no binary"
+        if _python_jit(entry):
+            return ("no deep_gemm package whose headers, nvcc and settings give this entry's "
+                    "key was found (name its tree with --include-dir or include-dirs in "
+                    "[tool.cacheaudit], and its nvcc with DG_JIT_NVCC_COMPILER)")
+        kind = "nvcc" if entry.binary.path.endswith(".cubin") else "gxx"
+        if self._tree_for(entry) is None:
+            return ("the deep_gemm include tree that built it was not found on PYTHONPATH "
+                    "(name it with --include-dir or include-dirs in [tool.cacheaudit])")
+        if rebuild.configured_compiler(kind, self._env(), self.env_prefixes[0]) is None:
+            return (f"no {kind} to rebuild it with: set {self.env_prefixes[0]}_JIT_NVCC_COMPILER "
+                    "or CUDA_HOME")
+        return None
+
     def _signature(self, compiler: str) -> str | None:
         if compiler not in self._signatures:
             from cacheaudit import compilers

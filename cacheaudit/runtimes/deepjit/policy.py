@@ -509,5 +509,19 @@ class DeepJitPolicy(FamilyPolicy):
                  for t in tokens]
         return moved, entry.path
 
+    def reconstruction_problem(self, entry: CacheEntry) -> str | None:
+        if entry.source is None:
+            return "the entry holds no kernel.cu"
+        command = entry.meta.get("command")
+        if not isinstance(command, str):
+            return "its meta.json records no compile command (meta.json missing or unreadable)"
+        tokens, why = command_words(command)
+        if tokens is None:
+            return f"meta.json's compile command cannot be split into words: {why}"
+        if not any(t.endswith("/kernel.cu") for t in tokens):
+            return (f"meta.json's compile command ({why}) names no kernel.cu, so the build "
+                    "directory it ran in is unknown")
+        return None
+
 
 POLICIES = {"deepjit": DeepJitPolicy()}
