@@ -157,3 +157,21 @@ def test_pyproject_ledger_and_paths_hold_for_every_command_from_a_subdirectory(
     assert json.loads(run("report", "--json").stdout)["records"]
     snapshot = json.loads(run("snapshot", "--json", "--timeout", "10").stdout)
     assert snapshot["ledger"]["path"] == str(mine) and snapshot["ledger"]["status"] == "ok"
+
+
+def test_a_default_deepgemm_root_holding_only_a_killed_build_is_scanned(tmp_path: Path):
+    """DeepGEMM 2.x's default root (`~/.deep_gemm`, which no DeepJIT reader looks at) after its
+    first build was killed: `tmp/<pid>-<rand>/kernel.cu` and no `cache/` yet. The default scan
+    finds the root and reports the leftover build; it is not "nothing to scan"."""
+    build = tmp_path / "home" / ".deep_gemm" / "tmp" / "4242-0a1b2c3d-0a1b2c3d-0a1b2c3d"
+    _write(build / "kernel.cu", "__global__ void k() {}\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "home"),
+           "XDG_CACHE_HOME": str(tmp_path / "xdg"), "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "cacheaudit", "scan", "--json", "--no-progress",
+                           "--ledger", str(tmp_path / "ledger.db"), "--fail-on", "warning"],
+                          capture_output=True, text=True, env={**env, "PYTHONPATH": str(
+                              Path(__file__).resolve().parent.parent)}, timeout=300)
+    assert done.returncode == ExitCode.FINDINGS, done.stderr
+    report = json.loads(done.stdout)
+    assert [f["code"] for f in report["findings"] if f["subject"] == str(build)] == ["CA402"], \
+        report["findings"]

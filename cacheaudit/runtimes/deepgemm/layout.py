@@ -67,6 +67,7 @@ from cacheaudit.runtimes._deepseek.layout import (
     has_tmp_named,
     home_default,
     list_entry,
+    only_killed_builds,
     read_cache_root,
     symlinks_outside,
 )
@@ -140,11 +141,13 @@ class DeepGemmReader(Layout):
         A root holding only build directories is claimed by both readers, because DeepJIT and
         DeepGEMM >= 7f2a703 name them alike: saying no here would hide a crashed DeepGEMM
         build in a default root that only this reader is asked about. Callers that read one
-        root with both readers should count a leftover once per path.
+        root with both readers should count a leftover once per path. So is a root holding
+        only a killed first build (`only_killed_builds`: DeepGEMM 2.x, like DeepJIT, creates
+        `cache/` at its first publication), so that a `~/.deep_gemm` left so is not refused.
         """
         cache_dir = os.path.join(path, "cache")
         if not os.path.isdir(cache_dir):
-            return False
+            return only_killed_builds(path)
         if has_entry_named(cache_dir, DEEPGEMM_ENTRY_RE):
             return True
         if has_entry_named(cache_dir, DEEPJIT_ENTRY_RE):
