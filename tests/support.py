@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,3 +84,19 @@ def deadline(seconds: int = 30) -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def deepgemm_library(tmp_path: Path) -> Path:
+    """A DeepGEMM-2.x-like installed tree: `deep_gemm/include/deep_gemm/common.cuh` (tracked)
+    including `cute/tile.hpp` (in no key), the tile dated five seconds back so that an edit in
+    the test moves its mtime."""
+    library = tmp_path / "deep_gemm"
+    (library / "include" / "deep_gemm").mkdir(parents=True)
+    (library / "include" / "cute").mkdir(parents=True)
+    (library / "include" / "deep_gemm" / "common.cuh").write_text(
+        "#pragma once\n#include <cute/tile.hpp>\n#define DG_VALUE 1\n")
+    tile = library / "include" / "cute" / "tile.hpp"
+    tile.write_text("#pragma once\n#define TILE_VALUE 10\n")
+    stamp = time.time_ns() - 5_000_000_000
+    os.utime(tile, ns=(stamp, stamp))
+    return library

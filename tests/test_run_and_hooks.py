@@ -11,13 +11,14 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from cacheaudit.ledger import Ledger, RunInfo, new_record_id
 from cacheaudit.model import CompileRecord, FileState, GraphFile, IncludeGraph
+
+from support import deepgemm_library
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -372,15 +373,8 @@ HOOK_SUMMARY = re.compile(r"^cacheaudit: (\d+) compile\(s\), (\d+) disk hit\(s\)
 def _hook_job(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
     """DeepGEMM's 2.x layout through the reference runtime's g++ mode: a disk hit leaves no
     record and no marker, only the binary's open; `cute/tile.hpp` is in no key."""
-    library = tmp_path / "deep_gemm"
-    (library / "include" / "deep_gemm").mkdir(parents=True)
-    (library / "include" / "cute").mkdir(parents=True)
-    (library / "include" / "deep_gemm" / "common.cuh").write_text(
-        "#pragma once\n#include <cute/tile.hpp>\n#define DG_VALUE 1\n")
+    library = deepgemm_library(tmp_path)
     tile = library / "include" / "cute" / "tile.hpp"
-    tile.write_text("#pragma once\n#define TILE_VALUE 10\n")
-    stamp = time.time_ns() - 5_000_000_000
-    os.utime(tile, ns=(stamp, stamp))
     job = tmp_path / "job.py"
     job.write_text(HOOK_JOB.format(root=str(ROOT)))
     env = _clean_env(tmp_path, JOB_LIBRARY=str(library), DG_JIT_CACHE_DIR=str(tmp_path / "dg"),

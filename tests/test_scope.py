@@ -29,7 +29,7 @@ import xxhash
 from cacheaudit.ledger import Ledger
 from cacheaudit.opens import OpenObserver
 
-from support import GXX, NVCC, clean_env, needs_gxx, needs_nvcc
+from support import GXX, NVCC, clean_env, deepgemm_library, needs_gxx, needs_nvcc
 
 ROOT = Path(__file__).resolve().parent.parent
 SUMMARY = re.compile(r"(\d+) compile\(s\), (\d+) disk hit\(s\)(?: \((\d+) seen[^)]*\))?, "
@@ -124,6 +124,21 @@ def _stale(report: dict[str, Any], code: str, subject: str) -> dict[str, Any]:
     return found[0]
 
 
+def _assert_seen_stale_disk_hit(job: Job, first: dict[str, Any], edited: Path) -> None:
+    """After `edited` (in no key) changed: the job's next run is served `first`'s entry from
+    disk, a fresh compile differs (the ground truth), and `cacheaudit run --fail-on error`
+    fails with a CA101 naming the file and the entry, seen (not "may have been served")."""
+    stale, served, report = job.run()
+    assert served["event"] == "disk-hit" and served["path"] == first["path"]
+    assert served["digest"] != job.fresh("DG_JIT_CACHE_DIR")["digest"], \
+        "a fresh compile equals the served binary: the scenario is not stale"
+    assert stale.returncode == 1, stale.stderr
+    finding = _stale(report, "CA101", str(edited))
+    assert finding["entry"] == first["path"]
+    assert "may have been served" not in finding["message"]  # seen, not inferred
+    assert _agree(stale, report)["disk_hits"] == 1
+
+
 def _errors(report: dict[str, Any]) -> list[tuple[str, str]]:
     return [(f["code"], f["subject"]) for f in report["findings"] if f["severity"] == "error"]
 
@@ -143,22 +158,9 @@ print(json.dumps({"event": kernel.event, "path": kernel.path, "binary": kernel.b
 """
 
 
-def _deepgemm_library(tmp_path: Path) -> Path:
-    library = tmp_path / "deep_gemm"
-    (library / "include" / "deep_gemm").mkdir(parents=True)
-    (library / "include" / "cute").mkdir(parents=True)
-    (library / "include" / "deep_gemm" / "common.cuh").write_text(
-        "#pragma once\n#include <cute/tile.hpp>\n#define DG_VALUE 1\n")
-    tile = library / "include" / "cute" / "tile.hpp"
-    tile.write_text("#pragma once\n#define TILE_VALUE 10\n")
-    stamp = time.time_ns() - 5_000_000_000
-    os.utime(tile, ns=(stamp, stamp))
-    return library
-
-
 @pytest.fixture
 def deepgemm(tmp_path: Path) -> Job:
-    library = _deepgemm_library(tmp_path)
+    library = deepgemm_library(tmp_path)
     env = _env(tmp_path, JOB_LIBRARY=str(library), DG_JIT_CACHE_DIR=str(tmp_path / "dg"))
     return Job(tmp_path, DEEPGEMM_JOB, env)
 
@@ -180,15 +182,7 @@ def test_deepgemm_stale_hit_fails_the_run_and_nothing_changed_passes(deepgemm: J
     assert (counts["compiles"], counts["disk_hits"], counts["disk_hits_unrecorded"]) == (0, 1, 1)
 
     tile.write_text("#pragma once\n#define TILE_VALUE 20\n")
-    stale, served, report = deepgemm.run()
-    assert served["event"] == "disk-hit" and served["path"] == first["path"]
-    assert served["digest"] != deepgemm.fresh("DG_JIT_CACHE_DIR")["digest"], \
-        "a fresh compile equals the served binary: the scenario is not stale"
-    assert stale.returncode == 1, stale.stderr
-    finding = _stale(report, "CA101", str(tile))
-    assert finding["entry"] == first["path"]
-    assert "may have been served" not in finding["message"]  # seen, not inferred
-    assert _agree(stale, report)["disk_hits"] == 1
+    _assert_seen_stale_disk_hit(deepgemm, first, tile)
 
 
 @needs_gxx
@@ -484,15 +478,7 @@ def test_deepgemm_python_jit_stale_hit_fails_the_run_and_nothing_changed_passes(
     assert (counts["compiles"], counts["disk_hits"], counts["disk_hits_unrecorded"]) == (0, 1, 0)
 
     tile.write_text("#pragma once\nnamespace cute { constexpr int kTile = 20; }\n")
-    stale, served, report = job.run()
-    assert served["event"] == "disk-hit" and served["path"] == first["path"]
-    assert served["digest"] != job.fresh("DG_JIT_CACHE_DIR")["digest"], \
-        "a fresh compile equals the served cubin: the scenario is not stale"
-    assert stale.returncode == 1, stale.stderr
-    finding = _stale(report, "CA101", str(tile))
-    assert finding["entry"] == first["path"]
-    assert "may have been served" not in finding["message"]
-    assert _agree(stale, report)["disk_hits"] == 1
+    _assert_seen_stale_disk_hit(job, first, tile)
 
 
 def _device_code(entry: str) -> str:
