@@ -20,6 +20,10 @@ class EnvFamilies(NamedTuple):
     prefixes: tuple[str, ...]
     """Empty when nothing says which of the policy's families the runtime read."""
     how: str
+    other_prefix: bool = False
+    """With no `prefixes`: the evidence rules out every one of the policy's `env_prefixes`
+    (a library built on DeepJIT under a prefix of its own that nothing names), so none of
+    them may be guessed."""
 
 
 class FamilyPolicy(Policy):
@@ -40,6 +44,13 @@ class FamilyPolicy(Policy):
     def compiler_variables(self, entry: CacheEntry, env: Mapping[str, str]) -> tuple[str, ...]:
         """`<P>_JIT_NVCC_COMPILER` of the families that built `entry` (all of them when nothing
         says which), then the spec's settings (DeepJIT's `DJ_` fallback)."""
-        prefixes = self.env_families(entry, env).prefixes or self.env_prefixes
+        from cacheaudit.spec import spec
+
+        families = self.env_families(entry, env)
+        prefixes = families.prefixes or (() if families.other_prefix else self.env_prefixes)
         own = tuple(f"{prefix}_JIT_NVCC_COMPILER" for prefix in prefixes)
-        return tuple(dict.fromkeys(own + super().compiler_variables(entry, env)))
+        declared = spec(self.runtime)
+        # A pattern setting (`<P>_JIT_NVCC_COMPILER`) names no variable: `own` holds its names.
+        named = tuple(s.name for s in declared.compiler_settings
+                      if s.pattern is None) if declared else ()
+        return tuple(dict.fromkeys(own + named))
