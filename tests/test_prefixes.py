@@ -178,17 +178,3 @@ def test_registry_knows_custom_prefix_names_as_deepjits(name: str, runtime_reads
     kept = envvars.compile_environment({name: "1"}, "deepjit")
     assert (name in kept) is runtime_reads, kept
 
-
-def test_no_prefix_is_guessed_for_another_librarys_entry(tmp_path: Path):
-    # Scanned with nothing naming MYLIB: the entry's include prefixes (mylib/) are neither
-    # DeepGEMM's nor DeepEP's, so neither DG_ nor EP_ may be guessed for it.
-    project = _project(tmp_path)
-    built = _compile(project, {**project.env, f"{PREFIX}_JIT_NVCC_COMPILER":
-                               str(project.root / "masq" / "g++")})
-    assert built["digest"] == _fresh(project)["digest"]  # nothing changed: fresh
-    status, report, stderr = _scan(project, str(project.cache), DJ_JIT_WITH_LINEINFO="1",
-                                   **{f"{PREFIX}_JIT_CACHE_DIR": None})
-    assert status == 0, stderr
-    guessed = sorted(f["subject"] for f in report["findings"] if f["code"] == "CA203")
-    assert not guessed, f"CA203 guessed a prefix for the {PREFIX} entry {built['path']}: {guessed}"
-    assert not [f for f in report["findings"] if f["severity"] == "error"], report["findings"]

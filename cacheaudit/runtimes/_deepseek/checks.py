@@ -85,8 +85,6 @@ def _families_found(entries: Sequence[CacheEntry],
         if not isinstance(policy, FamilyPolicy) or policy.flavour is None:
             continue
         families = policy.env_families(entry, env)
-        if families.other_prefix:
-            continue  # a prefix nobody names: guessing DG_ or EP_ would be wrong
         prefixes = families.prefixes or policy.env_prefixes
         how = families.how if families.prefixes else (
             f"{families.how}, so it may be any of {', '.join(p + '_' for p in prefixes)}")

@@ -20,10 +20,6 @@ class EnvFamilies(NamedTuple):
     prefixes: tuple[str, ...]
     """Empty when nothing says which of the policy's families the runtime read."""
     how: str
-    other_prefix: bool = False
-    """With no `prefixes`: the evidence rules out every one of the policy's `env_prefixes`
-    (a library built on DeepJIT under a prefix of its own that nothing names), so none of
-    them may be guessed."""
 
 
 class FamilyPolicy(Policy):
@@ -46,8 +42,7 @@ class FamilyPolicy(Policy):
         says which), then the spec's settings (DeepJIT's `DJ_` fallback)."""
         from cacheaudit.spec import spec
 
-        families = self.env_families(entry, env)
-        prefixes = families.prefixes or (() if families.other_prefix else self.env_prefixes)
+        prefixes = self.env_families(entry, env).prefixes or self.env_prefixes
         own = tuple(f"{prefix}_JIT_NVCC_COMPILER" for prefix in prefixes)
         declared = spec(self.runtime)
         # A pattern setting (`<P>_JIT_NVCC_COMPILER`) names no variable: `own` holds its names.

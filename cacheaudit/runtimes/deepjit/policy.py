@@ -336,14 +336,12 @@ class DeepJitPolicy(FamilyPolicy):
     def env_families(self, entry: CacheEntry, env: Mapping[str, str]) -> EnvFamilies:
         """Which env prefix the runtime that built `entry` reads (DG_, EP_, or one a library
         chose: `<P>_JIT_*` set in `env`), by the strongest evidence there is: the library its
-        include prefixes belong to (meta.json; include prefixes naming neither DeepGEMM's nor
-        DeepEP's tree rule those two out); else the cache root the entry lies in, when only
-        some prefixes' `<P>_JIT_CACHE_DIR` in `env` lead there (a build goes to the first
+        include prefixes belong to (meta.json); else the cache root the entry lies in, when
+        only some prefixes' `<P>_JIT_CACHE_DIR` in `env` lead there (a build goes to the first
         root); else the prefixes with a variable of their own set in `env`. None of them:
-        nothing says, and the result is empty (`other_prefix` when DG_ and EP_ are ruled out:
-        the runtime read a prefix nothing names)."""
+        nothing says, and the result is empty. (Include prefixes naming neither library do not
+        rule DG_ or EP_ out: nothing stops a library from configuring either.)"""
         include_prefixes = _config(entry).get("include_prefixes")
-        other_library = False
         if isinstance(include_prefixes, list):
             libraries = {_LIBRARIES[library] for p in include_prefixes if isinstance(p, str)
                          and (library := p.split("/", 1)[0]) in _LIBRARIES}
@@ -353,13 +351,12 @@ class DeepJitPolicy(FamilyPolicy):
                 return EnvFamilies(tuple(sorted(prefix for prefix, _ in libraries)),
                                    f"meta.json's include_prefixes {include_prefixes} are "
                                    f"{named}")
-            other_library = any(isinstance(p, str) and p for p in include_prefixes)
-        custom = tuple(custom_prefixes_in(env))
-        candidates = custom if other_library else (*self.env_prefixes, *custom)
+        candidates = (*self.env_prefixes, *custom_prefixes_in(env))
         root = os.path.dirname(os.path.dirname(entry.path))
         by_root = tuple(p for p in candidates
                         if (roots := prefix_roots(env, p)) and _same_directory(roots[0], root))
-        if by_root and (len(by_root) < len(candidates) or other_library) and not (
+        # DG_ and EP_ both leading there set nothing apart (they share DJ_'s root when unset).
+        if by_root and len(by_root) < len(candidates) and not (
                 len(by_root) > 1 and set(self.env_prefixes) <= set(by_root)):
             return EnvFamilies(by_root, f"the entry was built in {root}, the cache root that "
                                         f"{' and '.join(p + '_JIT_CACHE_DIR' for p in by_root)} "
@@ -377,11 +374,6 @@ class DeepJitPolicy(FamilyPolicy):
             return EnvFamilies(in_use, f"{' and '.join(p + '_JIT_*' for p in in_use)} "
                                        f"variables set in the runtime's environment give values "
                                        f"the other family does not share")
-        if other_library:
-            return EnvFamilies((), f"meta.json's include_prefixes {include_prefixes} are "
-                                   "neither DeepGEMM's nor DeepEP's, and nothing in the "
-                                   "environment names the library's env prefix",
-                               other_prefix=True)
         return EnvFamilies((), "meta.json does not record the env prefix, the cache root does "
                                "not tell, and no DG_JIT_* or EP_JIT_* variable set in the "
                                "runtime's environment sets the two families apart")
