@@ -56,8 +56,29 @@ def _compiler_settings() -> list[CompilerSetting]:
     found: dict[str, CompilerSetting] = {}
     for declared in runtimes.specs():
         for setting in declared.compiler_settings:
-            found.setdefault(setting.name, setting)
+            if setting.pattern is None:
+                found.setdefault(setting.name, setting)
     return list(found.values())
+
+
+def _pattern_settings(original: Mapping[str, str],
+                      named: set[str]) -> list[tuple[str, CompilerSetting]]:
+    """(variable, setting) for each variable set in `original` that a pattern setting of a spec
+    covers (`CompilerSetting.pattern`) and no setting declares by name, in name order."""
+    from cacheaudit import runtimes
+
+    patterns = [setting for declared in runtimes.specs()
+                for setting in declared.compiler_settings if setting.pattern is not None]
+    found: list[tuple[str, CompilerSetting]] = []
+    if not patterns:
+        return found
+    for variable in sorted(original):
+        if variable in named:
+            continue
+        setting = next((s for s in patterns if s.matches(variable)), None)
+        if setting is not None:
+            found.append((variable, setting))
+    return found
 
 
 @dataclass
@@ -165,6 +186,9 @@ def _point_at_shims(child: dict[str, str], original: Mapping[str, str], shims: s
     where the session fills one in, to what the runtime itself would have found at that
     compile.
 
+    A spec's pattern setting (`CompilerSetting.pattern`: DeepJIT's `<P>_JIT_NVCC_COMPILER`)
+    covers every variable fitting it that the user set; none is filled in.
+
     Settings of several words (`ccache g++`) are left alone: the wrapper runs the compiler by
     name, and PATH leads that name through the shim. So is a setting whose runtime keys the
     compiler's path (`CompilerSetting.path_in_key_if`): a stand-in would change the key.
@@ -180,7 +204,16 @@ def _point_at_shims(child: dict[str, str], original: Mapping[str, str], shims: s
 
     # What the runtimes would search, had the shims not gone first on PATH.
     unshimmed = {**child, "PATH": strip_masquerade_dirs(original.get("PATH", os.defpath))}
-    for setting in _compiler_settings():
+    settings = _compiler_settings()
+    for variable, pattern_setting in _pattern_settings(original, {s.name for s in settings}):
+        # Set ones only, handed over to exactly what they name: the runtime keys the compiler's
+        # `--version` text, not its path, so the stand-in is invisible to its key; an unset one
+        # stays unset, since which of these names the runtime reads nobody can tell.
+        value = original.get(variable)
+        if single(value):
+            assert value is not None
+            _point(child, variable, _stand_in(child, shims, value, pattern_setting.compiler))
+    for setting in settings:
         name, family = setting.name, setting.compiler
         if setting.path_in_key_if and keys_compiler_path(setting, child):
             continue

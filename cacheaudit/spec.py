@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import re
 from typing import NamedTuple
 
 CUDA_TOOLKIT_NVCC = ("$CUDA_HOME/bin/nvcc", "$CUDA_PATH/bin/nvcc", "nvcc",
@@ -38,6 +39,10 @@ class CompilerSetting(NamedTuple):
     unset (the runtime would otherwise find the real compiler on its own, bypassing the shim);
     never while one of `unless_set` is set, since the runtime then follows that one (DeepGEMM
     2.8 falls back to `DJ_JIT_NVCC_COMPILER`).
+
+    A setting with a `pattern` stands for every variable whose name fits it (DeepJIT's
+    `<P>_JIT_NVCC_COMPILER`, for whatever prefix P a library built on it chose); `name` then
+    only says how people read it ("<P>_JIT_NVCC_COMPILER") and is never looked up.
     """
 
     name: str
@@ -58,11 +63,30 @@ class CompilerSetting(NamedTuple):
     to its key: the session leaves the setting as the user had it, and the runtime's adapter
     records in-process. Empty: the key never holds the path."""
 
+    pattern: str | None = None
+    """A regular expression the whole variable name must match, for a family of settings the
+    runtime reads under names nobody can list (`<P>_JIT_NVCC_COMPILER` for any P). A session
+    points each such variable that is set at the shim, handing over to exactly what it names;
+    it never fills one in (`session_fills` does not apply: no session can know which names
+    the runtime will read), and a variable another setting declares by name is that
+    setting's. None (the default): the setting is the one variable `name`."""
+
+    def matches(self, variable: str) -> bool:
+        """Whether `variable` is this setting: its `name`, or a name fitting its `pattern`."""
+        if self.pattern is None:
+            return variable == self.name
+        return _compiled(self.pattern).fullmatch(variable) is not None
+
     def lookup(self) -> tuple[str, ...]:
         """`default`, or the kind's usual place."""
         if self.default is not None:
             return self.default
         return KIND_DEFAULTS.get(self.compiler, (self.compiler,))
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
 
 
 class RuntimeSpec(NamedTuple):

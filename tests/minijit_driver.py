@@ -16,7 +16,9 @@ from fixtures.minijit import CompilerOptions, Config, DeepJITError, Runtime, Sim
 
 def main() -> None:
     config = json.loads(sys.argv[1])
-    runtime = Runtime(Config(config["root"], "DG", include_dirs=config["include_dirs"],
+    # The env prefix the library chose (`deep_jit::Config`); the truth table's is DeepGEMM's.
+    runtime = Runtime(Config(config["root"], config.get("prefix", "DG"),
+                             include_dirs=config["include_dirs"],
                              include_prefixes=config["include_prefixes"]),
                       backend=config["backend"],
                       command_form=config.get("command_form", "joined"))

@@ -285,7 +285,11 @@ def test_unknown_family_suffix_is_kept_as_unknown_jit_config() -> None:
     assert variable.category == "jit-config"
     assert variable.status_for("deepjit") is UNK
     assert "deepgemm" in variable.runtimes
-    assert lookup("XY_JIT_DEBUG") is None  # not a known prefix
+    # A prefix a library built on DeepJIT chose: its known settings are DeepJIT's alone (issue
+    # 12, case 5); an unknown suffix under it says nothing of DeepJIT.
+    custom = lookup("XY_JIT_DEBUG")
+    assert custom is not None and custom.runtimes == frozenset({"deepjit"})
+    assert lookup("XY_JIT_FOO_BAR") is None
     assert lookup("DG_JIT_") is None
     assert lookup("DG_SOMETHING") is None
 

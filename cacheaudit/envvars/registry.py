@@ -44,6 +44,17 @@ class Family:
     heads: Mapping[str, tuple[str, ...]] = MappingProxyType({})
     settings_title: str = ""
     """How a snapshot heads the family's settings in effect."""
+    marker: str = ""
+    """A part every name the family claims outside its `heads` holds ("_JIT_"): names without
+    it are never offered to `claims`, which keeps the per-compile loop a substring test. Empty
+    (the default): the family claims no name outside its heads."""
+    marker_readers: tuple[str, ...] = ()
+    """The runtimes that read the names the family `claims`."""
+
+    def claims(self, name: str) -> bool:
+        """Whether `name`, under none of the heads and holding `marker`, is the family's all the
+        same (DeepJIT's `<P>_JIT_*` for a prefix P a library chose). Default: no."""
+        return False
 
     def variable(self, name: str) -> Variable | None:
         """The variable for `name`, one of the family's names; None when it is not one."""
@@ -138,6 +149,7 @@ class Registry:
                 self._head_runtimes[head] = tuple(readers)
         self._head_lengths = tuple(sorted({len(head) for head in self._heads}))
         self._all_heads = frozenset(self._heads)
+        self._claiming = tuple(f for f in self.families if f.marker)
         self._compiler_names = SELECTS_COMPILER | frozenset(
             name for d in declared for name in d.compiler_settings)
         self.lookup = functools.lru_cache(maxsize=1024)(self._lookup)
@@ -175,7 +187,17 @@ class Registry:
                 family = self._heads.get(name[:length])
                 if family is not None:
                     return family
+        for family in self._claiming:
+            if family.marker in name and family.claims(name):
+                return family
         return None
+
+    def _claimed(self, name: str, runtime: str | None) -> bool:
+        """Whether a family claims `name` outside its heads (and, given a runtime, whether
+        that runtime reads it)."""
+        return any(family.marker in name and family.claims(name)
+                   and (runtime is None or runtime in family.marker_readers)
+                   for family in self._claiming)
 
     def _lookup(self, name: str) -> Variable | None:
         """The registry's entry for `name`, or None when cacheaudit does not track it.
@@ -252,15 +274,18 @@ class Registry:
             exact, heads = self._read_by(runtime)
         kept: list[tuple[str, str]] = []
         lengths = self._head_lengths
+        claiming = bool(self._claiming)
         if len(lengths) == 1:
             # The usual case, inlined: this loop runs over every variable of every compile.
             head_len = lengths[0]
             for name, value in env.items():
-                if name in exact or (len(name) > head_len and name[:head_len] in heads):
+                if (name in exact or (len(name) > head_len and name[:head_len] in heads)
+                        or (claiming and self._claimed(name, runtime))):
                     kept.append((name, redact(name, value)))
         else:
             for name, value in env.items():
-                if name in exact or any(len(name) > n and name[:n] in heads for n in lengths):
+                if (name in exact or any(len(name) > n and name[:n] in heads for n in lengths)
+                        or (claiming and self._claimed(name, runtime))):
                     kept.append((name, redact(name, value)))
         kept.sort()
         return dict(kept)

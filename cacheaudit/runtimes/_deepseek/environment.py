@@ -58,6 +58,8 @@ __all__ = [
     "JitRule",
     "JitSuffix",
     "ResolvedSetting",
+    "custom_parts",
+    "custom_prefixes_in",
     "jit_prefixes_in",
     "parse_jit_bool",
     "parse_jit_int",
@@ -92,6 +94,31 @@ def _family_parts(name: str) -> tuple[str, str] | None:
     return None
 
 
+_CUSTOM_PREFIX_RE = re.compile(r"[A-Z][A-Z0-9_]*")
+_MARKER = "_JIT_"
+
+
+def custom_parts(name: str) -> tuple[str, str] | None:
+    """`MYLIB_JIT_DEBUG` -> ("MYLIB", "JIT_DEBUG") for a prefix other than DG, EP and DJ that a
+    library built on DeepJIT may have chosen (`deep_jit::Config`), when the suffix is one of
+    the table's that applies to it; None otherwise. Only known suffixes count: `<X>_JIT_<Y>` is
+    a common shape (PYTORCH_JIT_LOG_LEVEL), and only DeepJIT's own settings say DeepJIT."""
+    prefix, marker, rest = name.partition(_MARKER)
+    if not marker or not rest or prefix in _PREFIX_SET:
+        return None
+    spec = JIT_SUFFIXES.get(_MARKER[1:] + rest)
+    if spec is None or not spec.applies_to(prefix) or not _CUSTOM_PREFIX_RE.fullmatch(prefix):
+        return None
+    return prefix, spec.suffix
+
+
+def custom_prefixes_in(env: Mapping[str, str]) -> list[str]:
+    """The prefixes other than DG, EP and DJ with a known `<P>_JIT_*` setting set in `env`, in
+    name order."""
+    return sorted({parts[0] for name in env if _MARKER in name
+                   and (parts := custom_parts(name)) is not None})
+
+
 def _family_variable(prefix: str, spec: JitSuffix) -> Variable:
     status: dict[str, KeyStatus] = {}
     notes: dict[str, str] = {}
@@ -100,7 +127,8 @@ def _family_variable(prefix: str, spec: JitSuffix) -> Variable:
     # that reads it can change one with it.
     reading: list[JitRule] = []
     if spec.applies_to(prefix):
-        for flavour, key in _FAMILY_FLAVOURS[prefix]:
+        # A prefix of a library's choosing is read by DeepJIT alone.
+        for flavour, key in _FAMILY_FLAVOURS.get(prefix, (("deepjit", "deepjit"),)):
             rule = spec.rule(flavour)
             if rule is None:
                 continue
@@ -155,10 +183,16 @@ _LEGACY_COMPILER_NAMES = frozenset(
 
 
 class JitFamily(Family):
-    """`DG_JIT_*`, `EP_JIT_*` and `DJ_JIT_*`, with DeepGEMM's pre-rename names."""
+    """`DG_JIT_*`, `EP_JIT_*` and `DJ_JIT_*`, with DeepGEMM's pre-rename names, and the known
+    `<P>_JIT_*` settings of any other prefix (a library built on DeepJIT chooses its own)."""
 
     heads: Mapping[str, tuple[str, ...]] = MappingProxyType(
         {f"{prefix}_JIT_": runtimes for prefix, runtimes in PREFIX_RUNTIMES.items()})
+    marker = _MARKER
+    marker_readers = ("deepjit",)
+
+    def claims(self, name: str) -> bool:
+        return custom_parts(name) is not None
     settings_title = ("JIT settings in effect (`<PREFIX>_JIT_*`, then `DJ_JIT_*`, then the "
                       "default):")
     _SNAPSHOT_PREFIXES = ("DG", "EP")
@@ -167,7 +201,9 @@ class JitFamily(Family):
     def variable(self, name: str) -> Variable | None:
         parts = _family_parts(name)
         if parts is None:
-            return None
+            custom = custom_parts(name)
+            return None if custom is None else _family_variable(
+                custom[0], JIT_SUFFIXES[custom[1]])
         prefix, suffix = parts
         spec = JIT_SUFFIXES.get(suffix)
         if spec is not None:
@@ -191,7 +227,7 @@ class JitFamily(Family):
 
     def snapshot_settings(self, env: Mapping[str, str]) -> list[dict[str, Any]]:
         settings = []
-        for prefix in self._SNAPSHOT_PREFIXES:
+        for prefix in (*self._SNAPSHOT_PREFIXES, *custom_prefixes_in(env)):
             for setting in resolve_jit_settings(prefix, env):
                 if setting.origin == "default" and setting.value is None:
                     continue
@@ -413,12 +449,19 @@ def resolve_jit_settings(prefix: str, env: Mapping[str, str], *, flavour: str = 
     unknown = sorted({
         parts[1]
         for name in env
-        if (parts := _family_parts(name)) is not None and parts[0] in heads
-        and parts[1] not in JIT_SUFFIXES
+        if (parts := _family_parts(name) or _custom_split(name)) is not None
+        and parts[0] in heads and parts[1] not in JIT_SUFFIXES
     })
     out.extend(resolve_jit_setting(prefix, suffix, env, flavour=flavour, backend=backend)
                for suffix in unknown)
     return out
+
+
+def _custom_split(name: str) -> tuple[str, str] | None:
+    # Any `<P>_JIT_<X>`, known suffix or not: resolving a prefix already chosen lists the
+    # unknown settings set under it too.
+    prefix, marker, rest = name.partition(_MARKER)
+    return (prefix, _MARKER[1:] + rest) if marker and rest and prefix not in _PREFIX_SET else None
 
 
 def jit_prefixes_in(env: Mapping[str, str]) -> list[str]:

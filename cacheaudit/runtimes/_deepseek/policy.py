@@ -40,6 +40,12 @@ class FamilyPolicy(Policy):
     def compiler_variables(self, entry: CacheEntry, env: Mapping[str, str]) -> tuple[str, ...]:
         """`<P>_JIT_NVCC_COMPILER` of the families that built `entry` (all of them when nothing
         says which), then the spec's settings (DeepJIT's `DJ_` fallback)."""
+        from cacheaudit.spec import spec
+
         prefixes = self.env_families(entry, env).prefixes or self.env_prefixes
         own = tuple(f"{prefix}_JIT_NVCC_COMPILER" for prefix in prefixes)
-        return tuple(dict.fromkeys(own + super().compiler_variables(entry, env)))
+        declared = spec(self.runtime)
+        # A pattern setting (`<P>_JIT_NVCC_COMPILER`) names no variable: `own` holds its names.
+        named = tuple(s.name for s in declared.compiler_settings
+                      if s.pattern is None) if declared else ()
+        return tuple(dict.fromkeys(own + named))

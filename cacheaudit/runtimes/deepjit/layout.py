@@ -106,14 +106,17 @@ class DeepJitReader(Layout):
     runtime = RUNTIME
 
     def default_roots(self, env: Mapping[str, str]) -> list[str]:
-        """Roots for each prefix (DG, EP, then DJ itself), as DeepJIT's Env resolves them.
+        """Roots for each prefix (DG, EP, every other `<P>_JIT_CACHE_DIR` set in `env`, then
+        DJ itself), as DeepJIT's Env resolves them: a library built on DeepJIT chooses its own
+        prefix (`deep_jit::Config`), and only the environment says which.
 
         `<P>_JIT_CACHE_DIR` when set (even if empty: DeepJIT then panics and writes nothing),
         else `DJ_JIT_CACHE_DIR`, else `$HOME/.dj`; values are colon lists (first root written,
         all searched). DeepEP's EPv2 and DeepGEMM <= 2.6 roots (EP_JIT_CACHE_DIR defaulting to
         ~/.deep_ep, ~/.deep_gemm) are the deepgemm layout's.
         """
-        return unique_paths([root for prefix in PREFIXES for root in prefix_roots(env, prefix)])
+        prefixes = [*PREFIXES[:-1], *custom_prefixes(env), PREFIXES[-1]]
+        return unique_paths([root for prefix in prefixes for root in prefix_roots(env, prefix)])
 
     def is_root(self, path: str) -> bool:
         """A `cache/` holding a `<tag>.<32hex>` directory, or (no entry of either layout yet) a
@@ -137,6 +140,17 @@ class DeepJitReader(Layout):
         return read_cache_root(root, cache, runtime=RUNTIME, layout=LAYOUT_NAME,
                                own=DEEPJIT_ENTRY_RE, other=DEEPGEMM_ENTRY_RE, read_entry=read_entry,
                                odd_name_reason=ODD_NAME_REASON)
+
+
+_CACHE_DIR_TAIL = "_JIT_CACHE_DIR"
+
+
+def custom_prefixes(env: Mapping[str, str]) -> list[str]:
+    """The env prefixes other than DG, EP and DJ whose `<P>_JIT_CACHE_DIR` is set in `env`, in
+    name order: libraries built on DeepJIT under a prefix of their own choosing."""
+    return sorted(name[:-len(_CACHE_DIR_TAIL)] for name in env
+                  if name.endswith(_CACHE_DIR_TAIL) and len(name) > len(_CACHE_DIR_TAIL)
+                  and name[:-len(_CACHE_DIR_TAIL)] not in PREFIXES)
 
 
 def prefix_roots(env: Mapping[str, str], prefix: str) -> list[str]:

@@ -36,7 +36,7 @@ from cacheaudit.policy import (
     read_input,
 )
 from cacheaudit.runtimes._deepseek import checks as family_checks
-from cacheaudit.runtimes._deepseek.environment import resolve_jit_settings
+from cacheaudit.runtimes._deepseek.environment import custom_prefixes_in, resolve_jit_settings
 from cacheaudit.runtimes._deepseek.policy import EnvFamilies, FamilyPolicy
 from cacheaudit.runtimes._deepseek.recipe import build_directory_pid, split_mix
 from cacheaudit.runtimes.deepjit.layout import meta_field, mistyped, prefix_roots
@@ -334,11 +334,13 @@ class DeepJitPolicy(FamilyPolicy):
         return family_checks.prefix_fallback_findings(entries, env)
 
     def env_families(self, entry: CacheEntry, env: Mapping[str, str]) -> EnvFamilies:
-        """Which of DG_ and EP_ the runtime that built `entry` reads, by the strongest evidence
-        there is: the library its include prefixes belong to (meta.json); else the cache root
-        the entry lies in, when only some families' `<P>_JIT_CACHE_DIR` in `env` lead there
-        (a build goes to the first root); else the families with a variable of their own set
-        in `env`. None of them: nothing says, and the result is empty."""
+        """Which env prefix the runtime that built `entry` reads (DG_, EP_, or one a library
+        chose: `<P>_JIT_*` set in `env`), by the strongest evidence there is: the library its
+        include prefixes belong to (meta.json); else the cache root the entry lies in, when
+        only some prefixes' `<P>_JIT_CACHE_DIR` in `env` lead there (a build goes to the first
+        root); else the prefixes with a variable of their own set in `env`. None of them:
+        nothing says, and the result is empty. (Include prefixes naming neither library do not
+        rule DG_ or EP_ out: nothing stops a library from configuring either.)"""
         include_prefixes = _config(entry).get("include_prefixes")
         if isinstance(include_prefixes, list):
             libraries = {_LIBRARIES[library] for p in include_prefixes if isinstance(p, str)
@@ -349,21 +351,24 @@ class DeepJitPolicy(FamilyPolicy):
                 return EnvFamilies(tuple(sorted(prefix for prefix, _ in libraries)),
                                    f"meta.json's include_prefixes {include_prefixes} are "
                                    f"{named}")
+        candidates = (*self.env_prefixes, *custom_prefixes_in(env))
         root = os.path.dirname(os.path.dirname(entry.path))
-        by_root = tuple(p for p in self.env_prefixes
+        by_root = tuple(p for p in candidates
                         if (roots := prefix_roots(env, p)) and _same_directory(roots[0], root))
-        if 0 < len(by_root) < len(self.env_prefixes):
+        # DG_ and EP_ both leading there set nothing apart (they share DJ_'s root when unset).
+        if by_root and len(by_root) < len(candidates) and not (
+                len(by_root) > 1 and set(self.env_prefixes) <= set(by_root)):
             return EnvFamilies(by_root, f"the entry was built in {root}, the cache root that "
                                         f"{' and '.join(p + '_JIT_CACHE_DIR' for p in by_root)} "
                                         f"named")
+        pool = by_root or candidates
         # A value every family resolves to alike tells them apart no more than an unset one:
         # a cacheaudit session points each family's compiler setting at the same shim.
-        settings = {p: {s.suffix: s for s in resolve_jit_settings(p, env)}
-                    for p in self.env_prefixes}
-        in_use = tuple(p for p in self.env_prefixes if any(
+        settings = {p: {s.suffix: s for s in resolve_jit_settings(p, env)} for p in pool}
+        in_use = tuple(p for p in pool if any(
             own.origin == "prefixed" and any(
                 (other := settings[q].get(suffix)) is None or other.value != own.value
-                for q in self.env_prefixes if q != p)
+                for q in pool if q != p)
             for suffix, own in settings[p].items()))
         if in_use:
             return EnvFamilies(in_use, f"{' and '.join(p + '_JIT_*' for p in in_use)} "
