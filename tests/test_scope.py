@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 import xxhash
 
-from cacheaudit.ledger import Ledger
+from cacheaudit.ledger import Ledger, new_record_id
+from cacheaudit.model import CompileRecord
 from cacheaudit.opens import OpenObserver
 
 from support import GXX, NVCC, clean_env, deepgemm_library, needs_gxx, needs_nvcc
@@ -772,3 +773,28 @@ def test_nvrtc_stale_pch_fails_the_run_and_nothing_changed_passes(tmp_path: Path
     finding = _stale(report, "CA106", str((tmp_path / "big.h").resolve()))
     assert finding["severity"] == "error"
     _agree(stale, report)
+
+
+def test_a_run_s_roots_are_the_nearest_ones_above_its_records(tmp_path: Path):
+    """The roots a run touched are found by walking up from its records' paths, and only the
+    nearest counts: here the records' parent directory also holds another project's torch
+    build directory, which makes it look like a torch extensions root. Scanning it would put
+    that project's extension into the run's audit ("may have been served")."""
+    from cacheaudit.audit.run import roots_of
+
+    project = tmp_path / "project"
+    root = project / "dj"
+    (root / "cache" / ("gemm." + "0" * 32)).mkdir(parents=True)
+    (root / "tmp").mkdir()
+    build = project / "someone_elses_ext"
+    build.mkdir()
+    (build / "build.ninja").write_text("ninja_required_version = 1.3\n")
+    record = CompileRecord(
+        record_id=new_record_id(), event="compile", started_ns=1, runtime=None, kernel=None,
+        key=None, entry=None, compiler=None, argv=(), cwd=str(root / "tmp" / "gone-by-now"),
+        sources=(), graph=None, outputs=(), exit_code=0, pid=1, host="h", observer="shim:g++")
+    from cacheaudit.runtimes import layouts
+
+    assert any(layout.is_root(str(project)) for layout in layouts()), \
+        "the scenario needs a parent that looks like a root"
+    assert roots_of([record]) == [str(root)]

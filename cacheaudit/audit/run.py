@@ -82,18 +82,33 @@ def audit_records(records: Sequence[CompileRecord],
 
 
 def roots_of(records: Iterable[CompileRecord]) -> list[str]:
-    """Cache roots the records touched: found by walking up from each entry, output and working
-    directory (the shim sees `<root>/tmp/<uuid>/kernel.cubin` before the runtime renames it)."""
+    """Cache roots the records touched: for each entry, output and working directory, the
+    nearest directory above it (or itself) that a layout calls a root (the shim sees
+    `<root>/tmp/<uuid>/kernel.cubin` before the runtime renames it). Only the nearest: a
+    directory further up that also looks like a root (one holding other projects' build
+    directories, say) is none of the records' business."""
     readers = layouts()
-    candidates: set[str] = set()
+    found: set[str] = set()
+    walked: dict[str, str | None] = {}
     for record in records:
         paths = [record.entry or "", record.cwd] + [s.path for s in record.outputs]
         for path in paths:
             directory = os.path.dirname(path) if path and not os.path.isdir(path) else path
+            climbed: list[str] = []
+            root: str | None = None
             for _ in range(6):
                 if not directory or directory == os.path.dirname(directory):
                     break
-                candidates.add(directory)
+                if directory in walked:
+                    root = walked[directory]
+                    break
+                climbed.append(directory)
+                if os.path.isdir(directory) and any(r.is_root(directory) for r in readers):
+                    root = directory
+                    break
                 directory = os.path.dirname(directory)
-    return sorted(c for c in candidates if os.path.isdir(c) and any(
-        r.is_root(c) for r in readers))
+            for step in climbed:
+                walked[step] = root
+            if root is not None:
+                found.add(root)
+    return sorted(found)
