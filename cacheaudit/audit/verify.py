@@ -256,7 +256,12 @@ def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str]
         policy, _ = policy_of(entry)
         command = policy.dependency_command(entry) if policy else None
         if not command or not command[0]:
-            return "the entry predates recording and its layout records no command"
+            if record is not None and not record.reconstructed:
+                return (f"its recorded compile ({record.observer}) keeps no command line to run "
+                        "again")
+            why = policy.reconstruction_problem(entry) if policy else None
+            return (f"no recorded compile, and the layout gives no command: "
+                    f"{why or 'the runtime writes none into its entries'}")
         invoked, args, cwd = command[0][0], list(command[0][1:]), command[1]
         origin = ("the layout's command (the entry predates recording), under the current "
                   "environment")

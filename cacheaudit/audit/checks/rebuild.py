@@ -110,10 +110,14 @@ def nondeterministic_finding(entry: CacheEntry, first: bytes, second: bytes,
         current=f"xxh3 {_digest(second)} (second fresh compile)", how=how)
 
 
+UNREBUILDABLE_HINT = ("the rebuild oracle cannot settle this entry: judge it from a recorded "
+                      "build instead (cacheaudit run, pytest --cacheaudit), or evict it")
+
+
 def unverified_finding(entry: CacheEntry, why: str, how: str) -> Finding:
     return make_finding("CA501", subject=entry.path, entry=entry,
                         message=f"the rebuild oracle could not compile the entry again: {why}",
-                        how=how)
+                        how=how, hint=UNREBUILDABLE_HINT)
 
 
 # ------------------------------------------------------------------------------ scan --verify
