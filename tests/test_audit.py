@@ -540,6 +540,20 @@ def test_crlf_headers_are_hashed_byte_for_byte_deepgemm(gxx_project: Project,
     assert policy_for("deepgemm").check_key(entry, record).recomputed == entry.key
 
 
+def test_the_deepgemm_policy_outside_an_audit_remembers_no_header(
+        gxx_project: Project, monkeypatch: pytest.MonkeyPatch):
+    """The module's policy serves every caller of a long-lived process (the pytest plugin
+    audits a session and each fixture): a tracked header edited between two calls is read
+    again, so the recomputed key follows it (DeepGEMM itself would miss the old entry)."""
+    library = _deepgemm_library(gxx_project.root)
+    entry, record = _deepgemm_build(gxx_project, monkeypatch, library)
+    policy = policy_for("deepgemm")
+    assert policy.check_key(entry, record).recomputed == entry.key
+    common = library / "include" / "deep_gemm" / "common.cuh"
+    common.write_text(common.read_text() + "#define DG_EDITED 1\n")
+    assert policy.check_key(entry, record).recomputed != entry.key
+
+
 def _dg_library(root: Path) -> Path:
     """A DeepGEMM package as the Python JIT and the early C++ JIT saw it."""
     package = root / "pkg" / "deep_gemm"

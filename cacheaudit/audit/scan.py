@@ -257,11 +257,12 @@ class Auditor:
         if registry_problem is not None:
             findings.append(registry_finding(entry, registry_problem))
         record = context.record_for(entry)
-        before = list(findings)
+        reported = len(findings)
         if record is None and self.options.reconstruct:
             record = self._reconstruct(entry, policy, findings)
         if record is None:
-            if not any(f.code == "CA501" for f in findings[len(before):]):
+            # A reconstruction that failed said why already (its compiler gone, say).
+            if not any(f.code == "CA501" for f in findings[reported:]):
                 findings.append(no_record_finding(entry, policy.reconstruction_problem(entry)))
             return findings
         if record.reconstructed:

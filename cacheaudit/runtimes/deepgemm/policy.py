@@ -41,7 +41,7 @@ import copy
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import (
@@ -255,6 +255,17 @@ class _PythonBuild:
     note: str
 
 
+@dataclass
+class _AuditMemo:
+    """The per-audit answers of `DeepGemmPolicy` (see `_memo`)."""
+
+    trees: list[str] | None = None
+    hashers: dict[str, _IncludeHasher] = field(default_factory=dict)
+    signatures: dict[str, str | None] = field(default_factory=dict)
+    nvcc_releases: dict[str, tuple[int, int] | None] = field(default_factory=dict)
+    python_builds: dict[tuple[str, str | None], _PythonBuild] = field(default_factory=dict)
+
+
 class DeepGemmPolicy(FamilyPolicy):
     reads_configuration_once = True  # the JIT's settings are read once per process
     scan_family = family_checks.SCAN_FAMILY
@@ -268,9 +279,7 @@ class DeepGemmPolicy(FamilyPolicy):
         self.compiling_process = build_directory_pid
         self.audit_env: Mapping[str, str] | None = None
         self.include_dirs: tuple[str, ...] = ()
-        self._signatures: dict[str, str | None] = {}
-        self._nvcc_releases: dict[str, tuple[int, int] | None] = {}
-        self._python_builds: dict[tuple[str, str | None], _PythonBuild] = {}
+        self._audit_memo: _AuditMemo | None = None
 
     def for_audit(self, env: Mapping[str, str], include_dirs: Sequence[str]) -> DeepGemmPolicy:
         # The include tree of an unrecorded entry is looked for on the audit's PYTHONPATH and
@@ -278,10 +287,14 @@ class DeepGemmPolicy(FamilyPolicy):
         policy = copy.copy(self)
         policy.audit_env = env
         policy.include_dirs = tuple(include_dirs)
-        policy._signatures = {}
-        policy._nvcc_releases = {}
-        policy._python_builds = {}
+        policy._audit_memo = _AuditMemo()
         return policy
+
+    def _memo(self) -> _AuditMemo:
+        """What this audit's entries share (the include trees, header digests, compiler
+        signatures, the Python JIT's matching builds), computed once per audit. The module's
+        own policy, used outside an audit, keeps nothing: headers may change between calls."""
+        return self._audit_memo if self._audit_memo is not None else _AuditMemo()
 
     # ------------------------------------------------------------ the library include tree
 
@@ -289,11 +302,20 @@ class DeepGemmPolicy(FamilyPolicy):
         return self.audit_env if self.audit_env is not None else os.environ
 
     def _trees(self) -> list[str]:
-        return rebuild.include_trees(self.prefix, self.include_dirs, self._env())
+        memo = self._memo()
+        if memo.trees is None:
+            memo.trees = rebuild.include_trees(self.prefix, self.include_dirs, self._env())
+        return memo.trees
+
+    def _hasher(self, tree: str) -> _IncludeHasher:
+        hashers = self._memo().hashers
+        if tree not in hashers:
+            hashers[tree] = _IncludeHasher(tree, self.prefix)
+        return hashers[tree]
 
     def _include_hash(self, tree: str, generated: str) -> str | None:
         try:
-            return _IncludeHasher(tree, self.prefix).code_hash(generated)
+            return self._hasher(tree).code_hash(generated)
         except (NonStandardInclude, OSError):
             return None
 
@@ -345,13 +367,14 @@ class DeepGemmPolicy(FamilyPolicy):
     # ------------------------------------------------------------ the Python JIT's key
 
     def _nvcc_release(self, path: str) -> tuple[int, int] | None:
-        if path not in self._nvcc_releases:
+        releases = self._memo().nvcc_releases
+        if path not in releases:
             from cacheaudit import compilers
 
             identity = compilers.identify(path, env=self._env())
-            self._nvcc_releases[path] = (python_jit.nvcc_version(identity.version_text)
+            releases[path] = (python_jit.nvcc_version(identity.version_text)
                                          if identity.error is None else None)
-        return self._nvcc_releases[path]
+        return releases[path]
 
     def _python_build(self, entry: CacheEntry, record: CompileRecord | None) -> _PythonBuild:
         """How the Python JIT built `entry`: the include tree, the nvcc and the settings whose
@@ -359,8 +382,9 @@ class DeepGemmPolicy(FamilyPolicy):
         the audit's environment (DG_JIT_NVCC_COMPILER / DG_NVCC_COMPILER, else torch's
         CUDA_HOME's nvcc; the trees as for the C++ JIT)."""
         memo = (entry.path, record.record_id if record is not None else None)
-        if memo in self._python_builds:
-            return self._python_builds[memo]
+        builds = self._memo().python_builds
+        if memo in builds:
+            return builds[memo]
         env = self._env()
         trees = [t for t in [_recorded_include(record, self.prefix)] if t] + self._trees()
         paths: list[str] = []
@@ -390,7 +414,7 @@ class DeepGemmPolicy(FamilyPolicy):
                 found = _PythonBuild(match, first, note)
             except OSError as exc:
                 found = _PythonBuild(None, None, f"{_source_name(entry)} cannot be read: {exc}")
-        self._python_builds[memo] = found
+        builds[memo] = found
         return found
 
     def _python_key(self, entry: CacheEntry, record: CompileRecord | None) -> KeyCheck:
@@ -506,7 +530,7 @@ class DeepGemmPolicy(FamilyPolicy):
         if include_dir is None:
             return KeyCheck(None, tuple(components), "the library include directory is unknown")
         try:
-            include_hash = _IncludeHasher(include_dir, self.prefix).code_hash(generated)
+            include_hash = self._hasher(include_dir).code_hash(generated)
         except (NonStandardInclude, OSError) as exc:
             return KeyCheck(None, tuple(components), f"the tracked headers cannot be hashed: {exc}")
         components.append(KeyComponent("include hash (recorded in kernel.cu)", recorded_hash,
@@ -584,13 +608,14 @@ class DeepGemmPolicy(FamilyPolicy):
         return None
 
     def _signature(self, compiler: str) -> str | None:
-        if compiler not in self._signatures:
+        signatures = self._memo().signatures
+        if compiler not in signatures:
             from cacheaudit import compilers
 
             identity = compilers.identify(compiler, env=self._env())
-            self._signatures[compiler] = (compiler_signature(identity) if identity.error is None
+            signatures[compiler] = (compiler_signature(identity) if identity.error is None
                                           else None)
-        return self._signatures[compiler]
+        return signatures[compiler]
 
 
 POLICIES = {"deepgemm": DeepGemmPolicy("deepgemm", "deep_gemm", "DG"),
