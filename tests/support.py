@@ -100,3 +100,27 @@ def deepgemm_library(tmp_path: Path) -> Path:
     stamp = time.time_ns() - 5_000_000_000
     os.utime(tile, ns=(stamp, stamp))
     return library
+
+
+# ------------------------------------------------------------------ the reliability suite's figures
+
+FIGURES_DIR = Path(__file__).resolve().parent.parent / ".reliability"
+"""Where reliability tests leave their figures (one JSON file per case, any xdist worker);
+tests/conftest.py writes docs/reliability.md from them when the session ends."""
+
+
+def reliability_figure(section: str, case: str, **figures: Any) -> None:
+    """Keep the figures of one reliability case (writers, records, kills, faults, fuzz inputs,
+    leaks: whatever the case counted) for docs/reliability.md. `section` groups cases in the
+    document ("concurrency", "kills", "faults", "fuzzing", ...); `case` names what was tried,
+    as a person would read it. A later run of the same case replaces its figures."""
+    import json
+    import re
+
+    FIGURES_DIR.mkdir(exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{section}--{case}")[:180]
+    path = FIGURES_DIR / f"{name}.json"
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps({"section": section, "case": case, "figures": figures,
+                                     "recorded": time.time()}, default=str))
+    os.replace(temporary, path)
