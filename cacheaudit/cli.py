@@ -59,9 +59,12 @@ def _ledger_location(option: Path | None, settings: Settings | None = None) -> s
 
 
 def _write_output(path: Path, text: str) -> None:
-    """A file the user named: one that cannot be written is a usage error, not a crash."""
+    """A file the user named: one that cannot be written is a usage error, not a crash. A new
+    file is made 0600 (a snapshot or report names the user's paths and settings)."""
+    from cacheaudit.ledger.private import write_output
+
     try:
-        path.write_text(text, encoding="utf-8")
+        write_output(str(path), text.encode("utf-8"))
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
