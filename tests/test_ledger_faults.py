@@ -439,3 +439,47 @@ def test_a_read_only_ledger_is_read_and_nothing_is_written(
     reliability_figure("faults", "read-only ledger read by report, explain, scan",
                        commands=len(shown), commands_failed=len(failed),
                        files_written=len(set(after.items()) ^ set(before.items())))
+
+
+# ------------------------------------------------------------------ the oracle and redaction
+
+
+@needs_gxx
+def test_verify_refuses_a_command_stored_redacted_with_ca501(tmp_path: Path):
+    import dataclasses
+    import sqlite3
+
+    from cacheaudit import seal
+    from cacheaudit.ledger.redact import redact_record
+
+    from truth_table import Project
+
+    p = Project(tmp_path / "p", "gxx")
+    p.root.mkdir()
+    p.setup()
+    p.env.pop("XDG_CONFIG_HOME", None)  # the sealing secret lives under the project's HOME
+    served = p.once()
+    assert served["digest"] == p.fresh()  # truth: the entry is fresh
+    with Ledger.open(str(p.ledger)) as opened:
+        [built] = [r for r in opened.records()
+                   if r.event == "compile" and any("kernel.cu" in a for a in r.argv)]
+        runs = opened.runs()
+    # The same compile as a recorder stores it when its argv carries a token: redacted, sealed.
+    with_token = dataclasses.replace(built, argv=(*built.argv, f"-DHF_TOKEN={HF}"), seal=None)
+    stored = seal.sealed(redact_record(with_token), p.env)
+    assert stored.redacted_argv == (len(built.argv),) and stored.seal
+    with sqlite3.connect(p.ledger) as db:
+        db.execute("DELETE FROM records WHERE record_uuid = ?", (built.record_id,))
+    with Ledger.open(str(p.ledger)) as opened:
+        opened.add_records([stored], runs[str(built.run_uuid)])
+    done = cacheaudit("verify", "--json", "--ledger", str(p.ledger), "--fail-on", "never",
+                      env=p.env, cwd=p.root)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    codes = {(f["code"], os.path.basename(f["subject"])) for f in report["findings"]}
+    assert codes == {("CA501", os.path.basename(served["path"]))}, report["findings"]
+    [finding] = report["findings"]
+    assert "a redacted argument cannot be rebuilt" in finding["message"]
+    assert HF not in done.stdout + done.stderr
+    reliability_figure("faults", "verify of a command stored redacted",
+                       rebuilt=0, refused_ca501=1, false_ca403=0)
