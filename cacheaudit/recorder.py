@@ -126,8 +126,8 @@ def _spool(path: str, records: Sequence[CompileRecord], run: RunInfo, problem: s
             spooled.append(spool_record(path, record, run))
         except Exception as exc:  # noqa: BLE001 - fail open: the compile must not see this
             if isinstance(exc, OSError) and exc.strerror:
-                failure = f"{exc.strerror[0].lower()}{exc.strerror[1:]} writing " \
-                          f"{exc.filename or spool_dir(path)}"
+                reason = exc.strerror[0].lower() + exc.strerror[1:]
+                failure = f"{reason} writing {exc.filename or spool_dir(path)}"
             else:
                 failure = f"{type(exc).__name__}: {exc}"
     lost = len(records) - len(spooled)

@@ -60,6 +60,12 @@ class Locker:
             self.process.kill()
         self.process.wait(timeout=30)
 
+    def finish(self) -> float:
+        """Wait for the holder to commit on its own; how long that took from now."""
+        started = time.monotonic()
+        self.process.wait(timeout=120)
+        return time.monotonic() - started
+
 
 def _compile_args(tree: Path, name: str) -> list[str]:
     return ["-c", "-I../inc", "k.cpp", "-o", f"../out/{name}.o"]
@@ -110,6 +116,8 @@ def _locked_compile(shim_env: ShimEnv, header_tree: Path, lock_s: float, case: s
         assert "is busy" in report.stderr and "1 spooled record(s)" in report.stderr
         assert json.loads(report.stdout)["records"] == [] if isinstance(
             json.loads(report.stdout), dict) else json.loads(report.stdout) == []
+        # The holder keeps its lock for the whole time and commits on its own.
+        locker.finish()
     finally:
         locker.release()
     # The next writer folds the spooled record in along with its own.
@@ -483,3 +491,24 @@ def test_verify_refuses_a_command_stored_redacted_with_ca501(tmp_path: Path):
     assert HF not in done.stdout + done.stderr
     reliability_figure("faults", "verify of a command stored redacted",
                        rebuilt=0, refused_ca501=1, false_ca403=0)
+
+
+@needs_gxx
+@pytest.mark.parametrize("how", ["variable", "pyproject"])
+def test_the_documented_opt_out_keeps_the_command_line_verbatim(
+        shim_env: ShimEnv, header_tree: Path, how: str):
+    ledger = shim_env.ledger
+    env = dict(shim_env.env, CPATH=str(header_tree / "cpath"),
+               XDG_CACHE_HOME=str(header_tree / "xdg"))
+    compile_argv = ["g++", f"-DHF_TOKEN={HF}", *_compile_args(header_tree, "k")]
+    if how == "variable":
+        done = shim_env.run(compile_argv, cwd=header_tree / "src",
+                            env={**env, "CACHEAUDIT_REDACT_ARGV": "0"})
+    else:
+        (header_tree / "src" / "pyproject.toml").write_text(
+            "[tool.cacheaudit]\nredact-argv = false\n")
+        done = shim_env.run([sys.executable, "-m", "cacheaudit", "run", "--ledger", str(ledger),
+                             "--", *compile_argv], cwd=header_tree / "src", env=env)
+    assert done.returncode == 0, done.stderr
+    [record] = [r for r in _records(ledger) if r.event == "compile"]
+    assert record.argv[0] == f"-DHF_TOKEN={HF}" and record.redacted_argv == ()

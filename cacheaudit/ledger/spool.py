@@ -47,14 +47,16 @@ def open_ledger(path: str, *, create: bool = True) -> Ledger:
     ledger = Ledger.open(path, create=create)
     ledger.tell = lambda line: report_problem(line, prefix="")
     try:
-        if ledger.read_only is None:
+        if not ledger.read_only:
             ingest_spool(ledger)
         waiting = pending_spooled(ledger.path)
         if waiting:
             why = ledger.unwritable or f"the ledger {ledger.path} could not take them"
             report_problem(f"{why}: {waiting} spooled record(s) in {spool_dir(ledger.path)} "
                            "are not in it yet (kept for the next command)", prefix="")
-            ledger._told = True
+        if ledger.unseen:
+            report_problem(f"the ledger {ledger.path} is read-only here: {ledger.unseen}",
+                           prefix="")
     except BaseException:
         ledger.close()
         raise

@@ -60,7 +60,7 @@ def _writable(path: str) -> bool:
     return all(os.access(path + suffix, os.W_OK) for suffix in ("-wal", "-shm"))
 
 
-def _connect_read_only(path: str, patience_s: float) -> tuple[sqlite3.Connection, str]:
+def _connect_read_only(path: str, patience_s: float) -> tuple[sqlite3.Connection, str | None]:
     """A connection that never writes, and how it reads: `mode=ro` where SQLite can share the
     WAL index, else `immutable=1` (nothing at all is written, not even the SHM file, and a WAL
     file's last transactions are not seen)."""
@@ -69,7 +69,7 @@ def _connect_read_only(path: str, patience_s: float) -> tuple[sqlite3.Connection
                            isolation_level=None, check_same_thread=False)
     try:
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        return conn, "read-only"
+        return conn, None
     except sqlite3.DatabaseError as exc:
         conn.close()
         if "not a database" in str(exc):
@@ -78,21 +78,20 @@ def _connect_read_only(path: str, patience_s: float) -> tuple[sqlite3.Connection
                            isolation_level=None, check_same_thread=False)
     wal = path + "-wal"
     unseen = os.path.exists(wal) and os.path.getsize(wal) > 0
-    return conn, "read-only" + (
-        f" (its WAL file {wal} cannot be shared, so its latest transactions are not read)"
-        if unseen else "")
+    return conn, (f"its WAL file {wal} cannot be shared, so its latest transactions are not "
+                  "read" if unseen else None)
 
 
 class Ledger:
     """An open ledger file. Use `Ledger.open()`; close it, or use it as a context manager."""
 
     def __init__(self, path: str, conn: sqlite3.Connection, *,
-                 patience_s: float = BUSY_TIMEOUT_S, read_only: str | None = None) -> None:
+                 patience_s: float = BUSY_TIMEOUT_S, read_only: bool = False) -> None:
         self.path = path
         self.conn = conn
         self.patience_s = patience_s
         self.read_only = read_only
-        """Why this ledger is read (never written) here: "read-only" and how, or None."""
+        """Opened read-only: the file or its directory cannot be written here."""
         self.unwritable: str | None = None
         """Why writes into this ledger stopped (busy past `patience_s`, read-only): once one
         write failed so, the next fail at once instead of waiting again."""
@@ -100,6 +99,8 @@ class Ledger:
         """Told once, in one line, when this ledger turns out not to be writable (the readers'
         way in sets it; a recorder spools instead and says so itself)."""
         self._told = False
+        self.unseen: str | None = None
+        """What a read-only connection cannot read (a WAL it cannot share), or None."""
         self._ids: dict[tuple[str, str], int] = {}
         self._graph_cache: dict[int, IncludeGraph] = {}
         self._compiler_cache: dict[int, CompilerIdentity] = {}
@@ -129,13 +130,14 @@ class Ledger:
                 private.create_file(path)
             except OSError as exc:
                 raise LedgerError(f"cannot create a ledger at {path}: {exc.strerror}") from exc
-        read_only = None
+        read_only, unseen = False, None
         try:
             if _writable(path):
                 conn = sqlite3.connect(path, timeout=patience_s, isolation_level=None,
                                        check_same_thread=False)
             else:
-                conn, read_only = _connect_read_only(path, patience_s)
+                conn, unseen = _connect_read_only(path, patience_s)
+                read_only = True
         except sqlite3.DatabaseError as exc:
             if "not a database" in str(exc):
                 raise LedgerError(
@@ -144,10 +146,11 @@ class Ledger:
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot open {path}: {exc}") from exc
         ledger = cls(path, conn, patience_s=patience_s, read_only=read_only)
+        ledger.unseen = unseen
         if read_only:
-            ledger.unwritable = f"the ledger {path} is {read_only}"
+            ledger.unwritable = f"the ledger {path} is read-only"
         try:
-            prepare(conn, path, create, patience_s, read_only=read_only is not None)
+            prepare(conn, path, create, patience_s, read_only=read_only)
         except sqlite3.DatabaseError as exc:
             conn.close()
             if "not a database" in str(exc) or "malformed" in str(exc):
@@ -181,7 +184,7 @@ class Ledger:
                     f"the ledger {self.path} is busy: another process has held its write lock "
                     f"for over {self.patience_s:g} s", LedgerBusy, exc)
             if "readonly" in str(exc) or "read-only" in str(exc):
-                self.read_only = "read-only"
+                self.read_only = True
                 self._cannot_write(f"the ledger {self.path} is read-only ({exc})",
                                    LedgerReadOnly, exc)
             raise
