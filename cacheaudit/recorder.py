@@ -146,6 +146,7 @@ def _fold_in_spool(ledger: Ledger) -> None:
     if os.path.isdir(spool_dir(ledger.path)):
         with contextlib.suppress(Exception):
             ingest_spool(ledger, limit=SPOOL_FOLD_IN)
+        ledger.try_again()
 
 
 def _stored(record: CompileRecord) -> CompileRecord:
@@ -195,7 +196,7 @@ class _HeldLedger:
                     return None
                 except LedgerBusy as exc:
                     # Another process holds the lock: a fresh connection would only wait again.
-                    held.unwritable = None
+                    held.try_again()
                     return _spool(path, records, run, str(exc))
                 except Exception:  # noqa: BLE001 - the fallback below spools the records
                     self._close_locked()

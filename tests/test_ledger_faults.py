@@ -18,6 +18,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -176,6 +177,43 @@ def test_an_in_process_writer_spools_instead_of_waiting_on_a_busy_ledger(tmp_pat
     reliability_figure("faults", "in-process writer beside a locked ledger",
                        first_write_s=round(waited_s, 3), second_write_s=round(second_s, 3),
                        records_spooled=2, records_ingested=2, records_lost=0)
+
+
+def _project(tmp_path: Path) -> object:
+    from truth_table import Project
+
+    made = Project(tmp_path / "p", "gxx")
+    made.root.mkdir()
+    made.setup()
+    made.env.pop("XDG_CONFIG_HOME", None)  # the sealing secret lives under the project's HOME
+    return made
+
+
+@needs_gxx
+def test_a_scan_beside_a_busy_ledger_waits_once_and_says_so_in_one_line(tmp_path: Path):
+    p: Any = _project(tmp_path)
+    served = p.once()
+    assert served["digest"] == p.fresh()  # truth: fresh
+    unlocked = p.scan()
+    locker = Locker(p.ledger, 60.0)
+    try:
+        took_s, done = _timed(lambda: p.scan_process(str(p.cache)))
+    finally:
+        locker.release()
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    def verdicts(scanned: dict[str, Any]) -> list[tuple[str, str, str]]:
+        return sorted((f["code"], f["subject"], f["entry"] or "") for f in scanned["findings"])
+
+    # The same verdicts as without the lock, none of them an error (truth: fresh).
+    assert report["entries"] == 1 and verdicts(report) == verdicts(unlocked), report
+    assert not [f for f in report["findings"] if f["severity"] == "error"]
+    busy = [line for line in done.stderr.splitlines() if "is busy" in line]
+    assert len(busy) == 1 and "nothing this command learnt is kept" in busy[0], done.stderr
+    # One wait of the readers' patience (5 s), not one per write.
+    assert took_s < 15, took_s
+    reliability_figure("faults", "scan beside a ledger locked 60 s", scan_s=round(took_s, 3),
+                       busy_lines=len(busy), entries=report["entries"])
 
 
 # ------------------------------------------------------------------ a full disk
@@ -512,3 +550,41 @@ def test_the_documented_opt_out_keeps_the_command_line_verbatim(
     assert done.returncode == 0, done.stderr
     [record] = [r for r in _records(ledger) if r.event == "compile"]
     assert record.argv[0] == f"-DHF_TOKEN={HF}" and record.redacted_argv == ()
+
+
+_ARGV_CASES = [
+    # (word, the word before it, as stored)
+    (f"-DHF_TOKEN={HF}", None, "-DHF_TOKEN=<redacted>"),
+    ("-DAPI_KEY=abc123", None, "-DAPI_KEY=<redacted>"),
+    (f"--github-token={GHP}", None, "--github-token=<redacted>"),
+    ("--token=abc", None, "--token=<redacted>"),
+    ("hunter2", "--password", "<redacted>"),
+    ("MY_SECRET=1", "-D", "MY_SECRET=<redacted>"),
+    ("GITHUB_TOKEN=abc", None, "GITHUB_TOKEN=<redacted>"),
+    ("CUDA_VISIBLE_DEVICES=0", None, "CUDA_VISIBLE_DEVICES=0"),
+    ("-Xcompiler=-DAPI_KEY=zz", None, "-Xcompiler=-DAPI_KEY=<redacted>"),
+    (f"--define-macro=X={HF}", None, "--define-macro=X=<redacted>"),
+    ("sk-" + "a" * 40, None, "<redacted>"),
+    ("AKIA" + "ABCDEFGHIJKLMNOP", None, "<redacted>"),
+    ("xoxb-" + "1" * 12, None, "<redacted>"),
+    ("github_pat_" + "b" * 30, None, "<redacted>"),
+    # Kept: flags, paths, cache keys, an option's value that is another option.
+    ("-O3", None, "-O3"), ("-DX=1", None, "-DX=1"), ("--std=c++17", None, "--std=c++17"),
+    ("-gencode=arch=compute_90,code=sm_90", None, "-gencode=arch=compute_90,code=sm_90"),
+    ("-DCACHE_KEY=3", None, "-DCACHE_KEY=3"), ("-DTOKENIZERS=1", None, "-DTOKENIZERS=1"),
+    ("-O2", "--password", "-O2"), ("-I/usr/include", None, "-I/usr/include"),
+]
+
+
+@pytest.mark.parametrize(("word", "after", "stored"), _ARGV_CASES)
+def test_argv_words_are_redacted_by_the_environment_s_rules(word: str, after: str | None,
+                                                            stored: str):
+    from cacheaudit.envvars import redact, redact_argv
+
+    words = [after, word] if after else [word]
+    kept, changed = redact_argv(words)
+    assert kept[-1] == stored
+    assert changed == ((len(words) - 1,) if stored != word else ())
+    if "=" in word and not word.startswith("-") and after is None:
+        name, value = word.split("=", 1)
+        assert kept[-1] == f"{name}={redact(name, value)}"  # one rule for both

@@ -189,6 +189,12 @@ class Ledger:
                                    LedgerReadOnly, exc)
             raise
 
+    def try_again(self) -> None:
+        """Let the next write wait for the lock again after a busy one: for a connection kept
+        open between writes (an in-process recorder's), where a later write may find it free."""
+        if not self.read_only:
+            self.unwritable = None
+
     def _cannot_write(self, why: str, kind: type[LedgerError],
                       cause: BaseException | None = None) -> None:
         self.unwritable = why
