@@ -588,3 +588,30 @@ def test_argv_words_are_redacted_by_the_environment_s_rules(word: str, after: st
     if "=" in word and not word.startswith("-") and after is None:
         name, value = word.split("=", 1)
         assert kept[-1] == f"{name}={redact(name, value)}"  # one rule for both
+
+
+@needs_gxx
+def test_a_run_report_keeps_no_credential_and_is_private(shim_env: ShimEnv, header_tree: Path):
+    report_json = header_tree / "r.json"
+    env = dict(shim_env.env, CPATH=str(header_tree / "cpath"),
+               XDG_CACHE_HOME=str(header_tree / "xdg"))
+    previous = os.umask(0o022)
+    try:
+        done = shim_env.run([sys.executable, "-m", "cacheaudit", "run", "--ledger",
+                             str(shim_env.ledger), "--report-json", str(report_json), "--",
+                             "g++", f"-DHF_TOKEN={HF}", f"-DGH={GHP}",
+                             *_compile_args(header_tree, "k")], cwd=header_tree / "src", env=env)
+    finally:
+        os.umask(previous)
+    assert done.returncode == 0, done.stderr
+    assert (header_tree / "out" / "k.o").exists()  # truth: the compile ran as asked
+    written = report_json.read_text()
+    assert json.loads(written)["command"][:3] == [
+        "g++", "-DHF_TOKEN=<redacted>", "-DGH=<redacted>"]
+    shown = done.stdout + done.stderr + written.encode()
+    ledger_bytes = shim_env.ledger.read_bytes()
+    found = [s for s in SECRETS if s.encode() in shown or s.encode() in ledger_bytes]
+    assert found == [] and _mode(report_json) == 0o600, (found, oct(_mode(report_json)))
+    reliability_figure("faults", "credentials in a `cacheaudit run` command and its report",
+                       secrets_planted=2, secrets_found=len(found),
+                       report_mode=oct(_mode(report_json)))

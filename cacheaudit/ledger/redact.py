@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from cacheaudit.envvars import redaction
 from cacheaudit.ledger.values import RunInfo
@@ -41,16 +41,28 @@ def redact_record(record: CompileRecord, env: Mapping[str, str] | None = None) -
     effective = tuple(t if t.text == text else ArgToken(text, t.origin)
                       for t, text in zip(record.effective_argv, texts, strict=True))
     notes = tuple(redaction.redact("", note) for note in record.notes)
-    if not changed and effective == record.effective_argv and notes == record.notes:
+    # Messages that may quote a command: the runtime's refusal, why there is no graph.
+    messages = {name: redaction.redact("", value) for name in ("runtime_error", "graph_problem")
+                if (value := getattr(record, name)) is not None}
+    if not changed and effective == record.effective_argv and notes == record.notes and all(
+            getattr(record, name) == value for name, value in messages.items()):
         return record
     marked = tuple(sorted(set(record.redacted_argv) | set(changed)))
     return dataclasses.replace(record, argv=argv, effective_argv=effective, notes=notes,
-                               redacted_argv=marked)
+                               redacted_argv=marked, **messages)
+
+
+def redact_command(command: Sequence[str], env: Mapping[str, str] | None = None
+                   ) -> tuple[str, ...]:
+    """A command line as cacheaudit keeps or shows it (a run's command, `run --report-json`)."""
+    if not argv_redaction(env):
+        return tuple(command)
+    return redaction.redact_argv(command)[0]
 
 
 def redact_run(run: RunInfo, env: Mapping[str, str] | None = None) -> RunInfo:
     """`run` with its command redacted (the runtime's process: `python train.py --token ...`)."""
-    if run.command is None or not argv_redaction(env):
+    if run.command is None:
         return run
-    command, changed = redaction.redact_argv(run.command)
-    return dataclasses.replace(run, command=command) if changed else run
+    command = redact_command(run.command, env)
+    return dataclasses.replace(run, command=command) if command != run.command else run
