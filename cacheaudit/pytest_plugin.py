@@ -259,9 +259,8 @@ class _Session:
 
     def _write_snapshot(self) -> str | None:
         """A failing session leaves the bug-report snapshot beside its ledger."""
-        from cacheaudit.snapshot import collect, to_markdown
-
         from cacheaudit.ledger.private import write_file
+        from cacheaudit.snapshot import collect, to_markdown
 
         path = os.path.join(os.path.dirname(self.ledger), "cacheaudit-snapshot.md")
         try:
