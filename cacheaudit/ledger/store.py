@@ -7,7 +7,6 @@ import contextlib
 import os
 import sqlite3
 import time
-import urllib.parse
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -15,6 +14,7 @@ from typing import Any, TypeVar
 from cacheaudit import __version__, bounded
 from cacheaudit.exceptions import LedgerBusy, LedgerError, LedgerReadOnly
 from cacheaudit.ledger import private
+from cacheaudit.ledger.opening import connect_read_only, writable
 from cacheaudit.ledger.redact import redact_record, redact_run
 from cacheaudit.ledger.rows import (
     STATE_COLUMNS,
@@ -47,39 +47,6 @@ from cacheaudit.model import (
 _BLOB_COLUMNS = ("tracked_id", "effective_argv_id", "extra_id", "argv_id", "env_id", "notes_id")
 
 T = TypeVar("T")
-
-
-def _writable(path: str) -> bool:
-    """Whether SQLite can write the ledger at `path`: the file, and its directory unless the
-    WAL and SHM files it would create are already there and writable. `os.access` answers
-    for read-only mounts too (EROFS)."""
-    if not os.access(path, os.W_OK):
-        return False
-    if os.access(os.path.dirname(path) or ".", os.W_OK):
-        return True
-    return all(os.access(path + suffix, os.W_OK) for suffix in ("-wal", "-shm"))
-
-
-def _connect_read_only(path: str, patience_s: float) -> tuple[sqlite3.Connection, str | None]:
-    """A connection that never writes, and how it reads: `mode=ro` where SQLite can share the
-    WAL index, else `immutable=1` (nothing at all is written, not even the SHM file, and a WAL
-    file's last transactions are not seen)."""
-    uri = "file:" + urllib.parse.quote(path)
-    conn = sqlite3.connect(uri + "?mode=ro", uri=True, timeout=patience_s,
-                           isolation_level=None, check_same_thread=False)
-    try:
-        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        return conn, None
-    except sqlite3.DatabaseError as exc:
-        conn.close()
-        if "not a database" in str(exc):
-            raise
-    conn = sqlite3.connect(uri + "?immutable=1", uri=True, timeout=patience_s,
-                           isolation_level=None, check_same_thread=False)
-    wal = path + "-wal"
-    unseen = os.path.exists(wal) and os.path.getsize(wal) > 0
-    return conn, (f"its WAL file {wal} cannot be shared, so its latest transactions are not "
-                  "read" if unseen else None)
 
 
 class Ledger:
@@ -132,11 +99,11 @@ class Ledger:
                 raise LedgerError(f"cannot create a ledger at {path}: {exc.strerror}") from exc
         read_only, unseen = False, None
         try:
-            if _writable(path):
+            if writable(path):
                 conn = sqlite3.connect(path, timeout=patience_s, isolation_level=None,
                                        check_same_thread=False)
             else:
-                conn, unseen = _connect_read_only(path, patience_s)
+                conn, unseen = connect_read_only(path, patience_s)
                 read_only = True
         except sqlite3.DatabaseError as exc:
             if "not a database" in str(exc):
