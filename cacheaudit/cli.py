@@ -59,9 +59,12 @@ def _ledger_location(option: Path | None, settings: Settings | None = None) -> s
 
 
 def _write_output(path: Path, text: str) -> None:
-    """A file the user named: one that cannot be written is a usage error, not a crash."""
+    """A file the user named: one that cannot be written is a usage error, not a crash. A new
+    file is made 0600 (a snapshot or report names the user's paths and settings)."""
+    from cacheaudit.ledger.private import write_output
+
     try:
-        path.write_text(text, encoding="utf-8")
+        write_output(str(path), text.encode("utf-8"))
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
@@ -369,9 +372,13 @@ def run(
         raise typer.Exit(outcome.status)
     output.render_run_report(report, console)
     if report_json is not None:
+        from cacheaudit.ledger.private import write_output
+        from cacheaudit.ledger.redact import redact_command
+
+        shown = list(redact_command(command))
         try:
-            report_json.write_text(output.run_report_json(report, command, outcome.status)
-                                   + "\n", encoding="utf-8")
+            write_output(str(report_json), (output.run_report_json(report, shown, outcome.status)
+                                            + "\n").encode("utf-8"))
         except OSError as exc:
             typer.echo(f"cacheaudit: warning: cannot write {report_json}: "
                        f"{exc.strerror or exc}", err=True)

@@ -44,6 +44,9 @@ class Settings:
     ledger: str | None = None
     reconstruct: bool = True
     verify_keys: bool = False
+    redact_argv: bool = True
+    """Credentials in recorded command lines stored as "<redacted>" (docs/security.md); a
+    recording session exports `false` as CACHEAUDIT_REDACT_ARGV=0 to the job."""
     include_dirs: list[str] = field(default_factory=list)
     """Include trees of installed libraries a scan cannot find on its own (`--include-dir`):
     DeepGEMM's `deep_gemm/include`, for entries built without recording."""
@@ -59,6 +62,7 @@ _TABLE: dict[str, tuple[str, type]] = {
     "reconstruct": ("reconstruct", bool),
     "verify-keys": ("verify_keys", bool),
     "include-dirs": ("include_dirs", list),
+    "redact-argv": ("redact_argv", bool),
 }
 
 

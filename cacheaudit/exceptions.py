@@ -30,6 +30,15 @@ class LedgerError(UsageError):
     """A ledger file cannot be used: not a cacheaudit ledger, newer than this code, unreadable."""
 
 
+class LedgerBusy(LedgerError):
+    """Another process has held the ledger's write lock for longer than this one may wait."""
+
+
+class LedgerReadOnly(LedgerError):
+    """The ledger can be read but not written (a read-only mount, a file without write
+    permission, another user's ledger)."""
+
+
 class ConfigError(UsageError):
     """A `[tool.cacheaudit]` setting or CACHEAUDIT_* variable has a value we cannot use."""
 

@@ -305,6 +305,11 @@ class CompileRecord:
     runtime_error: str | None = None
     """The runtime refused the lookup or compile (DeepJIT's "non-standard include"): its
     message, shown by the output."""
+    redacted_argv: tuple[int, ...] = ()
+    """Positions in `argv` of the words stored redacted (a credential's value replaced by
+    "<redacted>", `envvars.redact_argv`): the command as stored is not the one that ran, so
+    the rebuild oracle refuses to run it again. Words of `effective_argv`, `notes` and the
+    run's command are redacted by the same rules."""
     seal: str | None = None
     """`cacheaudit.seal`'s HMAC over the record's command, made when it was written with the
     writing user's secret: the rebuild oracle reruns without asking only commands this user
@@ -332,6 +337,8 @@ class CompileRecord:
             stored["modified_during_compile"] = list(self.modified_during_compile)
         if self.unknown_at_build:
             stored["unknown_at_build"] = list(self.unknown_at_build)
+        if self.redacted_argv:
+            stored["redacted_argv"] = list(self.redacted_argv)
         for name in ("runtime_process", "graph_problem", "runtime_error", "seal"):
             value = getattr(self, name)
             if value is not None:
@@ -341,7 +348,7 @@ class CompileRecord:
 
 STORED_FACTS: tuple[str, ...] = (
     "reconstructed", "modified_during_compile", "unknown_at_build", "runtime_process",
-    "graph_problem", "runtime_error", "seal")
+    "graph_problem", "runtime_error", "seal", "redacted_argv")
 """The `CompileRecord` facts kept in the stored `extra` JSON object, under these names."""
 
 LEDGER_FACTS = ("run_uuid", "graph_id")
@@ -364,6 +371,9 @@ def split_stored_extra(stored: Mapping[str, Any] | None) -> tuple[dict[str, Any]
         paths = rest.pop(name, None)
         if isinstance(paths, (list, tuple)):
             facts[name] = tuple(str(path) for path in paths)
+    positions = rest.pop("redacted_argv", None)
+    if isinstance(positions, (list, tuple)):
+        facts["redacted_argv"] = tuple(int(p) for p in positions if isinstance(p, int))
     for name in ("runtime_process", "graph_problem", "runtime_error", "seal"):
         value = rest.pop(name, None)
         if value is not None:

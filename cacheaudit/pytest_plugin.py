@@ -259,12 +259,13 @@ class _Session:
 
     def _write_snapshot(self) -> str | None:
         """A failing session leaves the bug-report snapshot beside its ledger."""
+        from cacheaudit.ledger.private import write_file
         from cacheaudit.snapshot import collect, to_markdown
 
         path = os.path.join(os.path.dirname(self.ledger), "cacheaudit-snapshot.md")
         try:
-            with open(path, "w", encoding="utf-8") as handle:
-                handle.write(to_markdown(collect(os.environ, ledger=self.ledger)))
+            text = to_markdown(collect(os.environ, ledger=self.ledger))
+            write_file(path, text.encode("utf-8"))  # 0600 when new, like the ledger beside it
         except OSError:
             return None
         return path

@@ -20,7 +20,18 @@ from typing import TYPE_CHECKING, Any
 
 from cacheaudit import envvars
 from cacheaudit.digest import StateCache, normalise_path
-from cacheaudit.ledger import Ledger, RunInfo, default_ledger_path, new_record_id, spool_record
+from cacheaudit.exceptions import LedgerBusy
+from cacheaudit.ledger import (
+    Ledger,
+    RunInfo,
+    default_ledger_path,
+    ingest_spool,
+    new_record_id,
+    spool_dir,
+    spool_record,
+)
+from cacheaudit.ledger.redact import redact_record, redact_run
+from cacheaudit.ledger.schema import WRITER_PATIENCE_S
 from cacheaudit.model import ArgToken, CompileRecord, CompilerIdentity, FileState, IncludeGraph
 from cacheaudit.problems import report_problem
 from cacheaudit.processes import runtime_process
@@ -42,7 +53,8 @@ TEST_ID_VARIABLE = "CACHEAUDIT_TEST_ID"
 def current_run(env: Mapping[str, str], label: str = "shim", *,
                 in_process: bool = False) -> RunInfo:
     """The run a record belongs to: CACHEAUDIT_RUN, else the runtime's process: this one for an
-    in-process adapter, the shim's nearest non-shell ancestor for the shim."""
+    in-process adapter, the shim's nearest non-shell ancestor for the shim. Its command is
+    stored redacted (`write_records`)."""
     explicit = env.get(RUN_VARIABLE)
     if explicit:
         return RunInfo(run_uuid=explicit, label=env.get(RUN_LABEL_VARIABLE, label))
@@ -72,22 +84,74 @@ def test_id_from(env: Mapping[str, str]) -> str | None:
     return None
 
 
+SPOOL_FOLD_IN = 20
+"""Spooled records a writer folds in after its own record went in: a backlog drains over the
+next compiles without any one of them paying for all of it."""
+
+
 def write_record(record: CompileRecord, run: RunInfo, ledger_path: str | None = None) -> str | None:
     """Store one record; spool it when the ledger cannot take it. Returns a problem, or None."""
+    return write_records([record], run, ledger_path)
+
+
+def write_records(records: Sequence[CompileRecord], run: RunInfo,
+                  ledger_path: str | None = None, *, sealed: bool = False) -> str | None:
+    """Store records in one transaction, waiting at most `WRITER_PATIENCE_S` for another
+    process's lock; what the ledger cannot take is spooled. Then a few spooled records are
+    folded in. Returns the problem in one line, or None. Never raises."""
     path = ledger_path or default_ledger_path()
-    record = _sealed(record)
     try:
-        with Ledger.open(path) as ledger:
-            ledger.add_records([record], run)
+        stored = list(records) if sealed else [_stored(r) for r in records]
+        run = redact_run(run)
+    except Exception as exc:  # noqa: BLE001 - fail open
+        return f"{type(exc).__name__}: {exc}"
+    try:
+        with Ledger.open(path, patience_s=WRITER_PATIENCE_S) as ledger:
+            ledger.add_records(stored, run)
+            _fold_in_spool(ledger)
         return None
+    except LedgerBusy as exc:
+        problem = str(exc)
     except Exception as exc:  # noqa: BLE001 - any failure must fall back to the spool
         problem = f"{type(exc).__name__}: {exc}"
-    try:
-        spooled = spool_record(path, record, run)
-    except Exception as exc:  # noqa: BLE001 - fail open: the compile must not see this
-        reason = exc.strerror if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
-        return f"{problem}; spooling failed too ({reason}): record lost"
-    return f"{problem}; record kept in {spooled}"
+    return _spool(path, stored, run, problem)
+
+
+def _spool(path: str, records: Sequence[CompileRecord], run: RunInfo, problem: str) -> str:
+    """Spool `records` beside the ledger at `path`; what happened, in one line."""
+    spooled: list[str] = []
+    failure = ""
+    for record in records:
+        try:
+            spooled.append(spool_record(path, record, run))
+        except Exception as exc:  # noqa: BLE001 - fail open: the compile must not see this
+            if isinstance(exc, OSError) and exc.strerror:
+                reason = exc.strerror[0].lower() + exc.strerror[1:]
+                failure = f"{reason} writing {exc.filename or spool_dir(path)}"
+            else:
+                failure = f"{type(exc).__name__}: {exc}"
+    lost = len(records) - len(spooled)
+    if lost:
+        what = "not recorded" if lost == 1 else f"{lost} records not recorded"
+        kept = f" ({len(spooled)} spooled)" if spooled else ""
+        return f"{problem}; {what}: {failure}{kept}"
+    where = spooled[0] if len(spooled) == 1 else f"{len(spooled)} files in {spool_dir(path)}"
+    return (f"{problem}; {'record' if len(spooled) == 1 else 'records'} spooled to {where}, "
+            "folded into the ledger by the next command or compile that writes it")
+
+
+def _fold_in_spool(ledger: Ledger) -> None:
+    """A few spooled records into the ledger a writer has just written (no stat more than
+    that when there is no spool)."""
+    if os.path.isdir(spool_dir(ledger.path)):
+        with contextlib.suppress(Exception):
+            ingest_spool(ledger, limit=SPOOL_FOLD_IN)
+        ledger.try_again()
+
+
+def _stored(record: CompileRecord) -> CompileRecord:
+    """The record as it is stored: credentials redacted (`ledger.redact`), then sealed."""
+    return _sealed(redact_record(record))
 
 
 def _sealed(record: CompileRecord) -> CompileRecord:
@@ -119,20 +183,24 @@ class _HeldLedger:
         self._atexit = False
 
     def write(self, records: Sequence[CompileRecord], run: RunInfo, path: str) -> str | None:
-        """All `records` in one transaction; what the ledger cannot take is spooled."""
-        records = [_sealed(r) for r in records]
+        """All `records` in one transaction; what the ledger cannot take is spooled at once
+        when it is busy, else after one more try on a fresh connection."""
+        records = [_stored(r) for r in records]
+        run = redact_run(run)
         with self._lock:
             held = self._open(path)
             if held is not None:
                 try:
                     held.add_records(records, run)
+                    _fold_in_spool(held)
                     return None
+                except LedgerBusy as exc:
+                    # Another process holds the lock: a fresh connection would only wait again.
+                    held.try_again()
+                    return _spool(path, records, run, str(exc))
                 except Exception:  # noqa: BLE001 - the fallback below spools the records
                     self._close_locked()
-        problems = [p for p in (write_record(r, run, path) for r in records) if p]
-        if len(problems) > 1:
-            return f"{problems[0]} (and {len(problems) - 1} more)"
-        return problems[0] if problems else None
+        return write_records(records, run, path, sealed=True)
 
     def _open(self, path: str) -> Ledger | None:
         try:
@@ -144,7 +212,7 @@ class _HeldLedger:
             return self._ledger
         self._close_locked()
         try:
-            ledger = Ledger.open(path)
+            ledger = Ledger.open(path, patience_s=WRITER_PATIENCE_S)
             st = os.stat(path)
         except Exception:  # noqa: BLE001 - write_record reports what goes wrong
             return None

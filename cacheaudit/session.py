@@ -117,8 +117,26 @@ def prepare(env: Mapping[str, str], *, ledger: str, label: str,
     child["PATH"] = os.pathsep.join([shims, *path])
     _pin_cuda_home(child, env, os.pathsep.join(path))
     _point_at_shims(child, env, shims)
+    _keep_argv_setting(child)
     return Session(run_uuid=run_uuid, ledger=os.path.abspath(ledger), shims=shims, env=child,
                    owns_shims=owns)
+
+
+def _keep_argv_setting(child: dict[str, str]) -> None:
+    """`redact-argv = false` in `[tool.cacheaudit]` reaches every recorder below as
+    CACHEAUDIT_REDACT_ARGV=0 (a variable the user set wins); a table that cannot be read
+    leaves redaction on."""
+    from cacheaudit.config import load_settings
+    from cacheaudit.ledger.redact import REDACT_ARGV_VARIABLE
+
+    if REDACT_ARGV_VARIABLE in child:
+        return
+    try:
+        keep = not load_settings().redact_argv
+    except Exception:  # noqa: BLE001 - fail open: redaction stays on
+        return
+    if keep:
+        child[REDACT_ARGV_VARIABLE] = "0"
 
 
 def shared_shims(env: Mapping[str, str]) -> str | None:

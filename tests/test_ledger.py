@@ -306,18 +306,14 @@ def test_add_records_raises_on_a_record_the_schema_refuses(tmp_path):
         assert ledger.add_records([_record()], RUN) == 1
 
 
-def test_spooled_records_wait_while_the_ledger_cannot_be_written(tmp_path, monkeypatch):
-    import cacheaudit.ledger.rows as module
-
+def test_spooled_records_wait_while_the_ledger_cannot_be_written(tmp_path):
     path = str(tmp_path / "ledger.db")
     Ledger.open(path).close()
     spooled = spool_record(path, _record(), RUN)
-    monkeypatch.setattr(module._retrying, "__defaults__", (0.05,))  # give up in 50 ms, not 60 s
     blocker = sqlite3.connect(path, isolation_level=None)
     blocker.execute("BEGIN EXCLUSIVE")
     try:
-        with Ledger.open(path) as ledger:
-            ledger.conn.execute("PRAGMA busy_timeout = 10")
+        with Ledger.open(path, patience_s=0.05) as ledger:  # give up in 50 ms, not 5 s
             assert ingest_spool(ledger) == 0
     finally:
         blocker.execute("ROLLBACK")

@@ -248,6 +248,8 @@ def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str]
     needs_yes = None
     tied = record
     if record is not None and not record.reconstructed and record.argv:
+        if record.redacted_argv:
+            return _redacted_refusal(record)
         invoked = record.compiler.invoked if record.compiler else record.observer.split(":")[-1]
         args, cwd = list(record.argv), record.cwd
         origin = f"the recorded compile {record.record_id[:12]}"
@@ -311,6 +313,16 @@ def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str]
                    output=output, kind=kind, env=child_env, origin=origin, notes=notes,
                    needs_yes=needs_yes, env_changes=" ".join(unset + changed), record=tied,
                    drift=changes)
+
+
+def _redacted_refusal(record: CompileRecord) -> str:
+    """Why a command stored with credentials redacted (`CompileRecord.redacted_argv`) is not
+    run: it is not the command that built the entry, so its binary proves nothing."""
+    words = [record.argv[i] for i in record.redacted_argv if 0 <= i < len(record.argv)]
+    return (f"its recorded compile {record.record_id[:12]} was stored with {len(words)} "
+            f"argument(s) redacted ({', '.join(shlex.quote(w) for w in words[:3])}): a "
+            "redacted argument cannot be rebuilt (record the compile again with "
+            "CACHEAUDIT_REDACT_ARGV=0 to verify it)")
 
 
 def judge(rebuild: Rebuild, parent: str, processes: Processes, timeout: float) -> Verdict:

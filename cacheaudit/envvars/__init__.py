@@ -35,7 +35,13 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from cacheaudit.envvars.generic import GENERIC_ROWS, SELECTS_COMPILER, SHELLS_OUT, shells_out
-from cacheaudit.envvars.redaction import REDACTED, looks_secret_name, looks_secret_value, redact
+from cacheaudit.envvars.redaction import (
+    REDACTED,
+    looks_secret_name,
+    looks_secret_value,
+    redact,
+    redact_argv,
+)
 from cacheaudit.envvars.registry import Declaration, Family, Registry
 from cacheaudit.envvars.vocabulary import (
     CATEGORIES as GENERIC_CATEGORIES,
@@ -94,6 +100,7 @@ __all__ = [
     "lookup",
     "reads",
     "redact",
+    "redact_argv",
     "registry",
     "selects_compiler",
     "settings_title",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 
 REDACTED = "<redacted>"
 
@@ -150,3 +151,46 @@ def redact(name: str, value: str) -> str:
     if looks_secret_name(name):
         return REDACTED if value else value
     return _redact_value(value)
+
+
+def _option_name(word: str) -> str | None:
+    """The name of an option word that takes its value in the next word (`--password`,
+    `-token`); None for anything else."""
+    if not word.startswith("-") or "=" in word or len(word) < 3:
+        return None
+    return word.lstrip("-")
+
+
+def redact_word(word: str, after: str | None = None) -> str:
+    """One argv word as `redact` would keep it, read as a name and a value where it has them:
+    `-DNAME=VALUE` and `-UNAME` (a macro), `--name=VALUE` (an option), `NAME=VALUE`, or the
+    value of the option `after` (`--password VALUE`); any other word is judged by the shapes
+    of its text alone. The value keeps the word's own redaction rules (`-Xcompiler=-DX=...`)."""
+    if after is not None and not word.startswith("-") and looks_secret_name(after):
+        return REDACTED if word else word
+    name, separator, value = word.partition("=")
+    if separator and name:
+        if name.startswith("-D") and not name.startswith("--"):
+            name = name[2:]
+        head = word[:len(word) - len(value)]
+        if looks_secret_name(name.lstrip("-")):
+            return head + (REDACTED if value else value)
+        kept = redact_word(value) if value != word else value
+        return head + kept if kept != value else _redact_value(word)
+    return _redact_value(word)
+
+
+def redact_argv(words: Sequence[str]) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """A command line with its credentials replaced by "<redacted>" by the rules of `redact`
+    (`redact_word`), and the positions of the words that changed: `-DHF_TOKEN=hf_...`,
+    `--github-token=ghp_...`, `--password secret`, a token's shape anywhere in a word."""
+    kept: list[str] = []
+    changed: list[int] = []
+    after: str | None = None
+    for position, word in enumerate(words):
+        shown = redact_word(word, after)
+        if shown != word:
+            changed.append(position)
+        kept.append(shown)
+        after = _option_name(word)
+    return tuple(kept), tuple(changed)

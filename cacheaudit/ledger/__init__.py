@@ -12,8 +12,10 @@ helpers go through sqlite-utils on the same connection.
 """
 
 # The package, lowest first: `values` (runs, test windows, attributions, the default path),
-# `rows` (values in, rows out by name, retries), `schema` (the SQL, its history, migrations),
-# `store` (the `Ledger`), `spool` (records kept aside, and the readers' way in), `combine`.
+# `private` (0600 files in 0700 directories), `redact` (command lines as stored), `rows`
+# (values in, rows out by name, retries), `schema` (the SQL, its history, migrations, the
+# writers' and readers' patience), `opening` (writable or read-only connections), `store` (the
+# `Ledger`), `spool` (records kept aside, atomic and swept; the readers' way in), `combine`.
 
 from cacheaudit.ledger.combine import CombineResult, combine
 from cacheaudit.ledger.schema import APPLICATION_ID, BUSY_TIMEOUT_S, SCHEMA, SCHEMA_VERSION

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cacheaudit.exceptions import LedgerError
-from cacheaudit.ledger.rows import _named_params, _retrying, _rows, _value
+from cacheaudit.ledger.rows import _named_params, _rows, _value
 from cacheaudit.ledger.spool import ingest_spool
 from cacheaudit.ledger.store import Ledger
 from cacheaudit.ledger.values import RunInfo, TestWindow
@@ -108,4 +108,4 @@ def _copy_findings_and_roots(target: Ledger, source: Ledger) -> None:
                 " last_scan_ns = excluded.last_scan_ns"
                 " WHERE excluded.last_scan_ns > cache_roots.last_scan_ns", roots)
 
-    _retrying(write)
+    target._retry(write)

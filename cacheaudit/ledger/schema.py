@@ -15,8 +15,18 @@ from cacheaudit.ledger.rows import _retrying, _rows, _value
 if TYPE_CHECKING:
     import sqlite_utils
 
-BUSY_TIMEOUT_S = 30.0
-"""How long SQLite itself waits for another writer's lock before `_retrying` takes over."""
+WRITER_PATIENCE_S = 0.5
+"""How long a recording writer (the shim, an in-process adapter) waits for another process's
+write lock before it spools the record instead: a compile must never wait on the ledger. A
+write transaction of the recorder takes milliseconds, so only a lock held on purpose (or a
+stuck process) outlasts it."""
+
+READER_PATIENCE_S = 5.0
+"""How long a command that reads the ledger (report, scan, explain, combine) waits for another
+process's write lock before it says the ledger is busy, for each thing it writes."""
+
+BUSY_TIMEOUT_S = READER_PATIENCE_S
+"""The default patience of `Ledger.open` (kept under its old name)."""
 
 APPLICATION_ID = 0x43414144  # "CAAD": lets `file` and our own open() tell a ledger apart.
 
@@ -286,10 +296,12 @@ class _LazyMigrations:
 _MIGRATIONS = _LazyMigrations()
 
 
-def prepare(conn: sqlite3.Connection, path: str, create: bool) -> None:
+def prepare(conn: sqlite3.Connection, path: str, create: bool,
+            patience_s: float = BUSY_TIMEOUT_S, *, read_only: bool = False) -> None:
     """Make a freshly opened connection ready: busy timeout, synchronous mode, and the schema
-    created or upgraded (`create`) or refused with one line naming `path`."""
-    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+    created or upgraded (`create`) or refused with one line naming `path`. A `read_only`
+    connection is never upgraded: an older ledger there is refused."""
+    conn.execute(f"PRAGMA busy_timeout = {int(patience_s * 1000)}")
     # In WAL mode NORMAL never corrupts; a power cut may lose the last records, which an
     # auditor can afford, while an fsync per compile record it cannot.
     conn.execute("PRAGMA synchronous = NORMAL")
@@ -304,10 +316,15 @@ def prepare(conn: sqlite3.Connection, path: str, create: bool) -> None:
         raise LedgerError(
             f"{path} is empty or not a cacheaudit ledger yet; run `cacheaudit scan` "
             "or record into it first")
+    if read_only:
+        raise LedgerError(
+            f"{path} has ledger schema version {version}, older than this cacheaudit's "
+            f"({SCHEMA_VERSION}), and cannot be written to be upgraded; copy it somewhere "
+            "writable and read the copy")
     # An older ledger is upgraded by whoever opens it first, reader or writer: the records
     # in it stay readable only through the current schema.
-    _retrying(lambda: _enable_wal(conn))
-    _retrying(lambda: _migrate(conn, path))
+    _retrying(lambda: _enable_wal(conn), patience_s)
+    _retrying(lambda: _migrate(conn, path), patience_s)
 
 
 def stored_version(conn: sqlite3.Connection, path: str) -> int | None:

@@ -8,16 +8,20 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from cacheaudit import __version__, bounded
-from cacheaudit.exceptions import LedgerError
+from cacheaudit.exceptions import LedgerBusy, LedgerError, LedgerReadOnly
+from cacheaudit.ledger import private
+from cacheaudit.ledger.opening import connect_read_only, writable
+from cacheaudit.ledger.redact import redact_record, redact_run
 from cacheaudit.ledger.rows import (
     STATE_COLUMNS,
     Row,
     _blob_json,
     _chunks,
+    _is_busy,
     _params,
     _retrying,
     _row,
@@ -42,13 +46,28 @@ from cacheaudit.model import (
 
 _BLOB_COLUMNS = ("tracked_id", "effective_argv_id", "extra_id", "argv_id", "env_id", "notes_id")
 
+T = TypeVar("T")
+
 
 class Ledger:
     """An open ledger file. Use `Ledger.open()`; close it, or use it as a context manager."""
 
-    def __init__(self, path: str, conn: sqlite3.Connection) -> None:
+    def __init__(self, path: str, conn: sqlite3.Connection, *,
+                 patience_s: float = BUSY_TIMEOUT_S, read_only: bool = False) -> None:
         self.path = path
         self.conn = conn
+        self.patience_s = patience_s
+        self.read_only = read_only
+        """Opened read-only: the file or its directory cannot be written here."""
+        self.unwritable: str | None = None
+        """Why writes into this ledger stopped (busy past `patience_s`, read-only): once one
+        write failed so, the next fail at once instead of waiting again."""
+        self.tell: Callable[[str], None] | None = None
+        """Told once, in one line, when this ledger turns out not to be writable (the readers'
+        way in sets it; a recorder spools instead and says so itself)."""
+        self._told = False
+        self.unseen: str | None = None
+        """What a read-only connection cannot read (a WAL it cannot share), or None."""
         self._ids: dict[tuple[str, str], int] = {}
         self._graph_cache: dict[int, IncludeGraph] = {}
         self._compiler_cache: dict[int, CompilerIdentity] = {}
@@ -58,8 +77,14 @@ class Ledger:
     # ---------------------------------------------------------------- opening
 
     @classmethod
-    def open(cls, path: str | None = None, *, create: bool = True) -> Ledger:
-        """Open (and with `create`, make or upgrade) the ledger at `path` or the default place."""
+    def open(cls, path: str | None = None, *, create: bool = True,
+             patience_s: float = BUSY_TIMEOUT_S) -> Ledger:
+        """Open (and with `create`, make or upgrade) the ledger at `path` or the default place.
+
+        A new ledger is made 0600 in directories made 0700 (`private`); its WAL and SHM take
+        its mode. A ledger that cannot be written (a read-only mount, no write permission) is
+        opened read-only: readable, and every write raises `LedgerReadOnly`. Writes wait
+        `patience_s` for another process's lock, then raise `LedgerBusy`."""
         path = os.path.abspath(path or default_ledger_path())
         exists = os.path.exists(path)
         if not exists and not create:
@@ -68,17 +93,31 @@ class Ledger:
             raise LedgerError(f"{path} is a directory, not a cacheaudit ledger")
         if not exists:
             try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
+                private.make_directories(os.path.dirname(path))
+                private.create_file(path)
             except OSError as exc:
                 raise LedgerError(f"cannot create a ledger at {path}: {exc.strerror}") from exc
+        read_only, unseen = False, None
         try:
-            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                                   check_same_thread=False)
+            if writable(path):
+                conn = sqlite3.connect(path, timeout=patience_s, isolation_level=None,
+                                       check_same_thread=False)
+            else:
+                conn, unseen = connect_read_only(path, patience_s)
+                read_only = True
+        except sqlite3.DatabaseError as exc:
+            if "not a database" in str(exc):
+                raise LedgerError(
+                    f"{path} is not a cacheaudit ledger (not an SQLite file)") from exc
+            raise LedgerError(f"cannot open {path}: {exc}") from exc
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot open {path}: {exc}") from exc
-        ledger = cls(path, conn)
+        ledger = cls(path, conn, patience_s=patience_s, read_only=read_only)
+        ledger.unseen = unseen
+        if read_only:
+            ledger.unwritable = f"the ledger {path} is read-only"
         try:
-            prepare(conn, path, create)
+            prepare(conn, path, create, patience_s, read_only=read_only)
         except sqlite3.DatabaseError as exc:
             conn.close()
             if "not a database" in str(exc) or "malformed" in str(exc):
@@ -98,6 +137,39 @@ class Ledger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _retry(self, write: Callable[[], T]) -> T:
+        """Run a write transaction, retrying while another writer holds the lock, for at most
+        `patience_s`; then `LedgerBusy`. A ledger found unwritable once fails at once."""
+        if self.unwritable is not None:
+            self._cannot_write(self.unwritable, LedgerReadOnly if self.read_only else LedgerBusy)
+        try:
+            return _retrying(write, self.patience_s)
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):
+                self._cannot_write(
+                    f"the ledger {self.path} is busy: another process has held its write lock "
+                    f"for over {self.patience_s:g} s", LedgerBusy, exc)
+            if "readonly" in str(exc) or "read-only" in str(exc):
+                self.read_only = True
+                self._cannot_write(f"the ledger {self.path} is read-only ({exc})",
+                                   LedgerReadOnly, exc)
+            raise
+
+    def try_again(self) -> None:
+        """Let the next write wait for the lock again after a busy one: for a connection kept
+        open between writes (an in-process recorder's), where a later write may find it free."""
+        if not self.read_only:
+            self.unwritable = None
+
+    def _cannot_write(self, why: str, kind: type[LedgerError],
+                      cause: BaseException | None = None) -> None:
+        self.unwritable = why
+        if self.tell is not None and not self._told:
+            self._told = True
+            with contextlib.suppress(Exception):
+                self.tell(f"{why}: nothing this command learnt is kept in it")
+        raise kind(why) from cause
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -222,16 +294,19 @@ class Ledger:
     def add_records(self, records: Iterable[CompileRecord], run: RunInfo) -> int:
         """Store records in one short transaction; a record already present is skipped.
 
-        Returns how many were new. Retries while other writers hold the lock.
+        Returns how many were new. Retries while other writers hold the lock, for at most the
+        ledger's patience (then `LedgerBusy`). Command lines are stored redacted
+        (`ledger.redact`; a recorder redacts before it seals, so this changes nothing there).
         """
-        batch = list(records)
+        batch = [redact_record(r) for r in records]
+        run = redact_run(run)
 
         def write() -> int:
             with self._write():
                 run_id = self._run_id(run)
                 return sum(self._insert_record(r, run_id) for r in batch)
 
-        return _retrying(write)
+        return self._retry(write)
 
     def _insert_record(self, record: CompileRecord, run_id: int) -> int:
         stored_extra = record.stored_extra()
@@ -278,7 +353,7 @@ class Ledger:
                     " recorded, current, how, inferred, record_uuid, entry, runtime, kernel, hint)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
-        _retrying(write)
+        self._retry(write)
         return audit_uuid
 
     # ---------------------------------------------------------------- reading
@@ -447,7 +522,7 @@ class Ledger:
                     [_params((run_id, t.nodeid, t.started_ns, t.finished_ns, t.outcome, t.worker))
                      for t in rows])
 
-        _retrying(write)
+        self._retry(write)
 
     def tests(self, run_uuid: str | None = None) -> list[TestWindow]:
         columns = _select_list("t.nodeid", "t.started_ns", "t.finished_ns", "t.outcome",
@@ -479,7 +554,7 @@ class Ledger:
                 conn.executemany("INSERT OR REPLACE INTO cache_roots (path, layout, last_scan_ns)"
                                  " VALUES (?, ?, ?)", rows)
 
-        _retrying(write)
+        self._retry(write)
 
     def known_roots(self) -> list[str]:
         return [r["path"] for r in _rows(self.conn, "SELECT path FROM cache_roots")]
@@ -496,7 +571,7 @@ class Ledger:
                     "INSERT OR REPLACE INTO seen_states (file_id, state_id) VALUES (?, ?)",
                     [(self._file_id(s.path), self._state_id(s)) for s in settled])
 
-        _retrying(write)
+        self._retry(write)
 
     def seen_states(self) -> list[FileState]:
         rows = _rows(self.conn,
@@ -636,7 +711,7 @@ class Ledger:
                     [_params((a.runtime, a.kernel, a.key, self._file_id(a.entry), a.record_uuid))
                      for a in rows])
 
-        _retrying(write)
+        self._retry(write)
 
     def findings(self, audit_uuid: str | None = None) -> list[Finding]:
         """The findings of one audit pass, by default the latest."""

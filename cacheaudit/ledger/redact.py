@@ -1,0 +1,68 @@
+"""What the ledger keeps of a command line: credentials redacted, by the environment's rules.
+
+A compile's argv (`-DHF_TOKEN=hf_...`), the command of the process that ran it
+(`train.py --github-token=ghp_...`) and a recording note can carry a credential as plainly as
+an environment variable, and the ledger and its spool are files that outlive the job. Every
+word goes through `envvars.redact_argv` (which judges names and values with `envvars.redact`)
+before it is sealed or stored; the record keeps which argv positions changed
+(`CompileRecord.redacted_argv`), so that nothing reruns a command that is not the one that ran.
+
+`CACHEAUDIT_REDACT_ARGV=0` (or `redact-argv = false` in `[tool.cacheaudit]`, which a recording
+session exports as that variable) keeps command lines verbatim; docs/security.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+
+from cacheaudit.envvars import redaction
+from cacheaudit.ledger.values import RunInfo
+from cacheaudit.model import ArgToken, CompileRecord
+
+REDACT_ARGV_VARIABLE = "CACHEAUDIT_REDACT_ARGV"
+"""Set to 0 (or false, no, off) to store command lines verbatim."""
+
+
+def argv_redaction(env: Mapping[str, str] | None = None) -> bool:
+    """Whether command lines are redacted under `env` (the process's environment by default)."""
+    value = (os.environ if env is None else env).get(REDACT_ARGV_VARIABLE, "")
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def redact_record(record: CompileRecord, env: Mapping[str, str] | None = None) -> CompileRecord:
+    """`record` as the ledger keeps it: argv, effective argv and notes redacted, the redacted
+    argv positions added to those already marked. The same record when nothing changed."""
+    if not argv_redaction(env):
+        return record
+    argv, changed = redaction.redact_argv(record.argv)
+    texts, _ = redaction.redact_argv([t.text for t in record.effective_argv])
+    effective = tuple(t if t.text == text else ArgToken(text, t.origin)
+                      for t, text in zip(record.effective_argv, texts, strict=True))
+    notes = tuple(redaction.redact("", note) for note in record.notes)
+    # Messages that may quote a command: the runtime's refusal, why there is no graph.
+    messages = {name: redaction.redact("", value) for name in ("runtime_error", "graph_problem")
+                if (value := getattr(record, name)) is not None}
+    if not changed and effective == record.effective_argv and notes == record.notes and all(
+            getattr(record, name) == value for name, value in messages.items()):
+        return record
+    marked = tuple(sorted(set(record.redacted_argv) | set(changed)))
+    return dataclasses.replace(record, argv=argv, effective_argv=effective, notes=notes,
+                               redacted_argv=marked, **messages)
+
+
+def redact_command(command: Sequence[str], env: Mapping[str, str] | None = None
+                   ) -> tuple[str, ...]:
+    """A command line as cacheaudit keeps or shows it (a run's command, `run --report-json`)."""
+    if not argv_redaction(env):
+        return tuple(command)
+    return redaction.redact_argv(command)[0]
+
+
+def redact_run(run: RunInfo, env: Mapping[str, str] | None = None) -> RunInfo:
+    """`run` with its command redacted (the runtime's process: `python train.py --token ...`)."""
+    if run.command is None:
+        return run
+    command = redact_command(run.command, env)
+    return dataclasses.replace(run, command=command) if command != run.command else run
