@@ -142,7 +142,7 @@ def test_evict_removes_the_stale_entry_and_the_next_request_compiles_what_a_fres
 
 
 def test_dry_run_changes_nothing_and_says_what_would_go(project: Project):
-    gemm, plain = stale_cache(project)
+    gemm, _ = stale_cache(project)
     project.once()
     cacheaudit(project, "scan", str(project.cache), "--fail-on", "never")  # the ledger settles
     before = tree_digest(project.cache)
