@@ -416,7 +416,7 @@ def stats(
         result = tally(paths or settings.paths, os.environ, ledger=opened, judge=judge,
                        progress=advance)
     if json_output:
-        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        sys.stdout.write(json.dumps(output.stats_dict(result), indent=2) + "\n")
     else:
         for line in output.stats_lines(result):
             typer.echo(line)

@@ -480,6 +480,11 @@ def evict_dict(result: EvictResult) -> dict[str, Any]:
             "outcomes": [o.to_dict() for o in result.outcomes], "summary": result.summary()}
 
 
+def stats_dict(stats: Stats) -> dict[str, Any]:
+    """`cacheaudit stats --json`: the plain value (wrapped in the JSON envelope by the caller)."""
+    return stats.to_dict()
+
+
 def stats_lines(stats: Stats) -> list[str]:
     """`cacheaudit stats`: a block per runtime and root, then the total."""
     def block(tally: Tally, title: str) -> list[str]:
