@@ -486,7 +486,8 @@ def stats_dict(stats: Stats) -> dict[str, Any]:
 
 
 def stats_lines(stats: Stats) -> list[str]:
-    """`cacheaudit stats`: a block per runtime and root, then the total."""
+    """`cacheaudit stats`: a block per runtime and root, then the total where there are
+    several."""
     def block(tally: Tally, title: str) -> list[str]:
         rate = "-" if tally.hit_rate is None else f"{tally.hit_rate:.1%}"
         marked = (f" ({tally.disk_hits_unrecorded} seen by a hit marker)"
@@ -505,5 +506,6 @@ def stats_lines(stats: Stats) -> list[str]:
         lines += block(tally, f"{tally.runtime} {tally.root}")
     if not stats.tallies:
         lines.append("no cache roots found")
-    lines += block(stats.total(), f"total: {len(stats.tallies)} runtime root(s)")
+    if len(stats.tallies) > 1:
+        lines += block(stats.total(), f"total: {len(stats.tallies)} runtime root(s)")
     return lines

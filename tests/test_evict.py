@@ -274,3 +274,13 @@ def test_progress_lines_come_at_most_every_ten_seconds():
     short = ProgressLines(quiet.append, clock=lambda: now[0])
     short(1, 1)
     assert quiet == [], "a scan shorter than the interval printed a line"
+
+
+def test_without_a_terminal_scans_report_progress_in_lines():
+    from cacheaudit import cli
+
+    assert not sys.stderr.isatty()  # pytest captures stderr: no terminal, as in CI
+    with cli._progress(True) as advance:
+        assert isinstance(advance, ProgressLines), advance
+    with cli._progress(False) as advance:
+        assert advance is None, "--no-progress still reported progress"
