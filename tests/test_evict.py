@@ -104,6 +104,8 @@ def test_evict_removes_the_stale_entry_and_the_next_request_compiles_what_a_fres
     assert served["event"] == "disk-hit" and served["digest"] != fresh, \
         "the truth: the runtime serves gemm's old binary after the header edit"
     plain_before = tree_digest(Path(plain["path"]))
+    killed = Path(gemm["path"]).parent / ".cacheaudit-evicted-0123"  # a killed evict's trash
+    _write(killed / "kernel.so", "half-deleted")
 
     done = cacheaudit(project, "evict", str(project.cache))
 

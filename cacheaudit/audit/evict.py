@@ -200,29 +200,32 @@ def _changed(entry: CacheEntry) -> bool:
                                                        binary.inode)
 
 
-def remove(paths: tuple[str, ...]) -> str:
-    """Remove an entry's paths in the layout's order; '' on success, else why not. A
-    directory goes by one rename to a sibling trash name, then is deleted; a file or a
-    symlink is unlinked. A trash directory that cannot be deleted is named in the answer."""
+def remove(paths: tuple[str, ...]) -> tuple[bool, str]:
+    """Remove an entry's paths in the layout's order: (whether the entry is gone from the
+    cache, what went wrong or ''). A directory goes by one rename to a sibling trash name, then
+    is deleted; a file or a symlink is unlinked. A trash directory that cannot be deleted
+    leaves the entry gone, and is named."""
     leftover: list[str] = []
     for position, path in enumerate(paths):
         if not os.path.lexists(path):
             if position == 0:
-                return f"{path} is gone already (removed since the scan)"
+                return False, f"{path} is gone already (removed since the scan)"
             continue
         try:
             if os.path.isdir(path) and not os.path.islink(path):
                 trash = os.path.join(os.path.dirname(path), TRASH_PREFIX + uuid.uuid4().hex)
                 os.rename(path, trash)
-                shutil.rmtree(trash, onerror=lambda _f, p, _e: leftover.append(p))
+                shutil.rmtree(trash, ignore_errors=True)
+                if os.path.lexists(trash):
+                    leftover.append(trash)
             else:
                 os.unlink(path)
         except OSError as exc:
-            return f"cannot remove {path}: {exc.strerror or exc}"
+            return position > 0, f"cannot remove {path}: {exc.strerror or exc}"
     if leftover:
-        return (f"the entry is gone, but {len(leftover)} of its files could not be deleted "
-                f"from its trash directory (first: {leftover[0]})")
-    return ""
+        return True, (f"its trash directory {leftover[0]} could not be deleted completely (the "
+                      "next evict here removes it)")
+    return True, ""
 
 
 def sweep_trash(directories: set[str]) -> None:
@@ -255,8 +258,8 @@ def _act(entry: CacheEntry, findings: tuple[Finding, ...], dry_run: bool) -> Out
     if _changed(entry):
         return Outcome(entry, findings, SKIPPED, paths, size,
                        "its binary changed since the scan judged it (rebuilt meanwhile)")
-    error = remove(paths)
-    return Outcome(entry, findings, FAILED if error else EVICTED, paths, size, error)
+    gone, problem = remove(paths)
+    return Outcome(entry, findings, EVICTED if gone else FAILED, paths, size, problem)
 
 
 def evict(targets: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None,

@@ -233,7 +233,7 @@ CREATE TABLE IF NOT EXISTS evictions (
     record_uuid TEXT,                       -- the compile record that finding is about
     codes TEXT NOT NULL,                    -- JSON list of every finding code that chose it
     outcome TEXT NOT NULL CHECK (outcome IN ('evicted', 'failed')),
-    error TEXT NOT NULL                     -- why it failed, '' when it was evicted
+    error TEXT NOT NULL                     -- why it failed, what stayed behind, or ''
 );
 
 CREATE INDEX IF NOT EXISTS evictions_by_entry ON evictions (entry, evicted_ns)
