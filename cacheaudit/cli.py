@@ -364,6 +364,11 @@ def evict(
 
     if severity not in ("error", "warning", "info"):
         raise UsageError(f"--severity must be error, warning or info, not {severity!r}")
+    from cacheaudit.spec import names
+
+    for name in runtime or ():
+        if name not in names():
+            raise UsageError(f"--runtime {name}: no such runtime ({', '.join(names())})")
     settings = _settings()
     selected = _codes(select) or _codes(settings.select)
     ignored = _codes(ignore) or _codes(settings.ignore)

@@ -174,6 +174,9 @@ def test_severity_select_runtime_and_entry_choose_what_goes(project: Project):
     other = json.loads(cacheaudit(project, "evict", str(project.cache), "--dry-run",
                                   "--runtime", "triton", "--json").stdout)
     assert other["outcomes"] == []
+    mistyped = cacheaudit(project, "evict", str(project.cache), "--runtime", "tritn")
+    assert mistyped.returncode == ExitCode.USAGE and "--runtime tritn" in mistyped.stderr
+    assert os.path.isdir(gemm["path"]), "a refused option evicted something"
     # An entry named on the command line (a file in it) narrows the choice to that entry.
     only_plain = cacheaudit(project, "evict", str(Path(plain["path"]) / "kernel.cu"),
                             "--severity", "warning")
