@@ -194,6 +194,9 @@ def test_a_path_outside_every_cache_root_is_refused_in_one_line(project: Project
         assert done.stderr.startswith(f"cacheaudit: error: {target}: "), done.stderr
     assert tree_digest(project.root / "third") == before
     assert os.path.isdir(gemm["path"])
+    between = cacheaudit(project, "evict", str(project.cache / "cache"))
+    assert between.returncode == ExitCode.USAGE, between.stdout + between.stderr
+    assert f"inside the cache root {project.cache} but in none of its entries" in between.stderr
 
 
 def test_an_entry_that_is_a_symlink_out_of_its_root_is_never_followed(project: Project):

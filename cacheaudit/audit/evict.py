@@ -126,6 +126,9 @@ def resolve_targets(targets: Sequence[str]) -> tuple[list[str], set[str] | None]
             continue
         entry = entry_at(absolute, cache)
         if entry is None:
+            if (root := _root_above(absolute)) is not None:
+                raise UsageError(f"{target}: inside the cache root {root} but in none of its "
+                                 "entries; give the root or an entry")
             raise UsageError(f"{target}: not inside a cache root of any known runtime; evict "
                              "removes entries of recognised cache roots only")
         if not _within(entry.path, os.path.realpath(entry.root)):
@@ -134,6 +137,17 @@ def resolve_targets(targets: Sequence[str]) -> tuple[list[str], set[str] | None]
         roots.append(entry.root)
         entries.add(entry.path)
     return list(dict.fromkeys(roots)), (entries if entries else None)
+
+
+def _root_above(path: str) -> str | None:
+    directory = os.path.dirname(path)
+    while True:
+        if any(layout.is_root(directory) for layout in all_layouts()):
+            return directory
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
 
 
 def chosen(result: ScanResult, options: EvictOptions,
