@@ -292,3 +292,38 @@ def test_without_a_terminal_scans_report_progress_in_lines():
         assert isinstance(advance, ProgressLines), advance
     with cli._progress(False) as advance:
         assert advance is None, "--no-progress still reported progress"
+
+
+def test_a_reader_listing_the_entry_sees_all_of_it_or_none_while_it_goes(tmp_path: Path):
+    import threading
+
+    from cacheaudit.audit.evict import remove
+
+    entry = tmp_path / "cache" / ("k." + "a" * 32)
+    names = {f"part{i:04d}.sass" for i in range(3000)} | {".committed", "kernel.so"}
+    entry.mkdir(parents=True)
+    for name in names:
+        (entry / name).write_bytes(b"x")
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                seen.append(len(os.listdir(entry)))
+            except FileNotFoundError:
+                seen.append(0)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        while not seen:
+            pass
+        gone, problem = remove((str(entry),))
+    finally:
+        stop.set()
+        thread.join()
+    assert (gone, problem) == (True, "")
+    assert not entry.exists() and os.listdir(tmp_path / "cache") == []
+    partial = sorted({n for n in seen if n not in (0, len(names))})
+    assert partial == [], f"a reader listed {entry} half removed: {partial[:5]} of {len(names)}"
