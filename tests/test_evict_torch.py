@@ -5,6 +5,7 @@ a build directory whose lock a process holds is left alone."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,6 +34,15 @@ def test_evict_rebuilds_a_stale_extension_and_leaves_a_locked_one_alone(tmp_path
     fresh_root.sysconst.write_text("#define SYS_CONST 200\n")
     [fresh] = fresh_root.run(fresh_root.load())
     assert fresh["value"] == 1200, "the truth: a fresh build answers 1200"
+
+    counted = subprocess.run([sys.executable, "-m", "cacheaudit", "stats", str(project.ext),
+                              "--json", "--ledger", str(project.ledger)], capture_output=True,
+                             text=True, env=project.env, cwd=project.root, timeout=300)
+    [row] = [t for t in json.loads(counted.stdout)["tallies"] if t["entries"]]
+    on_disk = sum(p.lstat().st_size for p in project.build_dir.rglob("*") if not p.is_dir())
+    assert (row["runtime"], row["entries"], row["bytes"]) == ("torch-ext", 1, on_disk), row
+    assert (row["compiles"], row["disk_hits"], row["memory_hits"], row["stale"]) == (
+        1, 1, 0, 1), row
 
     lock = project.build_dir / "lock"
     with open(lock, "w"):  # a build in progress holds its FileBaton open
