@@ -177,6 +177,10 @@ def test_severity_select_runtime_and_entry_choose_what_goes(project: Project):
     mistyped = cacheaudit(project, "evict", str(project.cache), "--runtime", "tritn")
     assert mistyped.returncode == ExitCode.USAGE and "--runtime tritn" in mistyped.stderr
     assert os.path.isdir(gemm["path"]), "a refused option evicted something"
+    # A root given whole beside an entry keeps every entry of the root.
+    both = json.loads(cacheaudit(project, "evict", str(project.cache), plain["path"],
+                                 "--dry-run", "--severity", "warning", "--json").stdout)
+    assert {o["entry"] for o in both["outcomes"]} == {gemm["path"], plain["path"]}
     # An entry named on the command line (a file in it) narrows the choice to that entry.
     only_plain = cacheaudit(project, "evict", str(Path(plain["path"]) / "kernel.cu"),
                             "--severity", "warning")

@@ -110,11 +110,12 @@ def _within(path: str, root_real: str) -> bool:
     return real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
 
 
-def resolve_targets(targets: Sequence[str]) -> tuple[list[str], set[str] | None]:
-    """(roots to scan, the entry paths asked for or None for every entry) from the command
-    line's targets: each a cache root or a path inside an entry. Anything else is a
-    UsageError naming it: evict never removes what no layout recognises."""
+def resolve_targets(targets: Sequence[str]) -> tuple[list[str], set[str], set[str]]:
+    """(roots to scan, the roots given whole, the entry paths given) from the command line's
+    targets: each a cache root or a path inside an entry. Anything else is a UsageError naming
+    it: evict never removes what no layout recognises."""
     roots: list[str] = []
+    whole: set[str] = set()
     entries: set[str] = set()
     cache = StateCache()
     for target in targets:
@@ -123,6 +124,7 @@ def resolve_targets(targets: Sequence[str]) -> tuple[list[str], set[str] | None]
             raise UsageError(f"{target}: no such file or directory")
         if any(layout.is_root(absolute) for layout in all_layouts()):
             roots.append(absolute)
+            whole.add(absolute)
             continue
         entry = entry_at(absolute, cache)
         if entry is None:
@@ -136,7 +138,7 @@ def resolve_targets(targets: Sequence[str]) -> tuple[list[str], set[str] | None]
                              f"{entry.root} (to {os.path.realpath(entry.path)}); not evicted")
         roots.append(entry.root)
         entries.add(entry.path)
-    return list(dict.fromkeys(roots)), (entries if entries else None)
+    return list(dict.fromkeys(roots)), whole, entries
 
 
 def _root_above(path: str) -> str | None:
@@ -282,8 +284,11 @@ def evict(targets: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | No
     """Scan the targets' roots (every default root when there are none), choose entries by
     `options`, remove them (or, with `dry_run`, say what would go), and log the pass."""
     options = options or EvictOptions()
-    roots, only = resolve_targets(targets)
+    roots, whole, entries = resolve_targets(targets)
     result = scan(roots, env, ledger=ledger, options=options.audit, progress=progress)
+    # Entries given narrow the choice to them, beside every entry of a root given whole.
+    only = None if not entries else entries | {e.path for e in result.entries
+                                               if e.root in whole}
     outcomes = [_act(entry, findings, options.dry_run)
                 for entry, findings in chosen(result, options, only)]
     evict_result = EvictResult(scan=result, outcomes=outcomes, dry_run=options.dry_run)
