@@ -458,7 +458,7 @@ def _utc(ns: int | None) -> str:
 def evict_lines(result: EvictResult) -> list[str]:
     """`cacheaudit evict`: a line per chosen entry (`STATUS PATH: CODE subject`, the reason
     indented below for a skipped or failed one), then the summary."""
-    lines = []
+    lines = [] if result.scan.roots else ["no cache roots found"]
     for outcome in result.outcomes:
         deciding = outcome.deciding
         codes = sorted({f.code for f in outcome.findings})
