@@ -302,9 +302,15 @@ def _cache_variables() -> list[str]:
 
 @contextlib.contextmanager
 def _progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
-    """A progress bar on stderr for scans long enough to want one, only on a terminal."""
-    if not enabled or not sys.stderr.isatty():
+    """A progress bar on stderr for scans long enough to want one on a terminal; elsewhere (a
+    CI log) a line at most every 10 s."""
+    if not enabled:
         yield None
+        return
+    if not sys.stderr.isatty():
+        from cacheaudit.progress import ProgressLines
+
+        yield ProgressLines(_stderr_line)
         return
     from rich.console import Console
     from rich.progress import Progress
@@ -317,6 +323,111 @@ def _progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
                 bar.update(task, completed=done, total=total)
 
         yield advance
+
+
+def _stderr_line(text: str) -> None:
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
+SeverityOption = Annotated[str, typer.Option(
+    "--severity", help="Evict entries with a finding of at least this severity: error, "
+    "warning or info.")]
+
+
+@app.command()
+def evict(
+    targets: Annotated[list[str] | None, typer.Argument(
+        metavar="[ROOT|ENTRY...]", help="Cache roots to scan, or entries (directories, or files "
+        "in them) to consider (default: every root the known runtimes would use).")] = None,
+    ledger: LedgerOption = None,
+    json_output: JsonOption = False,
+    select: Annotated[list[str] | None, typer.Option(
+        help="Only findings of these codes or code prefixes (CA101,CA2) choose entries.")] = None,
+    ignore: Annotated[list[str] | None, typer.Option(
+        help="Findings of these codes or code prefixes choose no entry.")] = None,
+    severity: SeverityOption = "error",
+    runtime: Annotated[list[str] | None, typer.Option(
+        "--runtime", help="Only entries of this runtime (repeatable).")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print what would be evicted, and change nothing.")] = False,
+    progress: Annotated[bool, typer.Option(help="Show progress on long scans.")] = True,
+) -> None:
+    """Remove the entries a scan finds stale, so that the runtime compiles them afresh: each
+    entry goes whole (renamed out of the way, then deleted), only inside recognised cache roots,
+    logged in the ledger."""
+    import json
+
+    from cacheaudit import output
+    from cacheaudit.audit import AuditOptions
+    from cacheaudit.audit.evict import EVICTED, WOULD_EVICT, EvictOptions
+    from cacheaudit.audit.evict import evict as run_evict
+    from cacheaudit.ledger import open_ledger
+    from cacheaudit.model import Severity
+
+    if severity not in ("error", "warning", "info"):
+        raise UsageError(f"--severity must be error, warning or info, not {severity!r}")
+    from cacheaudit.spec import names
+
+    for name in runtime or ():
+        if name not in names():
+            raise UsageError(f"--runtime {name}: no such runtime ({', '.join(names())})")
+    settings = _settings()
+    selected = _codes(select) or _codes(settings.select)
+    ignored = _codes(ignore) or _codes(settings.ignore)
+    _check_codes(selected, "--select")
+    _check_codes(ignored, "--ignore")
+    options = EvictOptions(
+        audit=AuditOptions(select=frozenset(selected), ignore=frozenset(ignored),
+                           reconstruct=settings.reconstruct, verify_keys=settings.verify_keys,
+                           include_dirs=tuple(settings.include_dirs)),
+        severity=Severity(severity), runtimes=frozenset(runtime or ()), dry_run=dry_run)
+    with open_ledger(_ledger_location(ledger, settings)) as opened, _progress(
+            progress and not json_output) as advance:
+        result = run_evict(targets or settings.paths, os.environ, ledger=opened,
+                           options=options, progress=advance)
+    if json_output:
+        sys.stdout.write(json.dumps(output.evict_dict(result), indent=2) + "\n")
+    else:
+        for line in output.evict_lines(result):
+            typer.echo(line)
+    done = WOULD_EVICT if dry_run else EVICTED
+    if any(o.status != done for o in result.outcomes):
+        raise typer.Exit(ExitCode.FINDINGS)
+
+
+@app.command()
+def stats(
+    paths: Annotated[list[str] | None, typer.Argument(
+        help="Cache roots (default: every root the known runtimes would use).")] = None,
+    ledger: LedgerOption = None,
+    json_output: JsonOption = False,
+    judge: Annotated[bool, typer.Option(
+        "--scan/--no-scan", help="Judge the entries to count the stale and unverifiable ones "
+        "(--no-scan: only count, faster).")] = True,
+    progress: Annotated[bool, typer.Option(help="Show progress on long scans.")] = True,
+) -> None:
+    """Per runtime and cache root: entries, bytes, recorded compiles, disk and memory hits and
+    the hit rate, stale and unverifiable entries, evictions, the oldest and newest entry."""
+    import json
+
+    from cacheaudit import output
+    from cacheaudit.audit.stats import stats as tally
+    from cacheaudit.ledger import open_existing
+
+    settings = _settings()
+    with contextlib.ExitStack() as stack:
+        opened = open_existing(_ledger_location(ledger, settings))
+        if opened is not None:
+            stack.enter_context(opened)
+        advance = stack.enter_context(_progress(progress and judge and not json_output))
+        result = tally(paths or settings.paths, os.environ, ledger=opened, judge=judge,
+                       progress=advance)
+    if json_output:
+        sys.stdout.write(json.dumps(output.stats_dict(result), indent=2) + "\n")
+    else:
+        for line in output.stats_lines(result):
+            typer.echo(line)
 
 
 @app.command()

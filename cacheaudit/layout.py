@@ -8,7 +8,9 @@ does); the registry (`cacheaudit.runtimes`) lists them.
 
 Readers only read: every file is opened O_RDONLY (through `StateCache.capture` or `read_file`),
 directories are listed with os.scandir, nothing is created, touched or removed, and no compiler
-is run.
+is run. Eviction (`cacheaudit evict`) asks a layout two questions, `evict_paths` and
+`eviction_blocker`, and does the removing itself (`cacheaudit.audit.evict`): a layout only names
+what makes up an entry.
 """
 
 from __future__ import annotations
@@ -48,6 +50,21 @@ class Layout:
         root, which holds the temporary build directories of runtimes that build in
         `<root>/tmp/...` and rename into place, and the entry itself."""
         return (entry.root,)
+
+    def evict_paths(self, entry: CacheEntry) -> tuple[str, ...]:
+        """What to remove so that the runtime's next lookup of `entry` misses and compiles
+        afresh, the path whose removal makes the miss first; the evictor renames a directory
+        out of the way in one step (a reader sees the whole entry or none of it) and unlinks a
+        file. Default: the entry's own path, a directory (DeepJIT, DeepGEMM, a Triton key
+        directory with its `__grp__` file, a torch build directory with its objects and ninja
+        logs) or a file (cuda.core). A runtime whose entry has parts beside its path (CuPy's
+        saved `.cu` source) names them after it."""
+        return (entry.path,)
+
+    def eviction_blocker(self, entry: CacheEntry) -> str | None:
+        """Why `entry` must not be evicted now (a build in progress owns it), or None. Default:
+        None, for runtimes that build elsewhere and publish by a rename."""
+        return None
 
 
 JSON_LIMIT = bounded.CACHE_FILE_BYTES

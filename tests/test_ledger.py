@@ -172,7 +172,8 @@ def test_schema_is_created_through_recorded_migrations_in_wal_mode(tmp_path):
     conn = sqlite3.connect(path)
     applied = [r[0] for r in conn.execute(
         "SELECT name FROM _sqlite_migrations WHERE migration_set = 'cacheaudit'")]
-    assert applied == ["0001_initial", "0002_records_by_run_and_test", "0003_entry_identity"]
+    assert applied == ["0001_initial", "0002_records_by_run_and_test", "0003_entry_identity",
+                       "0004_evictions"]
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == (
         str(SCHEMA_VERSION))
@@ -349,7 +350,7 @@ def test_a_version_1_ledger_is_upgraded_by_a_reader_and_keeps_its_records(tmp_pa
             "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
     assert {"records_by_run", "records_by_test", "records_by_sources", "records_by_outputs",
             "graph_files_by_state", "file_states_by_digest"} <= indexes
-    assert version == str(SCHEMA_VERSION) == "3"
+    assert version == str(SCHEMA_VERSION) == "4"
 
 
 def test_upgrading_to_version_3_forgets_the_entries_scans_gave_shim_records(tmp_path):
@@ -372,6 +373,28 @@ def test_upgrading_to_version_3_forgets_the_entries_scans_gave_shim_records(tmp_
     assert upgraded[shim.record_id].entry is None
     assert upgraded[shim.record_id].key == "k"  # what the scan learnt besides is kept
     assert upgraded[adapter.record_id].entry == "/c/b"
+
+
+def test_a_version_3_ledger_gains_the_evictions_table_and_keeps_its_records(tmp_path):
+    path = str(tmp_path / "ledger.db")
+    record = _record("a")
+    with Ledger.open(path) as ledger:
+        ledger.add_records([record], RUN)
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE evictions")
+    conn.execute("DELETE FROM _sqlite_migrations WHERE name = '0004_evictions'")
+    conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with Ledger.open(path, create=False) as ledger:
+        assert ledger.record(record.record_id) is not None
+        assert ledger.count("evictions") == 0
+        indexes = {r[0] for r in ledger.conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index'")}
+        version = ledger.conn.execute(
+            "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+    assert "evictions_by_entry" in indexes
+    assert version == "4"
 
 
 def test_identity_candidates_are_found_by_entry_source_and_output(tmp_path):

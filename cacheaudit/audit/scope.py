@@ -205,7 +205,7 @@ def audit_scope(ledger: Ledger, scope: Scope, env: Mapping[str, str], *,
     opened = observation.opened(scope)
     marked = {e.path for e in entries if scope.within(e.committed_ns)}
     hit_since_built = {e.path for e in entries if e.path in built and e.path in marked
-                       and _marked_after_build(e)}
+                       and marked_after_build(e)}
     hit_unrecorded = marked | set(opened)
     answerable |= hit_unrecorded
     unobserved = {e.path: reason for e in entries if e.path not in answerable
@@ -236,7 +236,7 @@ def audit_scope(ledger: Ledger, scope: Scope, env: Mapping[str, str], *,
                      unobserved=served_unseen)
 
 
-def _marked_after_build(entry: CacheEntry) -> bool:
+def marked_after_build(entry: CacheEntry) -> bool:
     """Whether the hit marker of an entry the scope built was touched by a later hit, not by the
     build's own commit. A runtime that writes its marker and then renames the entry directory
     into place (DeepJIT) leaves the marker no newer than the directory's ctime; only a hit makes

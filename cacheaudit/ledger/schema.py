@@ -40,7 +40,8 @@ APPLICATION_ID = 0x43414144  # "CAAD": lets `file` and our own open() tell a led
 #      sources and outputs, graph members by state, states by digest); the entries that scans
 #      before it attributed to shim records by the binary's digest alone are forgotten (made
 #      again by the next scan, by the identity rule of docs/design.md).
-SCHEMA_VERSION = 3
+#   4: evictions, what `cacheaudit evict` removed (or failed to remove) and the finding why.
+SCHEMA_VERSION = 4
 
 SCHEMA = """
 -- Properties of this ledger file: schema_version, ledger_id, created_at, created_by.
@@ -221,12 +222,36 @@ CREATE TABLE IF NOT EXISTS cache_roots (
 CREATE TABLE IF NOT EXISTS seen_states (
     file_id INTEGER PRIMARY KEY REFERENCES files(id),
     state_id INTEGER NOT NULL REFERENCES file_states(id)
-)
+);
+
+-- Entries `cacheaudit evict` removed, or tried to: one row per entry and pass. The findings that
+-- chose the entry are in findings under the same audit_uuid.
+CREATE TABLE IF NOT EXISTS evictions (
+    id INTEGER PRIMARY KEY,
+    audit_uuid TEXT NOT NULL,               -- the evict pass, as findings.audit_uuid
+    run_id INTEGER NOT NULL REFERENCES runs(id),  -- the evict command's run (label 'evict')
+    evicted_ns INTEGER NOT NULL,            -- wall clock when the entry went (or the try failed)
+    runtime TEXT NOT NULL,
+    layout TEXT NOT NULL,
+    root TEXT NOT NULL,                     -- the cache root the entry lay in
+    entry TEXT NOT NULL,                    -- the entry's path
+    kernel TEXT,
+    key TEXT,
+    bytes INTEGER NOT NULL,                 -- what its files held on disk before the eviction
+    code TEXT NOT NULL,                     -- the deciding finding: the most severe, first
+    subject TEXT NOT NULL,                  -- that finding's subject (the changed file, ...)
+    record_uuid TEXT,                       -- the compile record that finding is about
+    codes TEXT NOT NULL,                    -- JSON list of every finding code that chose it
+    outcome TEXT NOT NULL CHECK (outcome IN ('evicted', 'failed')),
+    error TEXT NOT NULL                     -- why it failed, what stayed behind, or ''
+);
+
+CREATE INDEX IF NOT EXISTS evictions_by_entry ON evictions (entry, evicted_ns)
 """
 
 
 _TABLES = ("meta", "runs", "files", "file_states", "graphs", "graph_files", "compilers", "blobs",
-           "records", "findings", "seen_states", "tests", "cache_roots")
+           "records", "findings", "seen_states", "tests", "cache_roots", "evictions")
 
 
 def _statements(schema: str) -> list[str]:
@@ -274,12 +299,23 @@ def _build_migrations() -> Any:
         db.conn.execute("UPDATE records SET entry_id = NULL WHERE observer LIKE 'shim:%'")
         db.conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
 
+    @migrations(name="0004_evictions")
+    def evictions(db: sqlite_utils.Database) -> None:
+        # New ledgers have the table from SCHEMA already; IF NOT EXISTS makes this a no-op there.
+        for statement in _EVICTION_STATEMENTS:
+            db.conn.execute(statement)
+        db.conn.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+
     return migrations
 
 
 _IDENTITY_INDEXES = [s for s in _statements(SCHEMA) if s.startswith("CREATE INDEX") and any(
     name in s for name in ("records_by_sources", "records_by_outputs", "graph_files_by_state",
                            "file_states_by_digest"))]
+
+
+_EVICTION_STATEMENTS = [s for s in _statements(SCHEMA)
+                        if "EXISTS evictions (" in s or " ON evictions (" in s]
 
 
 class _LazyMigrations:

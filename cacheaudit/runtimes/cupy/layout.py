@@ -138,6 +138,11 @@ class CupyReader(Layout):
         except OSError:
             return False
 
+    def evict_paths(self, entry: CacheEntry) -> tuple[str, ...]:
+        """The entry file first (CuPy's lookup reads only it), then the source CuPy saved beside
+        it under CUPY_CACHE_SAVE_CUDA_SOURCE, which nothing reads without the entry."""
+        return (entry.path, entry.path + ".cu")
+
     def read(self, root: str, cache: StateCache) -> Iterator[CacheEntry | CacheLeftover]:
         try:
             listing = scandir_sorted(root)

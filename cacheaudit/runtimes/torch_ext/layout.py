@@ -213,6 +213,23 @@ class TorchExtReader(Layout):
             return
         yield from self._level(root, root, cache, descend=True)
 
+    def eviction_blocker(self, entry: CacheEntry) -> str | None:
+        """A build directory whose `lock` a process holds (or may hold: /proc cannot say) is
+        being built: ninja and torch's import go on writing and loading by its path, so moving
+        it away would fail that build. The whole directory is what evicting removes (the
+        default `evict_paths`): the library alone would only be relinked from the stale objects
+        that `.ninja_log` still calls up to date."""
+        lock = os.path.join(entry.path, LOCK)
+        if not os.path.lexists(lock):
+            return None
+        holders = lock_holders(lock)
+        if holders is None:
+            return f"{LOCK} exists and /proc cannot say whether a build holds it"
+        if holders:
+            return (f"a build holds its {LOCK} (pid {', '.join(map(str, holders))}): evict it "
+                    "when the build is done")
+        return None
+
     def _level(self, root: str, path: str, cache: StateCache, *, descend: bool
                ) -> Iterator[CacheEntry | CacheLeftover]:
         """The extension directories in `path`; with `descend`, also those one py<XY>_<acc>
