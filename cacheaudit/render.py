@@ -117,8 +117,9 @@ def wrap(text: str, width: int, first: str = "", rest: str | None = None) -> lis
 
 def evidence(label: str, value: str, width: int, style: str = "") -> list[Line]:
     """`    label     value`, the value wrapped under itself."""
-    first = f"{INDENT}{label:<{LABEL_WIDTH}}"
-    lines = wrap(value, width, first, " " * len(first))
+    first = f"{INDENT}{label:<{LABEL_WIDTH}}" if len(label) < LABEL_WIDTH else (
+        f"{INDENT}{label} ")
+    lines = wrap(value, width, first, " " * (len(INDENT) + LABEL_WIDTH))
     label_span = (len(INDENT), len(INDENT) + len(label), "dim")
     out = [Line(lines[0], (label_span,) + (((len(first), len(lines[0]), style),) if style
                                            else ()))]
@@ -377,8 +378,9 @@ def markdown(findings: Sequence[Finding], scope: Sequence[str], view: View) -> s
 
 
 def _md(text: str) -> str:
-    """Recorded text inside Markdown prose: markup characters kept literal, one line."""
-    return re.sub(r"([\\`*_\[\]<>|#])", r"\\\1", text).replace("\n", " ")
+    """Recorded text inside Markdown prose: markup characters kept literal, one line. An
+    underscore inside a word is literal in GitHub's Markdown, and paths stay readable."""
+    return re.sub(r"([\\`*\[\]<>|#])", r"\\\1", text).replace("\n", " ")
 
 
 def _md_code(text: str) -> str:

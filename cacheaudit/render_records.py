@@ -38,7 +38,8 @@ def record_block(record: Any, view: View) -> list[Line]:
     inputs) as evidence lines."""
 
     where = record.entry or ", ".join(s.path for s in record.sources) or "-"
-    name = " ".join(part for part in (record.runtime, record.kernel) if part) or "a compile"
+    name = " ".join(part for part in (record.runtime, "kernel" if record.kernel else "",
+                                      record.kernel) if part) or "a compile"
     head = f"{where}: {name}, {record.event} at {ns_text(record.started_ns)}"
     lines = [Line(t, ((0, len(where), "bold"),) if i == 0 else ())
              for i, t in enumerate(wrap(head, view.width, "", INDENT))]

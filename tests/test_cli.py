@@ -51,8 +51,9 @@ def test_report_table_names_kernel_compiler_and_injected_environment(
                  env={"CPATH": str(header_tree / "cpath")})
     shown = cacheaudit("report", env=dict(shim_env.env, COLUMNS="200"))
     assert shown.returncode == 0, shown.stderr
-    assert "1 recorded compile(s)" in shown.stdout
-    assert ":k" in shown.stdout and "g++" in shown.stdout
+    assert shown.stdout.rstrip().endswith("cacheaudit: 1 recorded compile")
+    assert f"{header_tree / 'src' / 'k.cpp'}: kernel k, compile at " in shown.stdout
+    assert "g++" in shown.stdout
     assert f"CPATH={header_tree / 'cpath'}" in shown.stdout
 
 
