@@ -42,6 +42,8 @@ ENTRIES_SHOWN = 10
 """Entries a collapsed group lists without `--verbose`; the rest are counted and located."""
 
 INDENT = "    "
+OVERFLOW_INDENT = INDENT + "  "
+"""Where a path too long for the value column starts instead."""
 LABEL_WIDTH = 10
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _VARIABLE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -119,12 +121,28 @@ def evidence(label: str, value: str, width: int, style: str = "") -> list[Line]:
     """`    label     value`, the value wrapped under itself."""
     first = f"{INDENT}{label:<{LABEL_WIDTH}}" if len(label) < LABEL_WIDTH else (
         f"{INDENT}{label} ")
-    lines = wrap(value, width, first, " " * (len(INDENT) + LABEL_WIDTH))
+    lines = _fit(wrap(value, width, first, " " * (len(INDENT) + LABEL_WIDTH)), width)
     label_span = (len(INDENT), len(INDENT) + len(label), "dim")
     out = [Line(lines[0], (label_span,) + (((len(first), len(lines[0]), style),) if style
                                            else ()))]
     out += [Line(text, ((0, len(text), style),) if style else ()) for text in lines[1:]]
     return out
+
+
+def _fit(lines: list[str], width: int) -> list[str]:
+    """A word too long for the value column (a path) moves to a line of its own, indented
+    less, where that lets it fit the width whole; one that fits nowhere overflows."""
+    fitted = []
+    for line in lines:
+        word = line.split()[-1] if line.strip() else ""
+        if len(line) <= width or len(OVERFLOW_INDENT) + len(word) > width:
+            fitted.append(line)
+            continue
+        stem = line[:len(line) - len(word)].rstrip()
+        if stem:
+            fitted.append(stem)
+        fitted.append(OVERFLOW_INDENT + word)
+    return fitted
 
 
 def emit(lines: Iterable[Line], console: Console) -> None:
@@ -203,10 +221,12 @@ def _docs(code: str) -> str:
 
 
 def _hint(group_: Group) -> str:
+    """The finding's hint; for a group, about each of its entries (listed above it)."""
     finding = group_.finding
-    entries = group_.entries
-    if len(entries) > 1 and finding.entry:
-        return _generic_hint(finding).replace("{entry}", f"each of the {len(entries)} entries")
+    if len(group_.entries) > 1 and finding.entry:
+        return (_generic_hint(finding).replace("the entry ({entry})", "each entry listed")
+                .replace("({entry})", "(each entry listed)")
+                .replace("{entry}", "each entry listed"))
     return finding.hint
 
 
@@ -218,7 +238,8 @@ def _entry_lines(entries: Sequence[str], where: str, view: View) -> list[Line]:
     shown = entries if view.verbose or len(entries) <= ENTRIES_SHOWN + 1 else (
         entries[:ENTRIES_SHOWN])
     lines = evidence("entries", f"{len(entries)}:", view.width)
-    lines += [Line(f"{INDENT}{' ' * LABEL_WIDTH}{path}") for path in shown]
+    lines += [Line(text) for path in shown
+              for text in _fit([f"{INDENT}{' ' * LABEL_WIDTH}{path}"], view.width)]
     left = len(entries) - len(shown)
     if left:
         places = sorted({os.path.dirname(path) for path in entries[len(shown):]})
