@@ -393,7 +393,8 @@ def markdown(findings: Sequence[Finding], scope: Sequence[str], view: View) -> s
             lines.append(f"  - served to: {_md(', '.join(group_.tests))}")
         if finding.hint:
             lines.append(f"  - fix: {_md(_hint(group_))}")
-        lines.append(f"  - docs: [{finding.code}]({_docs(finding.code)})")
+        # Not a link: relative to a pull request's page it would lead nowhere.
+        lines.append(f"  - docs: `{_docs(finding.code)}`")
     lines.append("")
     return "\n".join(lines)
 
