@@ -395,7 +395,7 @@ def many() -> Iterator[tuple[Demo, list[str]]]:
         demo = _make_demo(workdir)
         entries = [str(demo.entry)]
         for number in range(1, 400):
-            key = hashlib.md5(f"k{number}".encode()).hexdigest()  # noqa: S324 - a name
+            key = hashlib.md5(f"k{number}".encode()).hexdigest()
             copy = demo.entry.parent / f"scaled_tile.{key}"
             shutil.copytree(demo.entry, copy, copy_function=shutil.copy2)
             entries.append(str(copy))
