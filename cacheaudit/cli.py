@@ -61,6 +61,10 @@ def _console(color: str = "auto", *, stderr: bool = False) -> Console:
         raise UsageError(str(exc)) from exc
 
 
+def _stderr_console(color: str = "auto") -> Console:
+    return _console(color, stderr=True)
+
+
 def _format(value: str | None, json_output: bool, default: str = "full") -> str:
     """The output format: `--json` is json; `--format table` (the old name) is full."""
     from cacheaudit.render import output_format
@@ -432,7 +436,7 @@ def run(
     if chosen == "json":
         raise UsageError("run prints its report on stderr, beside the command's output: "
                          "write the JSON report to a file with --report-json FILE")
-    console = _console(color, stderr=True)
+    console = _stderr_console(color)
     if report_json is not None:
         _check_writable(report_json)
     outcome = runner.run_recorded(command, ledger=_ledger_location(ledger))
