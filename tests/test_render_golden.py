@@ -14,6 +14,7 @@ cache, and that fresh binary differs from the one the runtime served.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -446,13 +447,15 @@ def test_under_tmux_at_80_columns_no_path_is_broken(demo: Demo, command: str):
     """A real terminal 80 columns wide (rich asks it for its size): every path the findings
     name, and the entry's, is on one screen line whole."""
     assert len(str(demo.entry)) < 80 - 6, "the temporary directory is too long for the check"
-    socket = f"cacheaudit-{uuid.uuid4().hex[:8]}"
+    # A private server whose socket lives (and is removed) with the demo's directory.
+    socket = str(demo.workdir / f"tmux-{uuid.uuid4().hex[:8]}")
     target = str(demo.entry) if command == "explain" else str(demo.workdir / "cache")
     env = " ".join(f"{name}={shlex.quote(value)}" for name, value in demo.env.items()
                    if name not in ("TMUX", "TERM"))
     shell = (f"env -i {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m cacheaudit "
-             f"{command} {shlex.quote(target)}; tmux -L {socket} wait-for -S finished; sleep 60")
-    base = [TMUX, "-L", socket, "-f", os.devnull]
+             f"{command} {shlex.quote(target)}; "
+             f"tmux -S {shlex.quote(socket)} wait-for -S finished; sleep 60")
+    base = [TMUX, "-S", socket, "-f", os.devnull]
     try:
         subprocess.run([*base, "new-session", "-d", "-x", "80", "-y", "50", "-s", "ca", shell],
                        check=True, timeout=30)
@@ -462,6 +465,8 @@ def test_under_tmux_at_80_columns_no_path_is_broken(demo: Demo, command: str):
                                 check=True, capture_output=True, text=True, timeout=30).stdout
     finally:
         subprocess.run([*base, "kill-server"], capture_output=True, timeout=30)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket)
     as_json = json.loads(demo.cacheaudit("scan", str(demo.workdir / "cache"), "--json").stdout)
     paths = {str(demo.entry)} | {f["subject"] for f in as_json["findings"]
                                  if f["subject"].startswith("/")}
