@@ -286,7 +286,7 @@ class _Session:
         if report is None:
             return
         for line in _section(report, self.ledger, _width(terminalreporter)):
-            write(line.text, **_markup(line))
+            write(line.shown, **_markup(line))
         if self.failed:
             write(f"cacheaudit: failing the session (--cacheaudit-fail-on={self.fail_on})",
                   red=True, bold=True)

@@ -92,13 +92,41 @@ class Line:
     text: str
     spans: tuple[tuple[int, int, str], ...] = ()
 
+    @property
+    def shown(self) -> str:
+        return printable(self.text)
+
     def rich(self) -> Text:
         from rich.text import Text
 
-        styled = Text(self.text, no_wrap=True, overflow="ignore")
+        styled = Text(self.shown, no_wrap=True, overflow="ignore")
         for start, end, style in self.spans:
             styled.stylize(style, start, end)
         return styled
+
+
+def printable(text: str) -> str:
+    """`text` as a terminal or a UTF-8 file takes it: the bytes of a name that are not UTF-8
+    (held as surrogates, as `os.fsdecode` gives them) are shown as `\\xff` escapes instead of
+    failing the output."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        try:
+            return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:
+            return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _printable_data(value: Any) -> Any:
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable(k): _printable_data(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable_data(v) for v in value]
+    return value
 
 
 def wrap(text: str, width: int, first: str = "", rest: str | None = None) -> list[str]:
@@ -151,7 +179,7 @@ def emit(lines: Iterable[Line], console: Console) -> None:
 
 
 def plain(lines: Iterable[Line]) -> str:
-    return "".join(line.text + "\n" for line in lines)
+    return "".join(line.shown + "\n" for line in lines)
 
 
 # ------------------------------------------------------------------------------ groups
@@ -364,7 +392,7 @@ def render(findings: Sequence[Finding], scope: Sequence[str], view: View,
         return
     text = {"markdown": markdown, "github": github, "sarif": sarif}[view.format](
         findings, scope, view)
-    console.file.write(text)
+    console.file.write(printable(text))
 
 
 def markdown(findings: Sequence[Finding], scope: Sequence[str], view: View) -> str:
@@ -505,5 +533,7 @@ def sarif_log(findings: Sequence[Finding], scope: Sequence[str] = ()) -> dict[st
 
 
 def sarif(findings: Sequence[Finding], scope: Sequence[str], view: View) -> str:
-    return json.dumps(sarif_log(findings, scope), indent=2, ensure_ascii=False) + "\n"
+    # URIs carry a name's bytes percent-encoded; text shows them as escapes.
+    return json.dumps(_printable_data(sarif_log(findings, scope)), indent=2,
+                      ensure_ascii=False) + "\n"
 

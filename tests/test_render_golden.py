@@ -472,3 +472,33 @@ def test_under_tmux_at_80_columns_no_path_is_broken(demo: Demo, command: str):
                                  if f["subject"].startswith("/")}
     assert "CA101 error" in screen, screen
     assert not _paths_whole(screen, sorted(paths)), screen
+
+
+def test_a_name_that_is_not_utf8_is_shown_escaped_in_every_format():
+    """Entry and file names are bytes: one that is not UTF-8 (held as surrogates) must not fail
+    an output that is UTF-8 and strict; it is shown as `\\xff`, and SARIF's URI keeps the byte
+    percent-encoded."""
+    import io
+
+    from rich.console import Console
+
+    from cacheaudit.model import Finding
+    from cacheaudit.render import View, render
+
+    header, entry = os.fsdecode(b"/src/x\xff/k.h"), os.fsdecode(b"/cache/e\xfe")
+    finding = Finding("CA101", header, "changed", entry=entry, recorded="a", current="b",
+                      how="hash", hint=f"evict the entry ({entry})")
+    for output_format in ("full", "concise", "markdown", "github", "sarif"):
+        buffer = io.BytesIO()
+        stream = io.TextIOWrapper(buffer, encoding="utf-8", errors="strict")
+        render([finding], ["scanned"], View(format=output_format),
+               Console(file=stream, color_system=None, soft_wrap=True))
+        stream.flush()
+        shown = buffer.getvalue().decode("utf-8")
+        if output_format == "sarif":
+            [result] = json.loads(shown)["runs"][0]["results"]
+            uri = result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
+            assert uri == "file:///src/x%FF/k.h" and result["properties"]["entry"] == (
+                "/cache/e\\xfe")
+            continue
+        assert "/src/x\\xff/k.h" in shown and "/cache/e\\xfe" in shown, output_format
