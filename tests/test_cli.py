@@ -159,6 +159,20 @@ def test_report_prints_recorded_text_literally(tmp_path: Path):
     assert "odd [red]note[/red]" in shown.stdout
 
 
+def test_report_says_how_many_of_how_many_it_shows(tmp_path: Path):
+    """`--limit` cuts the list: the summary says so instead of passing 2 for all."""
+    _ledger_with(tmp_path / "l.db", *(_compile(kernel=f"k{n}", started_ns=(1_700_000_000 + n)
+                                               * 10**9) for n in range(3)))
+    shown = cacheaudit("report", "--ledger", str(tmp_path / "l.db"), "--limit", "2",
+                       env=dict(os.environ, COLUMNS="200"))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.rstrip().splitlines()[-1] == (
+        "cacheaudit: the last 2 of 3 recorded compiles (--limit shows more)")
+    assert "deepjit kernel k1" in shown.stdout and "deepjit kernel k0" not in shown.stdout
+    every = cacheaudit("report", "--ledger", str(tmp_path / "l.db"), "--quiet")
+    assert every.stdout == "cacheaudit: 3 recorded compiles\n"
+
+
 def test_report_on_an_empty_file_asks_for_a_scan(tmp_path: Path):
     (tmp_path / "empty.db").touch()
     shown = cacheaudit("report", "--ledger", str(tmp_path / "empty.db"))
