@@ -16,7 +16,7 @@ from cacheaudit.exceptions import CacheAuditError, ExitCode, UsageError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from cacheaudit import audit
+    from cacheaudit import audit, render
     from cacheaudit.config import Settings
     from cacheaudit.ledger import Ledger
 
@@ -38,12 +38,49 @@ LedgerOption = Annotated[
                  help="Ledger file (default: $XDG_CACHE_HOME/cacheaudit/ledger.db)."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+OutputFormatOption = Annotated[str | None, typer.Option(
+    "--output-format", "--format", metavar="FORMAT",
+    help="full (the default: a block per finding), concise (a line per finding), json, "
+    "markdown, github (workflow annotations) or sarif (SARIF 2.1.0); --json is "
+    "--output-format json, and --format table is full.")]
+QuietOption = Annotated[bool, typer.Option(
+    "--quiet", "-q", help="Only the summary, and nothing at all when there is no finding.")]
+VerboseOption = Annotated[bool, typer.Option(
+    "--verbose", "-v", help="List every entry of findings that concern many.")]
+ColorOption = Annotated[str, typer.Option(
+    "--color", metavar="WHEN", help="Colour: auto (on a terminal, unless NO_COLOR is set or "
+    "FORCE_COLOR asks for it), always or never.")]
 
 
-def _console() -> Console:
-    from rich.console import Console
+def _console(color: str = "auto", *, stderr: bool = False) -> Console:
+    from cacheaudit.render import make_console
 
-    return Console()
+    try:
+        return make_console(color, stderr=stderr)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _stderr_console(color: str = "auto") -> Console:
+    return _console(color, stderr=True)
+
+
+def _format(value: str | None, json_output: bool, default: str = "full") -> str:
+    """The output format: `--json` is json; `--format table` (the old name) is full."""
+    from cacheaudit.render import output_format
+
+    if json_output:
+        return "json"
+    try:
+        return output_format(value or default)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _view(chosen: str, console: Console, verbose: bool, quiet: bool) -> render.View:
+    from cacheaudit.render import View
+
+    return View(format=chosen, width=console.width, verbose=verbose, quiet=quiet)
 
 
 def _settings() -> Settings:
@@ -88,33 +125,46 @@ def report(
     runtime: Annotated[str | None, typer.Option(help="Only this runtime.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest last.")] = 50,
     graph: Annotated[bool, typer.Option("--graph", help="With --json: list every input.")] = False,
+    output_format: Annotated[str | None, typer.Option(
+        "--output-format", "--format", metavar="FORMAT",
+        help="full (a block per record), concise (a line per record) or json.")] = None,
+    quiet: QuietOption = False,
+    color: ColorOption = "auto",
 ) -> None:
     """The recorded compiles with the four answers per kernel."""
     from cacheaudit import output
     from cacheaudit.ledger import open_existing
+    from cacheaudit.render_records import records_lines
 
+    chosen = _format(output_format, json_output)
+    if chosen not in ("full", "concise", "json"):
+        raise UsageError(f"report --output-format must be full, concise or json, not {chosen}")
     location = _ledger_location(ledger)
     opened = open_existing(location)
     if opened is None:
         typer.echo(f"no ledger at {location} yet: nothing has been recorded there", err=True)
-        if json_output:
+        if chosen == "json":
             sys.stdout.write(output.records_json([]) + "\n")
         return
     with opened:
         records = opened.recent_records(kernel=kernel, runtime=runtime, limit=limit)
-    if json_output:
+        total = opened.count("records") if kernel is None and runtime is None else None
+    if chosen == "json":
         sys.stdout.write(output.records_json(records, with_graph=graph) + "\n")
-    else:
-        output.render_records(records, _console())
+        return
+    console = _console(color)
+    _emit(records_lines(records, _view(chosen, console, False, quiet), total), console)
+
+
+def _emit(lines: list[render.Line], console: Console) -> None:
+    from cacheaudit.render import emit
+
+    emit(lines, console)
 
 
 FailOnOption = Annotated[str | None, typer.Option(
     "--fail-on", help="Exit 1 when a finding reaches this severity: error, warning, info, never "
     "(default error, or [tool.cacheaudit] fail-on).")]
-FormatOption = Annotated[str, typer.Option(
-    "--format", help="table, json or markdown.")]
-
-
 YesOption = Annotated[bool, typer.Option(
     "--yes", help="Run compile commands from records this user did not seal (another user's "
     "ledger, a record changed after it was written); see them first with `verify --dry-run`.")]
@@ -140,8 +190,11 @@ def scan(
     paths: Annotated[list[str] | None, typer.Argument(
         help="Cache roots to scan (default: every root the known runtimes would use).")] = None,
     ledger: LedgerOption = None,
-    output_format: FormatOption = "table",
+    output_format: OutputFormatOption = None,
     json_output: JsonOption = False,
+    quiet: QuietOption = False,
+    verbose: VerboseOption = False,
+    color: ColorOption = "auto",
     fail_on: FailOnOption = None,
     select: Annotated[list[str] | None, typer.Option(
         help="Only these codes or code prefixes (CA101,CA2).")] = None,
@@ -171,9 +224,7 @@ def scan(
     fail_on = fail_on or settings.fail_on
     if problem := fail_on_problem(fail_on, "--fail-on"):
         raise UsageError(problem)
-    output_format = "json" if json_output else output_format
-    if output_format not in ("table", "json", "markdown"):
-        raise UsageError(f"--format must be table, json or markdown, not {output_format!r}")
+    chosen = _format(output_format, json_output)
     selected = _codes(select) or _codes(settings.select)
     ignored = _codes(ignore) or _codes(settings.ignore)
     _check_codes(selected, "--select")
@@ -186,29 +237,32 @@ def scan(
         + tuple(settings.include_dirs))
     from cacheaudit.ledger import open_ledger
 
-    console = _console()
+    console = _console(color)
     with open_ledger(_ledger_location(ledger, settings)) as opened, _progress(
-            progress and output_format == "table") as advance:
+            progress and chosen in ("full", "concise")) as advance:
         result = audit.scan(paths or settings.paths, os.environ, ledger=opened, options=options,
                             progress=advance)
         if verify:
             result = _verify_scan(result, opened, yes)
-    summary = output.summary_line(len(result.entries), len(result.roots), result.matched,
-                                  result.reconstructed, result.findings)
-    if output_format == "json":
+    if chosen == "json":
+        summary = output.summary_line(len(result.entries), len(result.roots), result.matched,
+                                      result.reconstructed, result.findings)
         sys.stdout.write(output.findings_json(result.findings, {
             "roots": [{"layout": layout, "root": root} for layout, root in result.roots],
             "entries": len(result.entries), "matched": result.matched,
             "reconstructed": result.reconstructed,
             "reconstructed_now": result.reconstructed_now, "ledger": result.ledger,
             "fail_on": fail_on, "summary": summary}) + "\n")
-    elif output_format == "markdown":
-        sys.stdout.write(output.findings_markdown(result.findings, summary))
     else:
+        from cacheaudit.render import Totals, render
+
         if not result.roots:
-            console.print(f"no cache roots found (give a path, or set "
-                          f"{', '.join(_cache_variables())})")
-        output.render_findings(result.findings, console, summary)
+            typer.echo(f"cacheaudit: no cache roots found (give a path, or set "
+                       f"{', '.join(_cache_variables())})", err=True)
+        totals = Totals(len(result.entries), len(result.roots), result.matched,
+                        result.reconstructed)
+        render(result.findings, [totals.text()], _view(chosen, console, verbose, quiet),
+               console)
     if audit.fails(result.findings, fail_on):
         raise typer.Exit(ExitCode.FINDINGS)
 
@@ -287,7 +341,10 @@ def verify_command(
                          for v in result.verdicts],
             "fail_on": fail_on, "summary": summary}) + "\n")
     else:
-        output.render_findings(result.findings, _console(), summary)
+        from cacheaudit.render import render
+
+        console = _console()
+        render(result.findings, [summary], _view("full", console, False, False), console)
     if audit.fails(result.findings, fail_on):
         raise typer.Exit(ExitCode.FINDINGS)
 
@@ -436,22 +493,33 @@ def explain(
         help="An entry directory (or a file in it), a key prefix, or a record id.")],
     ledger: LedgerOption = None,
     json_output: JsonOption = False,
+    output_format: Annotated[str | None, typer.Option(
+        "--output-format", "--format", metavar="FORMAT",
+        help="full (the default) or json.")] = None,
+    verbose: VerboseOption = False,
+    color: ColorOption = "auto",
 ) -> None:
     """One entry in full: the four answers, the key's labelled components, and what changed
     since the kernel's previous compile."""
     from cacheaudit import output
     from cacheaudit.explain import explain as build
     from cacheaudit.ledger import open_existing
+    from cacheaudit.render_records import explanation_lines
 
+    chosen = _format(output_format, json_output)
+    if chosen not in ("full", "json"):
+        raise UsageError(f"explain --output-format must be full or json, not {chosen}")
     with contextlib.ExitStack() as stack:
         opened = open_existing(_ledger_location(ledger))
         if opened is not None:
             stack.enter_context(opened)
         explanation = build(target, os.environ, opened)
-        if json_output:
+        if chosen == "json":
             sys.stdout.write(output.explanation_json(explanation) + "\n")
         else:
-            output.render_explanation(explanation, _console())
+            console = _console(color)
+            _emit(explanation_lines(explanation, _view(chosen, console, verbose, False)),
+                  console)
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
@@ -463,6 +531,13 @@ def run(
         "this severity: error, warning, info or never.")] = "never",
     report_json: Annotated[Path | None, typer.Option(
         "--report-json", help="Also write the report as JSON to this file.")] = None,
+    output_format: Annotated[str | None, typer.Option(
+        "--output-format", "--format", metavar="FORMAT",
+        help="How the report at exit is shown on stderr: full (the default), concise, "
+        "markdown, github or sarif (JSON: --report-json).")] = None,
+    quiet: QuietOption = False,
+    verbose: VerboseOption = False,
+    color: ColorOption = "auto",
 ) -> None:
     """Run any command with the compiler shim and the in-process adapters active; print the
     report at exit. The exit status is the command's unless --fail-on says otherwise."""
@@ -471,17 +546,24 @@ def run(
 
     if problem := fail_on_problem(fail_on, "--fail-on"):
         raise UsageError(problem)
+    chosen = _format(output_format, False)
+    if chosen == "json":
+        raise UsageError("run prints its report on stderr, beside the command's output: "
+                         "write the JSON report to a file with --report-json FILE")
+    console = _stderr_console(color)
     if report_json is not None:
         _check_writable(report_json)
     outcome = runner.run_recorded(command, ledger=_ledger_location(ledger))
     report = outcome.report
-    console = _stderr_console()
     # From here on the command has run: nothing cacheaudit fails at may change its status.
     if report is None:
         typer.echo(f"cacheaudit: warning: the audit failed, the command's exit status stands: "
                    f"{outcome.problem}", err=True)
         raise typer.Exit(outcome.status)
-    output.render_run_report(report, console)
+    from cacheaudit.render import render
+
+    render(report.findings, [f"{report.summary()} in run {report.run_uuid}"],
+           _view(chosen, console, verbose, quiet), console)
     if report_json is not None:
         from cacheaudit.ledger.private import write_output
         from cacheaudit.ledger.redact import redact_command
@@ -519,12 +601,6 @@ def combine(
                f"{opened.path} holds {total}")
     if result.skipped and not result.combined:
         raise typer.Exit(ExitCode.USAGE)
-
-
-def _stderr_console() -> Console:
-    from rich.console import Console
-
-    return Console(stderr=True)
 
 
 @app.command()
@@ -594,7 +670,11 @@ def demo(
     if compiler not in ("auto", "nvcc", "g++"):
         raise UsageError(f"--compiler must be auto, nvcc or g++, not {compiler!r}")
     console = _console()
-    say = (lambda _line: None) if json_output else console.print
+    def prose(line: str) -> None:
+        # Wrapped between words; a path longer than the line overflows it, whole.
+        console.print(line, soft_wrap=False, overflow="ignore")
+
+    say = (lambda _line: None) if json_output else prose
     result = run_demo(say=say, compiler=compiler)
     try:
         if json_output:
@@ -603,7 +683,7 @@ def demo(
         render(result, console)
     finally:
         if keep:
-            console.print(output.escape_markup(
+            prose(output.escape_markup(
                 f"kept {result.workdir}: try `cacheaudit explain {result.workdir}/cache/cache/"
                 f"<entry> --ledger {result.workdir}/ledger.db`"))
         else:

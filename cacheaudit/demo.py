@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 from cacheaudit.audit import ScanResult, scan
 from cacheaudit.exceptions import UsageError
 from cacheaudit.ledger import Ledger
-from cacheaudit.output import escape_markup, render_findings, summary_line
+from cacheaudit.output import escape_markup
+from cacheaudit.render import Totals, View
+from cacheaudit.render import render as render_findings
 from cacheaudit.shim import ShimError, find_real_compiler, install_masquerade
 
 if TYPE_CHECKING:
@@ -238,11 +240,10 @@ def render(result: DemoResult, console: Console) -> None:
     scan = result.scan
     if scan is None:
         return
-    summary = summary_line(len(scan.entries), len(scan.roots), scan.matched, scan.reconstructed,
-                           scan.findings)
-    render_findings(scan.findings, console, summary)
+    totals = Totals(len(scan.entries), len(scan.roots), scan.matched, scan.reconstructed)
+    render_findings(scan.findings, [totals.text()], View(width=console.width), console)
     console.print(escape_markup(
         "The runtime served the same binary three times while the code it was built from "
         f"changed twice: its key covers neither the edited header nor "
         f"{result.changed_variable}. Each finding names the input, its recorded and current "
-        "value, and how that was established."))
+        "value, and how that was established."), soft_wrap=False, overflow="ignore")

@@ -5,8 +5,19 @@ cacheaudit (`compilers` re-exports these for everyone else)."""
 from __future__ import annotations
 
 import os
+import re
 import stat as stat_module
 from collections.abc import Callable
+
+_STAND_IN_RE = re.compile(r"^[0-9a-f]{10}-(?P<name>.+)$")
+"""A recording session's stand-in name for a compiler setting (`shim.stand_in_name`)."""
+
+
+def compiler_name(name: str) -> str:
+    """The compiler a masquerade name stands for: `ad4942f9e9-nvcc` (a session's stand-in for
+    a compiler setting) is nvcc; a plain name is itself."""
+    stand_in = _STAND_IN_RE.match(name)
+    return stand_in.group("name") if stand_in else name
 
 
 def is_executable_file(path: str) -> bool:

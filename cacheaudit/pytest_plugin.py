@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from cacheaudit.audit import RunReport, ScopeObserver
     from cacheaudit.ledger import Ledger, TestWindow
     from cacheaudit.model import CompileRecord, Finding
+    from cacheaudit.render import Line
     from cacheaudit.session import Session
 
 MARKER = "no_cacheaudit"
@@ -285,21 +286,8 @@ class _Session:
         report = self.report
         if report is None:
             return
-        write(f"{report.summary()}; ledger {self.ledger}")
-        if not report.findings:
-            write("no findings", green=True)
-            return
-        by_code: dict[str, list[Finding]] = {}
-        for finding in report.findings:
-            by_code.setdefault(finding.code, []).append(finding)
-        for code in sorted(by_code, key=lambda c: (-by_code[c][0].severity.rank, c)):
-            first = by_code[code][0]
-            write(f"{code} {first.severity.value}: {len(by_code[code])} x {first.name}",
-                  red=first.severity.value == "error", yellow=first.severity.value == "warning")
-        for finding in report.findings:
-            if finding.code == "CA102" or finding.severity.value == "info":
-                continue
-            _write_finding(write, finding, report.records)
+        for line in _section(report, self.ledger, _width(terminalreporter)):
+            write(line.shown, **_markup(line))
         if self.failed:
             write(f"cacheaudit: failing the session (--cacheaudit-fail-on={self.fail_on})",
                   red=True, bold=True)
@@ -311,30 +299,30 @@ class _Session:
         self._stop()
 
 
-def _write_finding(write: Any, finding: Finding, records: list[CompileRecord]) -> None:
-    from cacheaudit.output import injected_by_environment
+def _section(report: RunReport, ledger: str, width: int) -> list[Line]:
+    """The session's findings as `cacheaudit scan` shows them, then its summary."""
+    from cacheaudit.render import View, findings_lines
 
-    record = next((r for r in records if r.record_id == finding.record_id), None)
-    where = f"{finding.runtime or '-'}:{finding.kernel or '?'}"
-    write(f"{finding.code} {where}: {finding.subject}")
-    write(f"    {finding.message}")
-    if finding.recorded is not None or finding.current is not None:
-        write(f"    recorded {finding.recorded or '-'} -> now {finding.current or '-'}")
-    write(f"    how: {finding.how}")
-    if finding.tests:
-        write(f"    tests: {', '.join(finding.tests)}")
-    if record is not None:
-        compiler = record.compiler
-        if compiler is not None:
-            write(f"    1 compiler: {compiler.path} ({compiler.version_line})")
-        injected = injected_by_environment(record)
-        write(f"    2 options: {len(record.effective_argv)} tokens"
-              + (f", from the environment: {' '.join(injected)}" if injected else ""))
-        write(f"    3 event: {record.event}")
-        inputs = len(record.graph.files) if record.graph is not None else 0
-        write(f"    4 inputs: {len(record.sources)} source(s) + {inputs} other file(s)")
-    if finding.hint:
-        write(f"    fix: {finding.hint}")
+    scope = [f"{report.summary()} in run {report.run_uuid}", f"ledger {ledger}"]
+    return findings_lines(report.findings, scope, View(width=width))
+
+
+def _width(terminalreporter: Any) -> int:
+    writer = getattr(terminalreporter, "_tw", None)
+    width = getattr(writer, "fullwidth", None)
+    return width if isinstance(width, int) and width > 0 else 80
+
+
+def _markup(line: Line) -> dict[str, bool]:
+    """The line's strongest style as pytest's terminal markup (a whole line, not a span)."""
+    styles = " ".join(style for _start, _end, style in line.spans)
+    if "red" in styles:
+        return {"red": True}
+    if "yellow" in styles:
+        return {"yellow": True}
+    if "green" in styles:
+        return {"green": True}
+    return {}
 
 
 # ------------------------------------------------------------------------------ the fixture

@@ -35,6 +35,7 @@ from cacheaudit.ledger.schema import WRITER_PATIENCE_S
 from cacheaudit.model import ArgToken, CompileRecord, CompilerIdentity, FileState, IncludeGraph
 from cacheaudit.problems import report_problem
 from cacheaudit.processes import runtime_process
+from cacheaudit.programs import compiler_name
 from cacheaudit.switches import (
     DISABLE_VARIABLE,
     RUN_LABEL_VARIABLE,
@@ -359,7 +360,7 @@ class ShimRecorder:
             # The effective argv already holds these flags, in nvcc's own order.
             dep_env.pop("NVCC_PREPEND_FLAGS", None)
             dep_env.pop("NVCC_APPEND_FLAGS", None)
-            self.method = f"{self.name} -M"
+            self.method = f"{compiler_name(self.name)} -M"
             self.dependency_pass = graph.start_dependency_pass(
                 self.real, self.command.dependency_argv(self.depfile), self.cwd, dep_env)
         from cacheaudit.switches import is_masquerade_dir

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -78,7 +77,6 @@ def strip_masquerade_dirs(path_value: str) -> str:
     return os.pathsep.join(d for d in path_value.split(os.pathsep) if not is_masquerade_dir(d))
 
 
-_STAND_IN_RE = re.compile(r"^[0-9a-f]{10}-(?P<name>.+)$")
 
 
 def stand_in_name(value: str, family: str) -> str:
@@ -130,7 +128,7 @@ def find_real_compiler(name: str, env: Mapping[str, str]) -> str:
     """The compiler this shim stands in for: CACHEAUDIT_REAL_<NAME>; else, for a setting the
     session filled in, the runtime's own lookup order (CACHEAUDIT_LOOKUP_<NAME>) in this
     compile's environment; else `name` on PATH past us."""
-    from cacheaudit.programs import find_program
+    from cacheaudit.programs import compiler_name, find_program
 
     own = _shim_targets()
     explicit = env.get(real_variable(name))
@@ -143,8 +141,7 @@ def find_real_compiler(name: str, env: Mapping[str, str]) -> str:
     else:
         # A stand-in link whose variable a runtime scrubbed: the compiler's own name is the best
         # guess left.
-        stand_in = _STAND_IN_RE.match(name)
-        name = stand_in.group("name") if stand_in else name
+        name = compiler_name(name)
         candidates.append(find_program(name, env.get("PATH", os.defpath), is_masquerade_dir))
         if name == "nvcc":
             # Runtimes find nvcc through CUDA_HOME as often as through PATH.

@@ -51,8 +51,9 @@ def test_report_table_names_kernel_compiler_and_injected_environment(
                  env={"CPATH": str(header_tree / "cpath")})
     shown = cacheaudit("report", env=dict(shim_env.env, COLUMNS="200"))
     assert shown.returncode == 0, shown.stderr
-    assert "1 recorded compile(s)" in shown.stdout
-    assert ":k" in shown.stdout and "g++" in shown.stdout
+    assert shown.stdout.rstrip().endswith("cacheaudit: 1 recorded compile")
+    assert f"{header_tree / 'src' / 'k.cpp'}: kernel k, compile at " in shown.stdout
+    assert "g++" in shown.stdout
     assert f"CPATH={header_tree / 'cpath'}" in shown.stdout
 
 
@@ -156,6 +157,20 @@ def test_report_prints_recorded_text_literally(tmp_path: Path):
     assert "tests/test_k.py::test_k[fp16-128]" in shown.stdout
     assert "-DTAG=[/x]" in shown.stdout and "+ -DY=[bold]" in shown.stdout
     assert "odd [red]note[/red]" in shown.stdout
+
+
+def test_report_says_how_many_of_how_many_it_shows(tmp_path: Path):
+    """`--limit` cuts the list: the summary says so instead of passing 2 for all."""
+    _ledger_with(tmp_path / "l.db", *(_compile(kernel=f"k{n}", started_ns=(1_700_000_000 + n)
+                                               * 10**9) for n in range(3)))
+    shown = cacheaudit("report", "--ledger", str(tmp_path / "l.db"), "--limit", "2",
+                       env=dict(os.environ, COLUMNS="200"))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.rstrip().splitlines()[-1] == (
+        "cacheaudit: the last 2 of 3 recorded compiles (--limit shows more)")
+    assert "deepjit kernel k1" in shown.stdout and "deepjit kernel k0" not in shown.stdout
+    every = cacheaudit("report", "--ledger", str(tmp_path / "l.db"), "--quiet")
+    assert every.stdout == "cacheaudit: 3 recorded compiles\n"
 
 
 def test_report_on_an_empty_file_asks_for_a_scan(tmp_path: Path):

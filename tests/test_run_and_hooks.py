@@ -367,7 +367,7 @@ if not os.environ.get("JOB_NOTHING"):
                       "digest": xxhash.xxh3_128_hexdigest(open(kernel.binary, "rb").read())}}))
 sys.exit(int(os.environ.get("JOB_EXIT", "0")))
 """
-HOOK_SUMMARY = re.compile(r"^cacheaudit: (\d+) compile\(s\), (\d+) disk hit\(s\).* in run (\w+)$")
+HOOK_SUMMARY = re.compile(r"^cacheaudit: (\d+) compiles?, (\d+) disk hits?.* in run (\w+)$")
 
 
 def _hook_job(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:

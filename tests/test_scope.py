@@ -33,9 +33,9 @@ from cacheaudit.opens import OpenObserver
 from support import GXX, NVCC, clean_env, deepgemm_library, needs_gxx, needs_nvcc
 
 ROOT = Path(__file__).resolve().parent.parent
-SUMMARY = re.compile(r"(\d+) compile\(s\), (\d+) disk hit\(s\)(?: \((\d+) seen[^)]*\))?, "
-                     r"(\d+) memory hit\(s\), (\d+) compiler invocation\(s\) through the shim; "
-                     r"(\d+) entry\(ies\) judged")
+SUMMARY = re.compile(r"(\d+) compiles?, (\d+) disk hits?(?: \((\d+) seen[^)]*\))?, "
+                     r"(\d+) memory hits?, (\d+) compiler invocations? through the shim; "
+                     r"(\d+) entr(?:y|ies) judged")
 
 
 def _digest(path: str) -> str:

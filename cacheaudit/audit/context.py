@@ -158,7 +158,7 @@ class AuditContext:
             ordered = sorted(counts.items(),
                              key=lambda item: (_under_any(item[0], system), -item[1], item[0]))
             shown = ordered[:_TREES_SHOWN]
-            top = ", ".join(f"{d} ({n})" for d, n in shown)
+            top = ", ".join(f"{n} in {d}" for d, n in shown)
             if len(ordered) > len(shown):
                 rest = sum(n for _, n in ordered[len(shown):])
                 top += f", and {rest} more in {len(ordered) - len(shown)} other directories"

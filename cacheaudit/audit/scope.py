@@ -95,14 +95,19 @@ class Counts:
         return dataclasses.asdict(self)
 
     def text(self) -> str:
-        hits = f"{self.disk_hits} disk hit(s)"
+        hits = _many(self.disk_hits, "disk hit")
         if self.disk_hits_unrecorded:
             hits += f" ({self.disk_hits_unrecorded} seen by a hit marker or file opens)"
-        judged = f"{self.entries_judged} entry(ies) judged"
+        judged = f"{_many(self.entries_judged, 'entry', 'entries')} judged"
         if self.possibly_served:
             judged += f" ({self.possibly_served} may have been served: opens not observed)"
-        return (f"{self.compiles} compile(s), {hits}, {self.memory_hits} memory hit(s), "
-                f"{self.invocations} compiler invocation(s) through the shim; {judged}")
+        return (f"{_many(self.compiles, 'compile')}, {hits}, "
+                f"{_many(self.memory_hits, 'memory hit')}, "
+                f"{_many(self.invocations, 'compiler invocation')} through the shim; {judged}")
+
+
+def _many(number: int, one: str, many: str | None = None) -> str:
+    return f"{number} {one if number == 1 else many or one + 's'}"
 
 
 @dataclass

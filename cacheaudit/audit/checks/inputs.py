@@ -122,7 +122,7 @@ def input_findings(context: AuditContext, entry: CacheEntry, record: CompileReco
             entry=entry, record=record, inferred=inferred,
             message=f"the compiler read {count} file{'' if count == 1 else 's'} the key does "
                     f"not cover, unchanged so far; an edit to any of them would go unseen "
-                    f"(under {top})",
+                    f"({top})",
             how=f"include graph ({graph.method}{', reconstructed' if inferred else ''}) minus "
                 f"the tracked set ({tracked.how})"))
     return findings

@@ -23,7 +23,7 @@ import functools
 import os
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
@@ -349,8 +349,8 @@ class DeepJitPolicy(FamilyPolicy):
                 named = " and ".join(f"{name}'s (env prefix {prefix})"
                                      for prefix, name in sorted(libraries))
                 return EnvFamilies(tuple(sorted(prefix for prefix, _ in libraries)),
-                                   f"meta.json's include_prefixes {include_prefixes} are "
-                                   f"{named}")
+                                   f"meta.json's include prefixes "
+                                   f"{_spoken(map(str, include_prefixes))} are {named}")
         candidates = (*self.env_prefixes, *custom_prefixes_in(env))
         root = os.path.dirname(os.path.dirname(entry.path))
         by_root = tuple(p for p in candidates
@@ -408,8 +408,9 @@ class DeepJitPolicy(FamilyPolicy):
                                   "include_prefixes")
         config = _config(entry)
         parser = _Parser(config.get("include_dirs") or [], config.get("include_prefixes") or [])
-        how = (f"DeepJIT's parser over {name}: literal #include <...> lines with prefixes "
-               f"{parser.prefixes or '(none)'}, resolved in {parser.include_dirs or '(none)'}")
+        how = (f"DeepJIT's parser over {name}: the literal #include <...> lines "
+               f"{_spoken_prefixes([str(p) for p in parser.prefixes])}, looked up in "
+               f"{_spoken(map(str, parser.include_dirs)) or 'no include directory'}")
         source, why = _read_source(entry)
         if source is None:
             return TrackedSet(frozenset(paths), error=why, how=how)
@@ -530,3 +531,18 @@ class DeepJitPolicy(FamilyPolicy):
 
 
 POLICIES = {"deepjit": DeepJitPolicy()}
+
+
+
+def _spoken(items: Iterable[str], conjunction: str = "and") -> str:
+    """`a`, `a and b`, `a, b and c`: a list as a sentence says it (not a Python repr)."""
+    listed = list(items)
+    if len(listed) < 2:
+        return "".join(listed)
+    return f"{', '.join(listed[:-1])} {conjunction} {listed[-1]}"
+
+
+def _spoken_prefixes(prefixes: Sequence[str]) -> str:
+    if not prefixes:
+        return "(none: no include prefix is given)"
+    return f"that start with {_spoken(prefixes, 'or')}"
