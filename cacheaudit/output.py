@@ -173,14 +173,25 @@ def _input_lines(record: CompileRecord) -> list[str]:
     return lines
 
 
-def render_records(records: Sequence[CompileRecord], console: Console) -> None:
-    """The recorded compiles, one block a record, the four answers as numbered lines."""
+RECORD_ID_SHOWN = 12
+"""How much of a record id `report` shows: the prefix `explain` takes (it says when a prefix
+matches more than one record)."""
+
+
+def render_records(records: Sequence[CompileRecord], console: Console,
+                   total: int | None = None) -> None:
+    """The recorded compiles, one block a record, the four answers as numbered lines. `total`:
+    how many there are of which `records` are the newest (the line then says so)."""
     from rich.table import Table
 
-    console.print(f"[bold]{len(records)} recorded compile(s)[/bold]")
+    if total is not None and total > len(records):
+        console.print(f"[bold]{len(records)} of {total} recorded compiles shown[/bold] "
+                      f"(the newest; --limit {total} shows them all)")
+    else:
+        console.print(f"[bold]{len(records)} recorded compile(s)[/bold]")
     for record in records:
         title = (f"[bold]{_e(record.runtime or '-')}:{_e(record.kernel or '?')}[/bold]  "
-                 f"{ns_text(record.started_ns)}")
+                 f"{ns_text(record.started_ns)}  id {_e(record.record_id[:RECORD_ID_SHOWN])}")
         if record.test_id:
             title += f"  [dim]{_e(record.test_id)}[/dim]"
         grid = Table.grid(padding=(0, 2))
