@@ -7,8 +7,9 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
+import click
 import typer
 
 from cacheaudit.exceptions import CacheAuditError, ExitCode, UsageError
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
 app = typer.Typer(
     name="cacheaudit",
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Audit the compile caches of GPU kernel JIT runtimes: which compiler, which options, "
     "fresh or cached, and did every input that changed enter the key.",
     no_args_is_help=True,
@@ -40,6 +42,24 @@ LedgerOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"cacheaudit {version('cacheaudit')}")
+        except PackageNotFoundError:  # pragma: no cover - run from a source tree
+            typer.echo("cacheaudit (version unknown: not installed)")
+        raise typer.Exit(ExitCode.CLEAN)
+
+
+@app.callback()
+def _top(version: Annotated[bool, typer.Option(
+        "--version", callback=_show_version, is_eager=True,
+        help="Print the version and exit.")] = False) -> None:
+    """Audit the compile caches of GPU kernel JIT runtimes."""
+
+
 def _console() -> Console:
     from rich.console import Console
 
@@ -47,15 +67,57 @@ def _console() -> Console:
 
 
 def _settings() -> Settings:
+    """The configuration, its warnings (a pyproject.toml of other tools that does not parse)
+    said on stderr, one line each."""
     from cacheaudit.config import load_settings
 
-    return load_settings()
+    settings = load_settings()
+    for warning in settings.warnings:
+        typer.echo(f"cacheaudit: warning: {warning}", err=True)
+    return settings
 
 
-def _ledger_location(option: Path | None, settings: Settings | None = None) -> str:
+def _ledger_location(option: Path | None, settings: Settings | None = None, *,
+                     creates: bool = False) -> str:
+    """The ledger to use. `creates`: the command makes it when absent, and refuses a path the
+    user gave (option, variable, configuration) whose directory does not exist: a mistyped
+    path must not leave a new directory tree behind. The default location is made as needed."""
     from cacheaudit.config import ledger_location
 
-    return ledger_location(option, settings if settings is not None else _settings())
+    settings = settings if settings is not None else _settings()
+    location = ledger_location(option, settings)
+    if creates and (option or settings.ledger):
+        directory = os.path.dirname(location)
+        if not os.path.isdir(directory):
+            where = (_as_given(option, "--ledger", "CACHEAUDIT_LEDGER") if option
+                     else f"{settings.source}: [tool.cacheaudit] ledger {location}")
+            raise UsageError(f"{where}: no directory {directory} (create it, or fix the path)")
+    return location
+
+
+def _as_given(value: object, option: str, variable: str) -> str:
+    """An option's value as the user gave it, for a message: `VARIABLE=value` when it is the
+    variable's (typer fills the option from it), else `--option value`."""
+    given = os.environ.get(variable)
+    return f"{variable}={given}" if given and str(value) == given else f"{option} {value}"
+
+
+def _fail_on(option: str | None, settings: Settings) -> str:
+    from cacheaudit.config import effective_fail_on
+
+    return effective_fail_on(option, settings)
+
+
+def _refuse_conflicts(*conflicts: tuple[bool, str]) -> None:
+    """The first of (condition, message) that holds, as a usage error."""
+    for holds, message in conflicts:
+        if holds:
+            raise UsageError(message)
+
+
+def _check_timeout(seconds: float) -> None:
+    if not seconds > 0:
+        raise UsageError(f"--timeout must be more than 0 seconds, not {seconds:g}")
 
 
 def _write_output(path: Path, text: str) -> None:
@@ -83,13 +145,15 @@ def report(
     json_output: JsonOption = False,
     kernel: Annotated[str | None, typer.Option(help="Only this kernel.")] = None,
     runtime: Annotated[str | None, typer.Option(help="Only this runtime.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many, newest last.")] = 50,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest last.")] = 50,
     graph: Annotated[bool, typer.Option("--graph", help="With --json: list every input.")] = False,
 ) -> None:
     """The recorded compiles with the four answers per kernel."""
     from cacheaudit import output
     from cacheaudit.ledger import open_existing
 
+    _refuse_conflicts((graph and not json_output, "--graph lists inputs in the JSON only: "
+                                                  "add --json, or leave out --graph"))
     location = _ledger_location(ledger)
     opened = open_existing(location)
     if opened is None:
@@ -99,17 +163,20 @@ def report(
         return
     with opened:
         records = opened.recent_records(kernel=kernel, runtime=runtime, limit=limit)
+        total = opened.count_records(kernel=kernel, runtime=runtime)
     if json_output:
         sys.stdout.write(output.records_json(records, with_graph=graph) + "\n")
     else:
-        output.render_records(records, _console())
+        output.render_records(records, _console(), total=total)
 
 
-FailOnOption = Annotated[str | None, typer.Option(
-    "--fail-on", help="Exit 1 when a finding reaches this severity: error, warning, info, never "
+# Literal types: typer offers them as choices in the help and refuses anything else.
+Severity = Literal["error", "warning", "info", "never"]
+FailOnOption = Annotated[Severity | None, typer.Option(
+    "--fail-on", help="Exit 1 when a finding reaches this severity "
     "(default error, or [tool.cacheaudit] fail-on).")]
-FormatOption = Annotated[str, typer.Option(
-    "--format", help="table, json or markdown.")]
+FormatOption = Annotated[Literal["table", "json", "markdown"] | None, typer.Option(
+    "--format", help="The output's form (default table).")]
 
 
 YesOption = Annotated[bool, typer.Option(
@@ -121,6 +188,15 @@ def _codes(values: list[str] | None) -> list[str]:
     """`--select CA101,CA2 --select CA301` -> ["CA101", "CA2", "CA301"]."""
     return [code.strip().upper() for value in values or [] for code in value.split(",")
             if code.strip()]
+
+
+def _check_selection(selected: list[str], ignored: list[str]) -> None:
+    """A selected code that an ignored one covers leaves that selection empty: a contradiction,
+    not a request (`--select CA1 --ignore CA101` is a request: CA1 but CA101)."""
+    for code in selected:
+        if covering := [i for i in ignored if code.startswith(i)]:
+            raise UsageError(f"--select {code} and --ignore {covering[0]} contradict each other: "
+                             f"every {code} finding is ignored; leave one out")
 
 
 def _check_codes(codes: list[str], option: str) -> None:
@@ -137,7 +213,7 @@ def scan(
     paths: Annotated[list[str] | None, typer.Argument(
         help="Cache roots to scan (default: every root the known runtimes would use).")] = None,
     ledger: LedgerOption = None,
-    output_format: FormatOption = "table",
+    output_format: FormatOption = None,
     json_output: JsonOption = False,
     fail_on: FailOnOption = None,
     select: Annotated[list[str] | None, typer.Option(
@@ -159,22 +235,23 @@ def scan(
         "--verify", help="Then rebuild the entries whose verdict is only a warning or "
         "unverifiable and compare the binaries (the rebuild oracle, see `verify`).")] = False,
     yes: YesOption = False,
+    allow_empty: Annotated[bool, typer.Option(
+        "--allow-empty", help="Pass when there is nothing to scan: no cache root found, or a "
+        "cache variable naming a directory that does not exist (default: exit 2).")] = False,
 ) -> None:
     """Audit cache entries: every input that changed without the key noticing."""
     from cacheaudit import audit, output
-    from cacheaudit.config import fail_on_problem
 
     settings = _settings()
-    fail_on = fail_on or settings.fail_on
-    if problem := fail_on_problem(fail_on, "--fail-on"):
-        raise UsageError(problem)
-    output_format = "json" if json_output else output_format
-    if output_format not in ("table", "json", "markdown"):
-        raise UsageError(f"--format must be table, json or markdown, not {output_format!r}")
+    fail_on = _fail_on(fail_on, settings)
+    _refuse_conflicts((json_output and output_format not in (None, "json"),
+                       f"--json and --format {output_format} contradict each other: give one"))
+    output_format = "json" if json_output else output_format or "table"
     selected = _codes(select) or _codes(settings.select)
     ignored = _codes(ignore) or _codes(settings.ignore)
     _check_codes(selected, "--select")
     _check_codes(ignored, "--ignore")
+    _check_selection(selected, ignored)
     options = audit.AuditOptions(
         select=frozenset(selected), ignore=frozenset(ignored),
         reconstruct=settings.reconstruct if reconstruct is None else reconstruct,
@@ -184,12 +261,16 @@ def scan(
     from cacheaudit.ledger import open_ledger
 
     console = _console()
-    with open_ledger(_ledger_location(ledger, settings)) as opened, _progress(
+    with open_ledger(_ledger_location(ledger, settings, creates=True)) as opened, _progress(
             progress and output_format == "table") as advance:
         result = audit.scan(paths or settings.paths, os.environ, ledger=opened, options=options,
                             progress=advance)
+        if not allow_empty:
+            _refuse_nothing_scanned(result)
         if verify:
             result = _verify_scan(result, opened, yes)
+    for layout, root in result.empty_roots:
+        typer.echo(f"cacheaudit: root {root} ({layout}): no entries", err=True)
     summary = output.summary_line(len(result.entries), len(result.roots), result.matched,
                                   result.reconstructed, result.findings)
     if output_format == "json":
@@ -208,6 +289,18 @@ def scan(
         output.render_findings(result.findings, console, summary)
     if audit.fails(result.findings, fail_on):
         raise typer.Exit(ExitCode.FINDINGS)
+
+
+def _refuse_nothing_scanned(result: audit.ScanResult) -> None:
+    """A guard that scanned nothing must not pass: a cache variable naming no directory, or no
+    root at all, is a usage error unless `--allow-empty`."""
+    if result.missing_roots:
+        name, value = result.missing_roots[0]
+        raise UsageError(f"{name}={value}: no such directory, so that cache was not scanned "
+                         "(fix the variable, or pass --allow-empty)")
+    if not result.roots:
+        raise UsageError(f"no cache root found: give a path, set one of "
+                         f"{', '.join(_cache_variables())}, or pass --allow-empty")
 
 
 def _say(line: str) -> None:
@@ -249,14 +342,12 @@ def verify_command(
     fresh compiles differ from each other."""
     from cacheaudit import audit, output
     from cacheaudit.audit.verify import VerifyOptions, entries_of, verify
-    from cacheaudit.config import fail_on_problem
     from cacheaudit.digest import StateCache
     from cacheaudit.ledger import open_existing
 
     settings = _settings()
-    fail_on = fail_on or settings.fail_on
-    if problem := fail_on_problem(fail_on, "--fail-on"):
-        raise UsageError(problem)
+    fail_on = _fail_on(fail_on, settings)
+    _check_timeout(timeout)
     entries = entries_of(targets or settings.paths, os.environ, StateCache())
     options = VerifyOptions(sample=sample, seed=seed, jobs=jobs, timeout=timeout,
                             dry_run=dry_run, yes=yes)
@@ -344,22 +435,19 @@ def explain(
 def run(
     command: Annotated[list[str], typer.Argument(help="The command to run, after --.")],
     ledger: LedgerOption = None,
-    fail_on: Annotated[str, typer.Option(
-        "--fail-on", help="Exit 1 (when the command itself succeeded) if a finding reaches "
-        "this severity: error, warning, info or never.")] = "never",
+    fail_on: Annotated[Severity, typer.Option(
+        "--fail-on", help="Exit 1 (when the command itself "
+        "succeeded) if a finding reaches this severity.")] = "never",
     report_json: Annotated[Path | None, typer.Option(
         "--report-json", help="Also write the report as JSON to this file.")] = None,
 ) -> None:
     """Run any command with the compiler shim and the in-process adapters active; print the
     report at exit. The exit status is the command's unless --fail-on says otherwise."""
     from cacheaudit import audit, output, runner
-    from cacheaudit.config import fail_on_problem
 
-    if problem := fail_on_problem(fail_on, "--fail-on"):
-        raise UsageError(problem)
     if report_json is not None:
         _check_writable(report_json)
-    outcome = runner.run_recorded(command, ledger=_ledger_location(ledger))
+    outcome = runner.run_recorded(command, ledger=_ledger_location(ledger, creates=True))
     report = outcome.report
     console = _stderr_console()
     # From here on the command has run: nothing cacheaudit fails at may change its status.
@@ -392,7 +480,7 @@ def combine(
     from cacheaudit.ledger import combine as merge
     from cacheaudit.ledger import open_ledger
 
-    with open_ledger(_ledger_location(ledger)) as opened:
+    with open_ledger(_ledger_location(ledger, creates=True)) as opened:
         result = merge(opened, [str(s) for s in sources], keep=keep)
         total = opened.count("records")
     for problem in result.skipped:
@@ -426,6 +514,7 @@ def snapshot(
 
     from cacheaudit.snapshot import collect, to_markdown
 
+    _check_timeout(timeout)
     if out is not None:
         _check_writable(out)
     taken = collect(os.environ, ledger=_ledger_location(ledger), timeout=timeout,
@@ -461,8 +550,8 @@ def diff_snapshots(
 @app.command()
 def demo(
     keep: Annotated[bool, typer.Option(help="Keep the temporary directory.")] = False,
-    compiler: Annotated[str, typer.Option(
-        help="auto (nvcc when on PATH, else g++), nvcc or g++.")] = "auto",
+    compiler: Annotated[Literal["auto", "nvcc", "g++"], typer.Option(
+        help="auto: nvcc when on PATH, else g++.")] = "auto",
     json_output: JsonOption = False,
 ) -> None:
     """Make a JIT cache go stale and catch it: a reference runtime with DeepJIT's cache
@@ -473,8 +562,6 @@ def demo(
     from cacheaudit import output
     from cacheaudit.demo import render, result_json, run_demo
 
-    if compiler not in ("auto", "nvcc", "g++"):
-        raise UsageError(f"--compiler must be auto, nvcc or g++, not {compiler!r}")
     console = _console()
     say = (lambda _line: None) if json_output else console.print
     result = run_demo(say=say, compiler=compiler)
@@ -512,12 +599,58 @@ def shim_install(
     """Lay out a masquerade directory (its help names the runtimes' compiler settings)."""
     from cacheaudit.shim import install_masquerade
 
+    parent = directory.absolute().parent
+    if not directory.is_dir() and not parent.is_dir():
+        # A mistyped path must not leave a tree of new directories behind.
+        raise UsageError(f"{directory}: no directory {parent} (create it first, or fix the "
+                         "path)")
     for line in install_masquerade(str(directory), names=names or None, force=force):
         typer.echo(line)
 
 
+def _usage_line(exc: click.ClickException) -> str:
+    """click's usage error as one line: what is wrong, and where the help is."""
+    context = getattr(exc, "ctx", None)
+    where = f" (see `{context.command_path} -h`)" if context is not None else ""
+    # typer's validation prefixes its reason with "Value error, ": not the user's business.
+    message = exc.format_message().replace("Value error, ", "")
+    return f"cacheaudit: error: {message}{where}\n"
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader of stdout went away (`cacheaudit report | head -1`): what was left unwritten
+    goes nowhere, no traceback, and the status is the shell's for SIGPIPE."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return ExitCode.BROKEN_PIPE
+
+
+def _is_broken_pipe(exc: BaseException) -> bool:
+    """click and rich end a write to a closed pipe with `sys.exit(1)` inside their handler."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, BrokenPipeError):
+            return True
+        seen = seen.__context__
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: library errors become one line and a documented exit status."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except SystemExit as exc:
+        if _is_broken_pipe(exc):
+            return _quiet_broken_pipe()
+        raise
+    return status
+
+
+def _main(argv: list[str] | None) -> int:
     command = typer.main.get_command(app)
     try:
         status = command.main(args=argv, prog_name="cacheaudit", standalone_mode=False)
@@ -536,11 +669,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("cacheaudit: interrupted\n")
         return ExitCode.INTERRUPTED
+    except BrokenPipeError:
+        raise
     except Exception as exc:  # click's own usage errors, and the unexpected
         # typer vendors click in some releases: recognise its exceptions by shape, not class.
         if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None),
                                                                   int):
-            exc.show()  # type: ignore[attr-defined]
+            if type(exc).__name__ == "NoArgsIsHelpError":
+                exc.show()  # type: ignore[attr-defined]  # the help itself, as asked
+            else:
+                sys.stderr.write(_usage_line(exc))  # type: ignore[arg-type]
             return ExitCode.USAGE
         if os.environ.get("CACHEAUDIT_DEBUG"):
             raise
