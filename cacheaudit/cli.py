@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
-import click
 import typer
 
+from cacheaudit import cli_checks as checks
 from cacheaudit.exceptions import CacheAuditError, ExitCode, UsageError
 
 if TYPE_CHECKING:
@@ -79,45 +79,23 @@ def _settings() -> Settings:
 
 def _ledger_location(option: Path | None, settings: Settings | None = None, *,
                      creates: bool = False) -> str:
-    """The ledger to use. `creates`: the command makes it when absent, and refuses a path the
-    user gave (option, variable, configuration) whose directory does not exist: a mistyped
-    path must not leave a new directory tree behind. The default location is made as needed."""
+    """The ledger to use. `creates`: the command makes it when absent, and refuses a path given
+    on the command line or in CACHEAUDIT_LEDGER whose directory does not exist: a mistyped path
+    must not leave a new directory tree behind. The default location and the configuration's
+    `ledger` (a project's `.cacheaudit/` on a fresh checkout) are made as needed."""
     from cacheaudit.config import ledger_location
 
     settings = settings if settings is not None else _settings()
     location = ledger_location(option, settings)
-    if creates and (option or settings.ledger):
-        directory = os.path.dirname(location)
-        if not os.path.isdir(directory):
-            where = (_as_given(option, "--ledger", "CACHEAUDIT_LEDGER") if option
-                     else f"{settings.source}: [tool.cacheaudit] ledger {location}")
-            raise UsageError(f"{where}: no directory {directory} (create it, or fix the path)")
+    if creates and option:
+        checks.check_ledger_directory(option, location)
     return location
-
-
-def _as_given(value: object, option: str, variable: str) -> str:
-    """An option's value as the user gave it, for a message: `VARIABLE=value` when it is the
-    variable's (typer fills the option from it), else `--option value`."""
-    given = os.environ.get(variable)
-    return f"{variable}={given}" if given and str(value) == given else f"{option} {value}"
 
 
 def _fail_on(option: str | None, settings: Settings) -> str:
     from cacheaudit.config import effective_fail_on
 
     return effective_fail_on(option, settings)
-
-
-def _refuse_conflicts(*conflicts: tuple[bool, str]) -> None:
-    """The first of (condition, message) that holds, as a usage error."""
-    for holds, message in conflicts:
-        if holds:
-            raise UsageError(message)
-
-
-def _check_timeout(seconds: float) -> None:
-    if not seconds > 0:
-        raise UsageError(f"--timeout must be more than 0 seconds, not {seconds:g}")
 
 
 def _write_output(path: Path, text: str) -> None:
@@ -152,8 +130,9 @@ def report(
     from cacheaudit import output
     from cacheaudit.ledger import open_existing
 
-    _refuse_conflicts((graph and not json_output, "--graph lists inputs in the JSON only: "
-                                                  "add --json, or leave out --graph"))
+    checks.refuse_conflicts((graph and not json_output,
+                             "--graph lists inputs in the JSON only: add --json, or leave out "
+                             "--graph"))
     location = _ledger_location(ledger)
     opened = open_existing(location)
     if opened is None:
@@ -188,15 +167,6 @@ def _codes(values: list[str] | None) -> list[str]:
     """`--select CA101,CA2 --select CA301` -> ["CA101", "CA2", "CA301"]."""
     return [code.strip().upper() for value in values or [] for code in value.split(",")
             if code.strip()]
-
-
-def _check_selection(selected: list[str], ignored: list[str]) -> None:
-    """A selected code that an ignored one covers leaves that selection empty: a contradiction,
-    not a request (`--select CA1 --ignore CA101` is a request: CA1 but CA101)."""
-    for code in selected:
-        if covering := [i for i in ignored if code.startswith(i)]:
-            raise UsageError(f"--select {code} and --ignore {covering[0]} contradict each other: "
-                             f"every {code} finding is ignored; leave one out")
 
 
 def _check_codes(codes: list[str], option: str) -> None:
@@ -244,14 +214,15 @@ def scan(
 
     settings = _settings()
     fail_on = _fail_on(fail_on, settings)
-    _refuse_conflicts((json_output and output_format not in (None, "json"),
-                       f"--json and --format {output_format} contradict each other: give one"))
+    checks.refuse_conflicts((json_output and output_format not in (None, "json"),
+                             f"--json and --format {output_format} contradict each other: "
+                             "give one"))
     output_format = "json" if json_output else output_format or "table"
     selected = _codes(select) or _codes(settings.select)
     ignored = _codes(ignore) or _codes(settings.ignore)
     _check_codes(selected, "--select")
     _check_codes(ignored, "--ignore")
-    _check_selection(selected, ignored)
+    checks.check_selection(selected, ignored)
     options = audit.AuditOptions(
         select=frozenset(selected), ignore=frozenset(ignored),
         reconstruct=settings.reconstruct if reconstruct is None else reconstruct,
@@ -266,7 +237,7 @@ def scan(
         result = audit.scan(paths or settings.paths, os.environ, ledger=opened, options=options,
                             progress=advance)
         if not allow_empty:
-            _refuse_nothing_scanned(result)
+            checks.refuse_nothing_scanned(result, _cache_variables())
         if verify:
             result = _verify_scan(result, opened, yes)
     for layout, root in result.empty_roots:
@@ -289,18 +260,6 @@ def scan(
         output.render_findings(result.findings, console, summary)
     if audit.fails(result.findings, fail_on):
         raise typer.Exit(ExitCode.FINDINGS)
-
-
-def _refuse_nothing_scanned(result: audit.ScanResult) -> None:
-    """A guard that scanned nothing must not pass: a cache variable naming no directory, or no
-    root at all, is a usage error unless `--allow-empty`."""
-    if result.missing_roots:
-        name, value = result.missing_roots[0]
-        raise UsageError(f"{name}={value}: no such directory, so that cache was not scanned "
-                         "(fix the variable, or pass --allow-empty)")
-    if not result.roots:
-        raise UsageError(f"no cache root found: give a path, set one of "
-                         f"{', '.join(_cache_variables())}, or pass --allow-empty")
 
 
 def _say(line: str) -> None:
@@ -347,7 +306,7 @@ def verify_command(
 
     settings = _settings()
     fail_on = _fail_on(fail_on, settings)
-    _check_timeout(timeout)
+    checks.check_timeout(timeout)
     entries = entries_of(targets or settings.paths, os.environ, StateCache())
     options = VerifyOptions(sample=sample, seed=seed, jobs=jobs, timeout=timeout,
                             dry_run=dry_run, yes=yes)
@@ -514,7 +473,7 @@ def snapshot(
 
     from cacheaudit.snapshot import collect, to_markdown
 
-    _check_timeout(timeout)
+    checks.check_timeout(timeout)
     if out is not None:
         _check_writable(out)
     taken = collect(os.environ, ledger=_ledger_location(ledger), timeout=timeout,
@@ -599,41 +558,9 @@ def shim_install(
     """Lay out a masquerade directory (its help names the runtimes' compiler settings)."""
     from cacheaudit.shim import install_masquerade
 
-    parent = directory.absolute().parent
-    if not directory.is_dir() and not parent.is_dir():
-        # A mistyped path must not leave a tree of new directories behind.
-        raise UsageError(f"{directory}: no directory {parent} (create it first, or fix the "
-                         "path)")
+    checks.check_new_directory(directory)  # a mistyped path leaves no new tree behind
     for line in install_masquerade(str(directory), names=names or None, force=force):
         typer.echo(line)
-
-
-def _usage_line(exc: click.ClickException) -> str:
-    """click's usage error as one line: what is wrong, and where the help is."""
-    context = getattr(exc, "ctx", None)
-    where = f" (see `{context.command_path} -h`)" if context is not None else ""
-    # typer's validation prefixes its reason with "Value error, ": not the user's business.
-    message = exc.format_message().replace("Value error, ", "")
-    return f"cacheaudit: error: {message}{where}\n"
-
-
-def _quiet_broken_pipe() -> int:
-    """The reader of stdout went away (`cacheaudit report | head -1`): what was left unwritten
-    goes nowhere, no traceback, and the status is the shell's for SIGPIPE."""
-    with contextlib.suppress(OSError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    return ExitCode.BROKEN_PIPE
-
-
-def _is_broken_pipe(exc: BaseException) -> bool:
-    """click and rich end a write to a closed pipe with `sys.exit(1)` inside their handler."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, BrokenPipeError):
-            return True
-        seen = seen.__context__
-    return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -642,10 +569,10 @@ def main(argv: list[str] | None = None) -> int:
         status = _main(argv)
         sys.stdout.flush()
     except BrokenPipeError:
-        return _quiet_broken_pipe()
+        return checks.quiet_broken_pipe()
     except SystemExit as exc:
-        if _is_broken_pipe(exc):
-            return _quiet_broken_pipe()
+        if checks.is_broken_pipe(exc):
+            return checks.quiet_broken_pipe()
         raise
     return status
 
@@ -678,7 +605,7 @@ def _main(argv: list[str] | None) -> int:
             if type(exc).__name__ == "NoArgsIsHelpError":
                 exc.show()  # type: ignore[attr-defined]  # the help itself, as asked
             else:
-                sys.stderr.write(_usage_line(exc))  # type: ignore[arg-type]
+                sys.stderr.write(checks.usage_line(exc))  # type: ignore[arg-type]
             return ExitCode.USAGE
         if os.environ.get("CACHEAUDIT_DEBUG"):
             raise

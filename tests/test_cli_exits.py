@@ -213,3 +213,21 @@ def test_every_exit_status_is_documented_with_a_test_that_exists():
     for status, cell in rows:
         for path, name in re.findall(r"`(test_\w+\.py)::(test_\w+)`", cell):
             assert f"\ndef {name}(" in (ROOT / "tests" / path).read_text(), (status, path, name)
+
+
+def test_the_configured_ledger_directory_is_made_and_a_typed_one_refused(tmp_path: Path):
+    """`ledger = ".cacheaudit/ledger.db"` in a fresh checkout: made as needed; the same path
+    given with --ledger (a typo is typed) is refused, and nothing is created."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "pyproject.toml").write_text('[tool.cacheaudit]\nledger = ".cacheaudit/ledger.db"\n')
+    done = cacheaudit(tmp_path, "scan", "--allow-empty", cwd=work)
+    assert done.returncode == 0, done.stderr
+    assert (work / ".cacheaudit" / "ledger.db").exists(), done.stderr
+    typed = cacheaudit(tmp_path, "scan", "--allow-empty", "--ledger",
+                       str(tmp_path / "typo" / "l.db"), cwd=work)
+    assert typed.returncode == ExitCode.USAGE
+    assert typed.stderr.splitlines() == [
+        f"cacheaudit: error: --ledger {tmp_path / 'typo' / 'l.db'}: no directory "
+        f"{tmp_path / 'typo'} (create it, or fix the path)"]
+    assert not (tmp_path / "typo").exists()
