@@ -223,6 +223,7 @@ def scan(
     _check_codes(selected, "--select")
     _check_codes(ignored, "--ignore")
     checks.check_selection(selected, ignored)
+    checks.check_directories(include_dir or [], "--include-dir")
     options = audit.AuditOptions(
         select=frozenset(selected), ignore=frozenset(ignored),
         reconstruct=settings.reconstruct if reconstruct is None else reconstruct,
@@ -378,6 +379,9 @@ def explain(
     from cacheaudit import output
     from cacheaudit.explain import explain as build
     from cacheaudit.ledger import open_existing
+
+    checks.refuse_conflicts((not target.strip(), "explain needs an entry path, a key prefix or "
+                                                 "a record id, not an empty string"))
 
     with contextlib.ExitStack() as stack:
         opened = open_existing(_ledger_location(ledger))

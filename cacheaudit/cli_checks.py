@@ -55,6 +55,13 @@ def check_ledger_directory(option: object, location: str) -> None:
                          f"{directory} (create it, or fix the path)")
 
 
+def check_directories(paths: list[str], option: str) -> None:
+    """Directories the user named for an option (`--include-dir`): each must exist."""
+    for path in paths:
+        if not os.path.isdir(os.path.expanduser(path)):
+            raise UsageError(f"{option} {path}: no such directory")
+
+
 def check_new_directory(directory: Path) -> None:
     """A directory a command may create, but not its parents."""
     parent = directory.absolute().parent

@@ -159,6 +159,8 @@ CASES: dict[str, Callable[[Path], Case]] = {
     "scan-no-root": _plain("scan"),
     "scan-empty-default-root": _empty_default_root,
     "explain-unknown": _plain("explain", "ffffffffffffffffffff"),
+    "explain-empty": _plain("explain", ""),
+    "include-dir-missing": _plain("scan", "--include-dir", "$TMP/no/include"),
     "run-no-command": _plain("run", "--"),
     "run-no-such-command": _plain("run", "--", "nosuchcommand"),
     "run-not-executable": _not_executable,
