@@ -20,6 +20,8 @@ from cacheaudit.exceptions import ExitCode
 from support import needs_gxx
 from truth_table import Project
 
+pytest_plugins = ["pytester"]
+
 FOREIGN_PYPROJECT = '[tool.black\nline-length = 99\n'
 """Another tool's pyproject.toml with a syntax error, and no [tool.cacheaudit]."""
 
@@ -231,3 +233,21 @@ def test_the_configured_ledger_directory_is_made_and_a_typed_one_refused(tmp_pat
         f"cacheaudit: error: --ledger {tmp_path / 'typo' / 'l.db'}: no directory "
         f"{tmp_path / 'typo'} (create it, or fix the path)"]
     assert not (tmp_path / "typo").exists()
+
+
+def test_the_pytest_plugin_passes_where_no_root_exists(pytester: pytest.Pytester,
+                                                       tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch):
+    """The plugin audits what the session used, as `run` does: a suite that compiles nothing,
+    with a cache variable naming a missing directory, passes under --cacheaudit-fail-on=error."""
+    for name in [n for n in os.environ if n.startswith(_OWN)]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("CACHEAUDIT_LEDGER", str(tmp_path / "ledger.db"))
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "nope"))
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
+    pytester.makepyfile(test_one="def test_nothing():\n    pass\n")
+    result = pytester.runpytest_subprocess("--cacheaudit", "--cacheaudit-fail-on=error")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.OK
