@@ -399,8 +399,8 @@ def run(
     command: Annotated[list[str], typer.Argument(help="The command to run, after --.")],
     ledger: LedgerOption = None,
     fail_on: Annotated[Severity, typer.Option(
-        "--fail-on", help="Exit 1 (when the command itself "
-        "succeeded) if a finding reaches this severity.")] = "never",
+        "--fail-on", help="Exit 1 (when the command itself succeeded) if a finding reaches "
+        "this severity.")] = "never",
     report_json: Annotated[Path | None, typer.Option(
         "--report-json", help="Also write the report as JSON to this file.")] = None,
 ) -> None:
