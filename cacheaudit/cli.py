@@ -7,10 +7,11 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
+from cacheaudit import cli_checks as checks
 from cacheaudit.exceptions import CacheAuditError, ExitCode, UsageError
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
 app = typer.Typer(
     name="cacheaudit",
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Audit the compile caches of GPU kernel JIT runtimes: which compiler, which options, "
     "fresh or cached, and did every input that changed enter the key.",
     no_args_is_help=True,
@@ -39,7 +41,7 @@ LedgerOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 OutputFormatOption = Annotated[str | None, typer.Option(
-    "--output-format", "--format", metavar="FORMAT",
+    "--output-format", "--format", metavar="<full|concise|json|markdown|github|sarif>",
     help="full (the default: a block per finding), concise (a line per finding), json, "
     "markdown, github (workflow annotations) or sarif (SARIF 2.1.0); --json is "
     "--output-format json, and --format table is full.")]
@@ -50,6 +52,24 @@ VerboseOption = Annotated[bool, typer.Option(
 ColorOption = Annotated[str, typer.Option(
     "--color", metavar="WHEN", help="Colour: auto (on a terminal, unless NO_COLOR is set or "
     "FORCE_COLOR asks for it), always or never.")]
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"cacheaudit {version('cacheaudit')}")
+        except PackageNotFoundError:  # pragma: no cover - run from a source tree
+            typer.echo("cacheaudit (version unknown: not installed)")
+        raise typer.Exit(ExitCode.CLEAN)
+
+
+@app.callback()
+def _top(version: Annotated[bool, typer.Option(
+        "--version", callback=_show_version, is_eager=True,
+        help="Print the version and exit.")] = False) -> None:
+    """Audit the compile caches of GPU kernel JIT runtimes."""
 
 
 def _console(color: str = "auto", *, stderr: bool = False) -> Console:
@@ -70,6 +90,8 @@ def _format(value: str | None, json_output: bool, default: str = "full") -> str:
     from cacheaudit.render import output_format
 
     if json_output:
+        if value not in (None, "json"):
+            raise UsageError(f"--json and --format {value} contradict each other: give one")
         return "json"
     try:
         return output_format(value or default)
@@ -84,15 +106,35 @@ def _view(chosen: str, console: Console, verbose: bool, quiet: bool) -> render.V
 
 
 def _settings() -> Settings:
+    """The configuration, its warnings (a pyproject.toml of other tools that does not parse)
+    said on stderr, one line each."""
     from cacheaudit.config import load_settings
 
-    return load_settings()
+    settings = load_settings()
+    for warning in settings.warnings:
+        typer.echo(f"cacheaudit: warning: {warning}", err=True)
+    return settings
 
 
-def _ledger_location(option: Path | None, settings: Settings | None = None) -> str:
+def _ledger_location(option: Path | None, settings: Settings | None = None, *,
+                     creates: bool = False) -> str:
+    """The ledger to use. `creates`: the command makes it when absent, and refuses a path given
+    on the command line or in CACHEAUDIT_LEDGER whose directory does not exist: a mistyped path
+    must not leave a new directory tree behind. The default location and the configuration's
+    `ledger` (a project's `.cacheaudit/` on a fresh checkout) are made as needed."""
     from cacheaudit.config import ledger_location
 
-    return ledger_location(option, settings if settings is not None else _settings())
+    settings = settings if settings is not None else _settings()
+    location = ledger_location(option, settings)
+    if creates and option:
+        checks.check_ledger_directory(option, location)
+    return location
+
+
+def _fail_on(option: str | None, settings: Settings) -> str:
+    from cacheaudit.config import effective_fail_on
+
+    return effective_fail_on(option, settings)
 
 
 def _write_output(path: Path, text: str) -> None:
@@ -123,10 +165,10 @@ def report(
     json_output: JsonOption = False,
     kernel: Annotated[str | None, typer.Option(help="Only this kernel.")] = None,
     runtime: Annotated[str | None, typer.Option(help="Only this runtime.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many, newest last.")] = 50,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest last.")] = 50,
     graph: Annotated[bool, typer.Option("--graph", help="With --json: list every input.")] = False,
     output_format: Annotated[str | None, typer.Option(
-        "--output-format", "--format", metavar="FORMAT",
+        "--output-format", "--format", metavar="<full|concise|json>",
         help="full (a block per record), concise (a line per record) or json.")] = None,
     quiet: QuietOption = False,
     color: ColorOption = "auto",
@@ -139,6 +181,9 @@ def report(
     chosen = _format(output_format, json_output)
     if chosen not in ("full", "concise", "json"):
         raise UsageError(f"report --output-format must be full, concise or json, not {chosen}")
+    checks.refuse_conflicts((graph and chosen != "json",
+                             "--graph lists inputs in the JSON only: add --json, or leave out "
+                             "--graph"))
     location = _ledger_location(ledger)
     opened = open_existing(location)
     if opened is None:
@@ -148,7 +193,7 @@ def report(
         return
     with opened:
         records = opened.recent_records(kernel=kernel, runtime=runtime, limit=limit)
-        total = opened.count("records") if kernel is None and runtime is None else None
+        total = opened.count_records(kernel=kernel, runtime=runtime)
     if chosen == "json":
         sys.stdout.write(output.records_json(records, with_graph=graph) + "\n")
         return
@@ -162,8 +207,10 @@ def _emit(lines: list[render.Line], console: Console) -> None:
     emit(lines, console)
 
 
-FailOnOption = Annotated[str | None, typer.Option(
-    "--fail-on", help="Exit 1 when a finding reaches this severity: error, warning, info, never "
+# Literal types: typer offers them as choices in the help and refuses anything else.
+Severity = Literal["error", "warning", "info", "never"]
+FailOnOption = Annotated[Severity | None, typer.Option(
+    "--fail-on", help="Exit 1 when a finding reaches this severity "
     "(default error, or [tool.cacheaudit] fail-on).")]
 YesOption = Annotated[bool, typer.Option(
     "--yes", help="Run compile commands from records this user did not seal (another user's "
@@ -215,20 +262,22 @@ def scan(
         "--verify", help="Then rebuild the entries whose verdict is only a warning or "
         "unverifiable and compare the binaries (the rebuild oracle, see `verify`).")] = False,
     yes: YesOption = False,
+    allow_empty: Annotated[bool, typer.Option(
+        "--allow-empty", help="Pass when there is nothing to scan: no cache root found, or a "
+        "cache variable naming a directory that does not exist (default: exit 2).")] = False,
 ) -> None:
     """Audit cache entries: every input that changed without the key noticing."""
     from cacheaudit import audit, output
-    from cacheaudit.config import fail_on_problem
 
     settings = _settings()
-    fail_on = fail_on or settings.fail_on
-    if problem := fail_on_problem(fail_on, "--fail-on"):
-        raise UsageError(problem)
+    fail_on = _fail_on(fail_on, settings)
     chosen = _format(output_format, json_output)
     selected = _codes(select) or _codes(settings.select)
     ignored = _codes(ignore) or _codes(settings.ignore)
     _check_codes(selected, "--select")
     _check_codes(ignored, "--ignore")
+    checks.check_selection(selected, ignored)
+    checks.check_directories(include_dir or [], "--include-dir")
     options = audit.AuditOptions(
         select=frozenset(selected), ignore=frozenset(ignored),
         reconstruct=settings.reconstruct if reconstruct is None else reconstruct,
@@ -238,12 +287,16 @@ def scan(
     from cacheaudit.ledger import open_ledger
 
     console = _console(color)
-    with open_ledger(_ledger_location(ledger, settings)) as opened, _progress(
+    with open_ledger(_ledger_location(ledger, settings, creates=True)) as opened, _progress(
             progress and chosen in ("full", "concise")) as advance:
         result = audit.scan(paths or settings.paths, os.environ, ledger=opened, options=options,
                             progress=advance)
+        if not allow_empty:
+            checks.refuse_nothing_scanned(result, _cache_variables())
         if verify:
             result = _verify_scan(result, opened, yes)
+    for layout, root in result.empty_roots:
+        typer.echo(f"cacheaudit: root {root} ({layout}): no entries", err=True)
     if chosen == "json":
         summary = output.summary_line(len(result.entries), len(result.roots), result.matched,
                                       result.reconstructed, result.findings)
@@ -306,14 +359,12 @@ def verify_command(
     fresh compiles differ from each other."""
     from cacheaudit import audit, output
     from cacheaudit.audit.verify import VerifyOptions, entries_of, verify
-    from cacheaudit.config import fail_on_problem
     from cacheaudit.digest import StateCache
     from cacheaudit.ledger import open_existing
 
     settings = _settings()
-    fail_on = fail_on or settings.fail_on
-    if problem := fail_on_problem(fail_on, "--fail-on"):
-        raise UsageError(problem)
+    fail_on = _fail_on(fail_on, settings)
+    checks.check_timeout(timeout)
     entries = entries_of(targets or settings.paths, os.environ, StateCache())
     options = VerifyOptions(sample=sample, seed=seed, jobs=jobs, timeout=timeout,
                             dry_run=dry_run, yes=yes)
@@ -494,7 +545,7 @@ def explain(
     ledger: LedgerOption = None,
     json_output: JsonOption = False,
     output_format: Annotated[str | None, typer.Option(
-        "--output-format", "--format", metavar="FORMAT",
+        "--output-format", "--format", metavar="<full|json>",
         help="full (the default) or json.")] = None,
     verbose: VerboseOption = False,
     color: ColorOption = "auto",
@@ -509,6 +560,9 @@ def explain(
     chosen = _format(output_format, json_output)
     if chosen not in ("full", "json"):
         raise UsageError(f"explain --output-format must be full or json, not {chosen}")
+    checks.refuse_conflicts((not target.strip(), "explain needs an entry path, a key prefix or "
+                                                 "a record id, not an empty string"))
+
     with contextlib.ExitStack() as stack:
         opened = open_existing(_ledger_location(ledger))
         if opened is not None:
@@ -526,13 +580,13 @@ def explain(
 def run(
     command: Annotated[list[str], typer.Argument(help="The command to run, after --.")],
     ledger: LedgerOption = None,
-    fail_on: Annotated[str, typer.Option(
+    fail_on: Annotated[Severity, typer.Option(
         "--fail-on", help="Exit 1 (when the command itself succeeded) if a finding reaches "
-        "this severity: error, warning, info or never.")] = "never",
+        "this severity.")] = "never",
     report_json: Annotated[Path | None, typer.Option(
         "--report-json", help="Also write the report as JSON to this file.")] = None,
     output_format: Annotated[str | None, typer.Option(
-        "--output-format", "--format", metavar="FORMAT",
+        "--output-format", "--format", metavar="<full|concise|markdown|github|sarif>",
         help="How the report at exit is shown on stderr: full (the default), concise, "
         "markdown, github or sarif (JSON: --report-json).")] = None,
     quiet: QuietOption = False,
@@ -542,10 +596,7 @@ def run(
     """Run any command with the compiler shim and the in-process adapters active; print the
     report at exit. The exit status is the command's unless --fail-on says otherwise."""
     from cacheaudit import audit, output, runner
-    from cacheaudit.config import fail_on_problem
 
-    if problem := fail_on_problem(fail_on, "--fail-on"):
-        raise UsageError(problem)
     chosen = _format(output_format, False)
     if chosen == "json":
         raise UsageError("run prints its report on stderr, beside the command's output: "
@@ -553,7 +604,7 @@ def run(
     console = _stderr_console(color)
     if report_json is not None:
         _check_writable(report_json)
-    outcome = runner.run_recorded(command, ledger=_ledger_location(ledger))
+    outcome = runner.run_recorded(command, ledger=_ledger_location(ledger, creates=True))
     report = outcome.report
     # From here on the command has run: nothing cacheaudit fails at may change its status.
     if report is None:
@@ -592,7 +643,7 @@ def combine(
     from cacheaudit.ledger import combine as merge
     from cacheaudit.ledger import open_ledger
 
-    with open_ledger(_ledger_location(ledger)) as opened:
+    with open_ledger(_ledger_location(ledger, creates=True)) as opened:
         result = merge(opened, [str(s) for s in sources], keep=keep)
         total = opened.count("records")
     for problem in result.skipped:
@@ -620,6 +671,7 @@ def snapshot(
 
     from cacheaudit.snapshot import collect, to_markdown
 
+    checks.check_timeout(timeout)
     if out is not None:
         _check_writable(out)
     taken = collect(os.environ, ledger=_ledger_location(ledger), timeout=timeout,
@@ -655,8 +707,8 @@ def diff_snapshots(
 @app.command()
 def demo(
     keep: Annotated[bool, typer.Option(help="Keep the temporary directory.")] = False,
-    compiler: Annotated[str, typer.Option(
-        help="auto (nvcc when on PATH, else g++), nvcc or g++.")] = "auto",
+    compiler: Annotated[Literal["auto", "nvcc", "g++"], typer.Option(
+        help="auto: nvcc when on PATH, else g++.")] = "auto",
     json_output: JsonOption = False,
 ) -> None:
     """Make a JIT cache go stale and catch it: a reference runtime with DeepJIT's cache
@@ -667,8 +719,6 @@ def demo(
     from cacheaudit import output
     from cacheaudit.demo import render, result_json, run_demo
 
-    if compiler not in ("auto", "nvcc", "g++"):
-        raise UsageError(f"--compiler must be auto, nvcc or g++, not {compiler!r}")
     console = _console()
     def prose(line: str) -> None:
         # Wrapped between words; a path longer than the line overflows it, whole.
@@ -710,12 +760,26 @@ def shim_install(
     """Lay out a masquerade directory (its help names the runtimes' compiler settings)."""
     from cacheaudit.shim import install_masquerade
 
+    checks.check_new_directory(directory)  # a mistyped path leaves no new tree behind
     for line in install_masquerade(str(directory), names=names or None, force=force):
         typer.echo(line)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: library errors become one line and a documented exit status."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return checks.quiet_broken_pipe()
+    except SystemExit as exc:
+        if checks.is_broken_pipe(exc):
+            return checks.quiet_broken_pipe()
+        raise
+    return status
+
+
+def _main(argv: list[str] | None) -> int:
     command = typer.main.get_command(app)
     try:
         status = command.main(args=argv, prog_name="cacheaudit", standalone_mode=False)
@@ -734,11 +798,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("cacheaudit: interrupted\n")
         return ExitCode.INTERRUPTED
+    except BrokenPipeError:
+        raise
     except Exception as exc:  # click's own usage errors, and the unexpected
         # typer vendors click in some releases: recognise its exceptions by shape, not class.
         if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None),
                                                                   int):
-            exc.show()  # type: ignore[attr-defined]
+            if type(exc).__name__ == "NoArgsIsHelpError":
+                exc.show()  # type: ignore[attr-defined]  # the help itself, as asked
+            else:
+                sys.stderr.write(checks.usage_line(exc))  # type: ignore[arg-type]
             return ExitCode.USAGE
         if os.environ.get("CACHEAUDIT_DEBUG"):
             raise

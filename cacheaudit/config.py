@@ -4,6 +4,11 @@ Precedence, lowest first: 1. the defaults below; 2. `[tool.cacheaudit]` of the n
 pyproject.toml at or above the working directory; 3. command-line options (and the
 CACHEAUDIT_LEDGER variable, which stands for `--ledger`).
 
+A pyproject.toml that cannot be read as TOML (a syntax error, bytes that are not UTF-8) stops
+the command only when it mentions cacheaudit: one without any `[tool.cacheaudit]` belongs to
+other tools, and is skipped with a warning (`Settings.warnings`). A `fail-on` in the table is
+checked where it is used: a valid `--fail-on` on the command line overrides an invalid one.
+
 Paths in the table (`ledger`, `paths`, `include-dirs`) are read as the project means them
 wherever the command runs: `~` is expanded, and a relative path is taken from the
 pyproject.toml's directory.
@@ -12,6 +17,7 @@ pyproject.toml's directory.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,6 +56,11 @@ class Settings:
     include_dirs: list[str] = field(default_factory=list)
     """Include trees of installed libraries a scan cannot find on its own (`--include-dir`):
     DeepGEMM's `deep_gemm/include`, for entries built without recording."""
+    source: str | None = None
+    """The pyproject.toml the table came from, for messages about its values."""
+    warnings: list[str] = field(default_factory=list)
+    """One line each: what was skipped and why (a pyproject.toml of other tools that cannot be
+    parsed). The command prints them on stderr and goes on."""
 
 
 # key in [tool.cacheaudit] -> (attribute, expected type)
@@ -81,6 +92,21 @@ def ledger_location(option: str | os.PathLike[str] | None, settings: Settings) -
     return settings.ledger or default_ledger_path()
 
 
+def effective_fail_on(option: str | None, settings: Settings) -> str:
+    """`--fail-on` when given, else the table's `fail-on`, else the default; raises ConfigError
+    (one line naming where the value came from) when the one used is not a severity."""
+    if option is not None:
+        where = "--fail-on"
+        value = option
+    else:
+        where = (f"{settings.source}: [tool.cacheaudit] fail-on" if settings.source
+                 else "fail-on")
+        value = settings.fail_on
+    if problem := fail_on_problem(value, where):
+        raise ConfigError(problem)
+    return value
+
+
 def find_pyproject(start: str | None = None) -> str | None:
     directory = os.path.abspath(start or os.getcwd())
     while True:
@@ -100,13 +126,41 @@ def load_settings(start: str | None = None) -> Settings:
         return settings
     try:
         with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read it: {exc}") from exc
-    table = data.get("tool", {}).get("cacheaudit")
+            raw = handle.read()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from exc
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        problem = (f"{path}: not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                   "TOML files must be UTF-8")
+        return _unreadable(settings, raw, problem)
+    except tomllib.TOMLDecodeError as exc:
+        return _unreadable(settings, raw, f"{path}: not valid TOML {_toml_place(exc)}")
+    tool = data.get("tool", {})
+    table = tool.get("cacheaudit") if isinstance(tool, Mapping) else None
     if table is None:
         return settings
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{path}: [tool.cacheaudit] must be a table, not {table!r} "
+                          "(write `[tool.cacheaudit]` and its settings below it)")
     apply_table(settings, table, path)
+    return settings
+
+
+def _toml_place(error: Exception) -> str:
+    """Where the parser stopped, in words that do not change with the Python release (the
+    parser's own wording does)."""
+    found = re.search(r"at line (\d+), column (\d+)", str(error))
+    return f"at line {found[1]}, column {found[2]}" if found else f"({error})"
+
+
+def _unreadable(settings: Settings, raw: bytes, problem: str) -> Settings:
+    """A pyproject.toml that does not parse: ours to stop at when it mentions cacheaudit (its
+    settings would be lost), another tool's business otherwise: a warning, and the defaults."""
+    if b"cacheaudit" in raw:
+        raise ConfigError(f"{problem}; fix it: its [tool.cacheaudit] cannot be read")
+    settings.warnings.append(f"{problem}; it has no [tool.cacheaudit], so it is skipped")
     return settings
 
 
@@ -121,8 +175,7 @@ def apply_table(settings: Settings, table: Mapping[str, Any], path: str) -> None
             raise ConfigError(f"{path}: [tool.cacheaudit] {key} must be a {expected.__name__}"
                               f"{' of strings' if expected is list else ''}, not {value!r}")
         setattr(settings, attribute, value)
-    if problem := fail_on_problem(settings.fail_on, f"{path}: [tool.cacheaudit] fail-on"):
-        raise ConfigError(problem)
+    settings.source = path
     base = os.path.dirname(os.path.abspath(path))
     if settings.ledger:
         settings.ledger = resolve_path(settings.ledger, base)

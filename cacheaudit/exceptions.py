@@ -11,7 +11,10 @@ class ExitCode:
     USAGE = 2
     INTERNAL = 3
     UNTRUSTED = 4  # the rebuild oracle met commands this user did not seal, and no --yes
+    NOT_EXECUTABLE = 126  # `run`: the command exists but cannot be executed, as shells say
+    NOT_FOUND = 127  # `run`: no such command, as shells say
     INTERRUPTED = 130  # 128 + SIGINT, the shell's convention for Ctrl-C
+    BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (`| head`), as shells say
 
 
 class CacheAuditError(Exception):
@@ -41,6 +44,15 @@ class LedgerReadOnly(LedgerError):
 
 class ConfigError(UsageError):
     """A `[tool.cacheaudit]` setting or CACHEAUDIT_* variable has a value we cannot use."""
+
+
+class CommandNotRun(CacheAuditError):
+    """`cacheaudit run`: the command could not be started; the status is the shell's (127 when
+    there is no such command, 126 when it cannot be executed)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class TokenizeError(ValueError):

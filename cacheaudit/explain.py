@@ -6,6 +6,7 @@ rendering is `output.py`'s business.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 from collections.abc import Mapping
@@ -15,10 +16,11 @@ from cacheaudit.audit import AuditOptions, Auditor, discover
 from cacheaudit.audit.scan import entry_at
 from cacheaudit.digest import StateCache
 from cacheaudit.exceptions import UsageError
+from cacheaudit.layout import Layout
 from cacheaudit.ledger import Ledger
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import KeyCheck, TrackedSet
-from cacheaudit.runtimes import policy_for
+from cacheaudit.runtimes import layouts, policy_for
 
 
 @dataclass(frozen=True)
@@ -43,15 +45,34 @@ class Explanation:
     findings: list[Finding] = field(default_factory=list)
 
 
-def _entry_by_key(prefix: str, env: Mapping[str, str], cache: StateCache) -> CacheEntry | None:
-    matches = []
-    for reader, root in discover([], env):
+def _roots_to_search(env: Mapping[str, str], ledger: Ledger | None) -> list[tuple[Layout, str]]:
+    """The default roots under `env`, then the roots the ledger knows (earlier scans' roots,
+    `Ledger.remember_roots`), each with the layouts that take it for a root: a key prefix is
+    found where the scan found the entry, whether or not the runtime's variable is set now."""
+    found = list(discover([], env))
+    seen = {os.path.normpath(root) for _reader, root in found}
+    known: list[str] = []
+    if ledger is not None:
+        with contextlib.suppress(Exception):  # an old or damaged table only narrows the search
+            known = sorted(ledger.known_roots())
+    for root in known:
+        if os.path.normpath(root) in seen or not os.path.isdir(root):
+            continue
+        seen.add(os.path.normpath(root))
+        found += [(reader, root) for reader in layouts() if reader.is_root(root)]
+    return found
+
+
+def _entry_by_key(prefix: str, env: Mapping[str, str], cache: StateCache,
+                  ledger: Ledger | None = None) -> CacheEntry | None:
+    matches: dict[str, CacheEntry] = {}
+    for reader, root in _roots_to_search(env, ledger):
         for item in reader.read(root, cache):
             if isinstance(item, CacheEntry) and item.key and item.key.startswith(prefix):
-                matches.append(item)
+                matches.setdefault(item.path, item)
     if len(matches) > 1:
         raise UsageError(f"{prefix!r} matches {len(matches)} entries; give more of the key")
-    return matches[0] if matches else None
+    return next(iter(matches.values()), None)
 
 
 def locate(target: str, env: Mapping[str, str], ledger: Ledger | None,
@@ -75,7 +96,7 @@ def locate(target: str, env: Mapping[str, str], ledger: Ledger | None,
             entry = entry_at(record.entry, cache) if record.entry and os.path.exists(
                 record.entry) else None
             return entry, record
-    entry = _entry_by_key(target, env, cache)
+    entry = _entry_by_key(target, env, cache, ledger)
     if entry is None:
         raise UsageError(f"{target}: no entry path, entry key or record id matches")
     return entry, None

@@ -35,6 +35,12 @@ class Layout:
         """Cache roots this runtime would use under `env`, existing or not, in lookup order."""
         raise NotImplementedError
 
+    def root_variables(self, env: Mapping[str, str]) -> tuple[str, ...]:
+        """Variables set in `env`, beyond the spec's `cache_variables`, whose values name this
+        layout's roots (a scan refuses one that names no existing directory). Default: none;
+        a layout that reads variables by pattern names those `env` holds."""
+        return ()
+
     def is_root(self, path: str) -> bool:
         """Whether `path` looks like a root of this layout (cheap: a few stats)."""
         raise NotImplementedError

@@ -122,7 +122,8 @@ def records_lines(records: Sequence[Any], view: View, total: int | None = None) 
                 if view.format == "concise" else [*block, Line("")]
     shown = count_text(len(records), "recorded compile")
     if total is not None and total > len(records):
-        shown = f"the last {len(records)} of {total} recorded compiles (--limit shows more)"
+        shown = (f"the last {len(records)} of {total} recorded compiles shown (--limit {total} "
+                 "shows them all)")
     return lines + [Line(t) for t in wrap(f"cacheaudit: {shown}", view.width, "", INDENT)]
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from cacheaudit import startup
 from cacheaudit.audit import RunReport, ScopeObserver, audit_run
-from cacheaudit.exceptions import UsageError
+from cacheaudit.exceptions import CommandNotRun, ExitCode, UsageError
 from cacheaudit.ledger import open_ledger
 from cacheaudit.session import prepare
 
@@ -54,7 +54,9 @@ def run_recorded(command: Sequence[str], *, ledger: str) -> RunOutcome:
         try:
             child = subprocess.Popen(list(command), env=session.env)
         except OSError as exc:
-            raise UsageError(f"cannot run {command[0]}: {exc.strerror}") from exc
+            status = (ExitCode.NOT_FOUND if isinstance(exc, FileNotFoundError)
+                      else ExitCode.NOT_EXECUTABLE)
+            raise CommandNotRun(f"cannot run {command[0]}: {exc.strerror}", status) from exc
         previous = {sig: signal.signal(sig, lambda s, _f: _forward(child, s))
                     for sig in _FORWARDED}
         try:

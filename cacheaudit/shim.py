@@ -334,16 +334,33 @@ def install_masquerade(directory: str, names: Sequence[str] | None = None,
         target = shim_executable()
     except ShimError as exc:
         raise UsageError(str(exc)) from exc
-    os.makedirs(directory, exist_ok=True)
+    _make_masquerade_dir(directory)
     done: list[str] = []
     for name in chosen:
         link = os.path.join(directory, name)
         if os.path.lexists(link) and not is_link_to(link, target) and not force:
             raise UsageError(f"{link} exists and is not the shim (use --force to replace it)")
-        link_to_shim(directory, name, target)
+        try:
+            link_to_shim(directory, name, target)
+        except OSError as exc:
+            raise UsageError(f"cannot write {link}: {exc.strerror or exc}") from exc
         done.append(f"{link} -> {target}")
     mark_masquerade_dir(directory)
     return done
+
+
+def _make_masquerade_dir(directory: str) -> None:
+    """The directory and its parents (sessions lay out theirs under the cache directory); a file
+    of that name is not replaced, and what cannot be made is a usage error, in one line."""
+    from cacheaudit.exceptions import UsageError
+
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        raise UsageError(f"{directory}: not a directory (give a new name, or a directory to "
+                         "fill)")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create {directory}: {exc.strerror or exc}") from exc
 
 
 def is_link_to(link: str, target: str) -> bool:

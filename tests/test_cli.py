@@ -167,7 +167,7 @@ def test_report_says_how_many_of_how_many_it_shows(tmp_path: Path):
                        env=dict(os.environ, COLUMNS="200"))
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.rstrip().splitlines()[-1] == (
-        "cacheaudit: the last 2 of 3 recorded compiles (--limit shows more)")
+        "cacheaudit: the last 2 of 3 recorded compiles shown (--limit 3 shows them all)")
     assert "deepjit kernel k1" in shown.stdout and "deepjit kernel k0" not in shown.stdout
     every = cacheaudit("report", "--ledger", str(tmp_path / "l.db"), "--quiet")
     assert every.stdout == "cacheaudit: 3 recorded compiles\n"

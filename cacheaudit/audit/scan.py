@@ -42,6 +42,7 @@ from cacheaudit.audit.context import AuditContext, CompilerNow, LoadedRecords
 from cacheaudit.audit.identity import Candidates, choose, places_of
 from cacheaudit.audit.observations import ObservedEnvironments
 from cacheaudit.audit.options import AuditOptions, keep
+from cacheaudit.audit.roots import empty_default_roots, missing_named_roots
 from cacheaudit.digest import StateCache
 from cacheaudit.findings import make_finding, with_remedy
 from cacheaudit.layout import Layout
@@ -75,6 +76,11 @@ class ScanResult:
     reconstructed_now: int = 0
     """Of those, the entries this scan ran a dependency pass for."""
     ledger: str | None = None
+    empty_roots: list[tuple[str, str]] = field(default_factory=list)
+    """(layout, root): default roots that exist but hold no entry a layout recognises; also
+    in `roots` (scanned, with nothing in them)."""
+    missing_roots: list[tuple[str, str]] = field(default_factory=list)
+    """(variable, value): cache variables whose roots do not exist (`audit.roots`)."""
 
 
 def policy_of(entry: CacheEntry) -> tuple[Policy | None, str]:
@@ -547,7 +553,10 @@ def scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None 
             ledger.remember_states(s for e in entries for s in (e.binary, e.source)
                                    if s is not None and s not in seen)
             ledger.remember_roots((r.layout, root) for r, root in roots)
-    return ScanResult(roots=[(r.layout, root) for r, root in roots], entries=entries,
+    empty, missing = ([], []) if paths else (empty_default_roots(env, roots),
+                                              missing_named_roots(env))
+    return ScanResult(roots=[(r.layout, root) for r, root in roots] + empty, entries=entries,
+                      empty_roots=empty, missing_roots=missing,
                       leftovers=leftovers, findings=keep(findings, options),
                       matched=auditor.matched, reconstructed=auditor.reconstructed,
                       reconstructed_now=auditor.reconstructed_now,

@@ -458,9 +458,8 @@ class Ledger:
             self._load_graphs(row[c] for row in rows for c in columns)
         return [self._record_from_row(row, with_graphs, with_files) for row in rows]
 
-    def recent_records(self, *, kernel: str | None = None, runtime: str | None = None,
-                       limit: int = 50, with_files: bool = True) -> list[CompileRecord]:
-        """The newest `limit` records, of one kernel or runtime when given, newest last."""
+    @staticmethod
+    def _kernel_filter(kernel: str | None, runtime: str | None) -> tuple[str, list[Any]]:
         conditions, params = [], []
         if kernel:
             conditions.append("r.kernel = ?")
@@ -468,7 +467,19 @@ class Ledger:
         if runtime:
             conditions.append("r.runtime = ?")
             params.append(runtime)
-        found = self.records(where=" AND ".join(conditions), params=params,
+        return " AND ".join(conditions), params
+
+    def count_records(self, *, kernel: str | None = None, runtime: str | None = None) -> int:
+        """How many records `recent_records` chooses from (its filter, no limit)."""
+        where, params = self._kernel_filter(kernel, runtime)
+        sql = "SELECT count(*) AS count FROM records r" + (f" WHERE {where}" if where else "")
+        return int(_value(self.conn, sql, _params(params)))
+
+    def recent_records(self, *, kernel: str | None = None, runtime: str | None = None,
+                       limit: int = 50, with_files: bool = True) -> list[CompileRecord]:
+        """The newest `limit` records, of one kernel or runtime when given, newest last."""
+        where, params = self._kernel_filter(kernel, runtime)
+        found = self.records(where=where, params=params,
                              order="r.started_ns DESC, r.id DESC", limit=max(limit, 0),
                              with_files=with_files)
         found.reverse()

@@ -118,6 +118,10 @@ class DeepJitReader(Layout):
         prefixes = [*PREFIXES[:-1], *custom_prefixes(env), PREFIXES[-1]]
         return unique_paths([root for prefix in prefixes for root in prefix_roots(env, prefix)])
 
+    def root_variables(self, env: Mapping[str, str]) -> tuple[str, ...]:
+        """A library's own `<P>_JIT_CACHE_DIR` (its prefix, `custom_prefixes`)."""
+        return tuple(f"{prefix}{_CACHE_DIR_TAIL}" for prefix in custom_prefixes(env))
+
     def is_root(self, path: str) -> bool:
         """A `cache/` holding a `<tag>.<32hex>` directory, or (no entry of either layout yet) a
         `cache/` beside a `tmp/` with build directories. A DeepGEMM root says no: its entries
