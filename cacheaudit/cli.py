@@ -476,10 +476,11 @@ def demo(
         render(result, console)
     finally:
         if keep:
-            # After JSON, stdout holds the document only: the hint goes to stderr.
+            # After JSON, stdout holds the document only: the hint goes to stderr, its
+            # paths whole (soft_wrap) whatever the width.
             (_stderr_console() if json_output else console).print(output.escape_markup(
                 f"kept {result.workdir}: try `cacheaudit explain {result.workdir}/cache/cache/"
-                f"<entry> --ledger {result.workdir}/ledger.db`"))
+                f"<entry> --ledger {result.workdir}/ledger.db`"), soft_wrap=True)
         else:
             shutil.rmtree(result.workdir, ignore_errors=True)
 
