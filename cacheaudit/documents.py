@@ -16,7 +16,8 @@ from cacheaudit.evidence import utc_iso
 from cacheaudit.model import CompileRecord, CompilerIdentity, FileState, Finding, Severity
 
 if TYPE_CHECKING:
-    from cacheaudit.audit import RunReport
+    from cacheaudit.audit import RunReport, ScanResult
+    from cacheaudit.audit.verify import VerifyResult
     from cacheaudit.explain import Explanation
 
 ENV_ORIGIN_PREFIX = "env:"
@@ -136,7 +137,7 @@ def findings_json(findings: Sequence[Finding], extra: Mapping[str, Any], *,
                                             {**extra, **findings_payload(findings)}))
 
 
-def scan_json(result: Any, *, summary: str, fail_on: str, command: str = "scan") -> str:
+def scan_json(result: ScanResult, *, summary: str, fail_on: str, command: str = "scan") -> str:
     """`scan --json`: an `audit.ScanResult` with the summary line and its numbers."""
     totals = scan_totals(entries=len(result.entries), roots=len(result.roots),
                          matched=result.matched, reconstructed=result.reconstructed,
@@ -149,7 +150,7 @@ def scan_json(result: Any, *, summary: str, fail_on: str, command: str = "scan")
         "ledger": result.ledger, "fail_on": fail_on}, kind="scan", command=command)
 
 
-def verify_json(result: Any, *, summary: str, fail_on: str) -> str:
+def verify_json(result: VerifyResult, *, summary: str, fail_on: str) -> str:
     """`verify --json`: the oracle's verdict per entry and its findings."""
     return findings_json(result.findings, {
         "summary": summary, "entries": len(result.entries), "total": result.total,
