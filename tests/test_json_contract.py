@@ -263,7 +263,7 @@ def test_diff_reads_a_snapshot_from_before_the_envelope_and_refuses_a_newer_vers
     assert b"taken by a newer cacheaudit" in refused.stderr
 
 
-def test_the_schema_ships_in_the_wheel_configuration():
+def test_the_schema_is_package_data_and_a_valid_draft_2020_12_schema():
     """The schema is package data under cacheaudit/ (hatch's wheel takes the package directory
     whole), read through importlib.resources as an installed package would."""
     from importlib import resources
