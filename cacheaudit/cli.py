@@ -298,14 +298,11 @@ def scan(
     for layout, root in result.empty_roots:
         typer.echo(f"cacheaudit: root {root} ({layout}): no entries", err=True)
     if chosen == "json":
+        from cacheaudit import documents
+
         summary = output.summary_line(len(result.entries), len(result.roots), result.matched,
                                       result.reconstructed, result.findings)
-        sys.stdout.write(output.findings_json(result.findings, {
-            "roots": [{"layout": layout, "root": root} for layout, root in result.roots],
-            "entries": len(result.entries), "matched": result.matched,
-            "reconstructed": result.reconstructed,
-            "reconstructed_now": result.reconstructed_now, "ledger": result.ledger,
-            "fail_on": fail_on, "summary": summary}) + "\n")
+        sys.stdout.write(documents.scan_json(result, summary=summary, fail_on=fail_on) + "\n")
     else:
         from cacheaudit.render import Totals, render
 
@@ -357,7 +354,7 @@ def verify_command(
     """The rebuild oracle: compile entries again in a private temporary directory and compare
     the binaries: CA403 when a fresh compile differs from the cached binary, CA404 when two
     fresh compiles differ from each other."""
-    from cacheaudit import audit, output
+    from cacheaudit import audit
     from cacheaudit.audit.verify import VerifyOptions, entries_of, verify
     from cacheaudit.digest import StateCache
     from cacheaudit.ledger import open_existing
@@ -377,20 +374,18 @@ def verify_command(
         commands = [{"entry": r.entry.path, "command": r.shown(), "origin": r.origin,
                      "notes": r.notes, "needs_yes": r.needs_yes} for r in result.planned]
         if json_output:
-            import json
+            from cacheaudit import documents
 
-            sys.stdout.write(json.dumps({"commands": commands}, indent=2) + "\n")
+            sys.stdout.write(documents.verify_plan_json(commands) + "\n")
         for command in [] if json_output else commands:
             mark = f"  # needs --yes: {command['needs_yes']}" if command["needs_yes"] else ""
             typer.echo(f"{command['command']}{mark}")
         return
     summary = result.summary()
     if json_output:
-        sys.stdout.write(output.findings_json(result.findings, {
-            "entries": len(result.entries), "total": result.total, "seed": result.seed,
-            "verdicts": [{"entry": v.entry.path, "outcome": v.outcome, "note": v.note}
-                         for v in result.verdicts],
-            "fail_on": fail_on, "summary": summary}) + "\n")
+        from cacheaudit import documents
+
+        sys.stdout.write(documents.verify_json(result, summary=summary, fail_on=fail_on) + "\n")
     else:
         from cacheaudit.render import render
 
@@ -667,8 +662,7 @@ def snapshot(
     """The environment snapshot for a bug report: Markdown to paste into an issue (or --json):
     compilers, packages, GPU, the compile-affecting environment with each *_JIT_* setting's
     origin, cache roots, and the latest findings and kernels from the ledger. No secrets."""
-    import json
-
+    from cacheaudit.contract import dumps
     from cacheaudit.snapshot import collect, to_markdown
 
     checks.check_timeout(timeout)
@@ -676,7 +670,7 @@ def snapshot(
         _check_writable(out)
     taken = collect(os.environ, ledger=_ledger_location(ledger), timeout=timeout,
                     anonymize=anonymize)
-    text = json.dumps(taken, indent=2) + "\n" if json_output else to_markdown(taken)
+    text = dumps(taken) + "\n" if json_output else to_markdown(taken)
     if out is None:
         sys.stdout.write(text)
     else:
@@ -692,14 +686,12 @@ def diff_snapshots(
 ) -> None:
     """What differs between two snapshots (two machines, before and after an upgrade), grouped
     by compilers, packages, environment and caches."""
-    import json
-
-    from cacheaudit import output
+    from cacheaudit import documents, output
     from cacheaudit.snapshot import diff, load_snapshot
 
     groups = diff(load_snapshot(str(before)), load_snapshot(str(after)))
     if json_output:
-        sys.stdout.write(json.dumps(groups, indent=2) + "\n")
+        sys.stdout.write(documents.snapshot_diff_json(groups) + "\n")
     else:
         output.render_snapshot_diff(groups, _console())
 
@@ -713,7 +705,6 @@ def demo(
 ) -> None:
     """Make a JIT cache go stale and catch it: a reference runtime with DeepJIT's cache
     semantics, an edited untracked header, an injected flag, and the findings."""
-    import json
     import shutil
 
     from cacheaudit import output
@@ -728,14 +719,16 @@ def demo(
     result = run_demo(say=say, compiler=compiler)
     try:
         if json_output:
-            sys.stdout.write(json.dumps(result_json(result), indent=2) + "\n")
+            sys.stdout.write(result_json(result) + "\n")
             return
         render(result, console)
     finally:
         if keep:
-            prose(output.escape_markup(
+            # After JSON, stdout holds the document only: the hint goes to stderr, its
+            # paths whole (soft_wrap) whatever the width.
+            (_stderr_console() if json_output else console).print(output.escape_markup(
                 f"kept {result.workdir}: try `cacheaudit explain {result.workdir}/cache/cache/"
-                f"<entry> --ledger {result.workdir}/ledger.db`"))
+                f"<entry> --ledger {result.workdir}/ledger.db`"), soft_wrap=True)
         else:
             shutil.rmtree(result.workdir, ignore_errors=True)
 

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from cacheaudit import contract, documents
 from cacheaudit.audit import ScanResult, scan
 from cacheaudit.exceptions import UsageError
 from cacheaudit.ledger import Ledger
-from cacheaudit.output import escape_markup
+from cacheaudit.output import escape_markup, summary_line
 from cacheaudit.render import Totals, View
 from cacheaudit.render import render as render_findings
 from cacheaudit.shim import ShimError, find_real_compiler, install_masquerade
@@ -224,15 +225,24 @@ def _run(minijit: ModuleType, workdir: str, backend: str,
     return result
 
 
-def result_json(result: DemoResult) -> dict[str, Any]:
-    return {
+def result_json(result: DemoResult) -> str:
+    """`demo --json`: each request with the binary served and a fresh compile's (xxh3-128),
+    then the scan's findings as `scan --json` gives them."""
+    scan = result.scan
+    payload: dict[str, Any] = {
         "workdir": result.workdir, "backend": result.backend,
         "changed_variable": result.changed_variable,
         "steps": [{"title": s.title, "event": s.event, "key": s.key,
                    "binary": s.binary_digest, "fresh": s.fresh_digest, "stale": s.stale}
-                  for s in result.steps],
-        "findings": [f.to_dict() for f in result.scan.findings] if result.scan else [],
-    }
+                  for s in result.steps]}
+    if scan is not None:
+        payload["summary"] = summary_line(len(scan.entries), len(scan.roots), scan.matched,
+                                          scan.reconstructed, scan.findings)
+        payload["totals"] = documents.scan_totals(
+            entries=len(scan.entries), roots=len(scan.roots), matched=scan.matched,
+            reconstructed=scan.reconstructed, findings=len(scan.findings))
+    payload.update(documents.findings_payload(scan.findings if scan is not None else []))
+    return contract.dumps(contract.document("demo", "demo", payload))
 
 
 def render(result: DemoResult, console: Console) -> None:

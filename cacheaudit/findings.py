@@ -8,7 +8,21 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from cacheaudit.model import FINDING_CODES, CacheEntry, CompileRecord, FileState, Finding
+from cacheaudit.evidence import (
+    EVIDENCE_TYPES,
+    CompilerEvidence,
+    Evidence,
+    EvidenceValue,
+    FileEvidence,
+)
+from cacheaudit.model import (
+    FINDING_CODES,
+    CacheEntry,
+    CompileRecord,
+    CompilerIdentity,
+    FileState,
+    Finding,
+)
 
 DEFAULT_KEY_REMEDY = ("make the runtime's key cover {input}: a version string or salt it "
                       "hashes, where it offers one (its page in docs/runtimes/ says)")
@@ -67,23 +81,58 @@ def with_remedy(finding: Finding, remedy: str | None) -> Finding:
     return dataclasses.replace(finding, hint=hint_text(finding.code, finding.entry, remedy))
 
 
+Shown = str | EvidenceValue | None
+"""A finding's recorded or current value: prose, or evidence that makes its own prose."""
+
+
 def make_finding(code: str, *, subject: str, message: str, entry: CacheEntry | None = None,
-                 record: CompileRecord | None = None, recorded: str | None = None,
-                 current: str | None = None, how: str = "", inferred: bool = False,
-                 hint: str | None = None) -> Finding:
+                 record: CompileRecord | None = None, recorded: Shown = None,
+                 current: Shown = None, how: str = "", inferred: bool = False,
+                 hint: str | None = None, evidence: Evidence | None = None) -> Finding:
     """A finding with the code's hint (`HINTS`), or `hint` (formatted with `{entry}`) where the
-    check knows a better one for this case."""
+    check knows a better one for this case.
+
+    `recorded` and `current` given as evidence (`cacheaudit.evidence`) make both the prose and
+    the finding's `evidence`; `evidence` given as well is for a check whose prose says more
+    than the evidence's own (the side given as prose then keeps that prose)."""
     if code not in FINDING_CODES:
         raise ValueError(f"unknown finding code {code}")
     path = entry.path if entry else None
     hint = (hint.format(entry=path or "the entry") if hint is not None
             else hint_text(code, path))
-    return Finding(code=code, subject=subject, message=message, recorded=recorded,
-                   current=current, how=how, record_id=record.record_id if record else None,
+    if evidence is None and (isinstance(recorded, EVIDENCE_TYPES)
+                             or isinstance(current, EVIDENCE_TYPES)):
+        evidence = Evidence(recorded=recorded if isinstance(recorded, EVIDENCE_TYPES) else None,
+                            current=current if isinstance(current, EVIDENCE_TYPES) else None)
+    return Finding(code=code, subject=subject, message=message, recorded=_prose(recorded),
+                   current=_prose(current), how=how,
+                   record_id=record.record_id if record else None,
                    entry=entry.path if entry else None,
                    runtime=entry.runtime if entry else (record.runtime if record else None),
                    kernel=entry.kernel if entry else (record.kernel if record else None),
-                   inferred=inferred, hint=hint)
+                   inferred=inferred, hint=hint, evidence=evidence)
+
+
+def _prose(value: Shown) -> str | None:
+    return value.text() if isinstance(value, EVIDENCE_TYPES) else value  # type: ignore[union-attr]
+
+
+def file_evidence(state: FileState | Mapping[str, Any]) -> FileEvidence:
+    """A file state as evidence; a mapping is a state as JSON holds it (adapters' extra
+    fields)."""
+    data = state._asdict() if isinstance(state, FileState) else state
+    size = data.get("size")
+    return FileEvidence(path=str(data.get("path") or ""), exists=bool(data.get("exists")),
+                        size=int(size) if isinstance(size, int) and size >= 0 else None,
+                        digest=data.get("digest"),
+                        mtime_ns=int(data.get("mtime_ns") or 0) or None,
+                        error=data.get("error"))
+
+
+def compiler_evidence(identity: CompilerIdentity) -> CompilerEvidence:
+    return CompilerEvidence(path=identity.path, resolved=identity.resolved,
+                            version=identity.version_line, digest=identity.digest,
+                            kind=identity.kind)
 
 
 def ns_text(ns: int | None) -> str:
@@ -101,13 +150,6 @@ def ns_iso(ns: int) -> str:
 
 
 def state_text(state: FileState | Mapping[str, Any]) -> str:
-    """A file state as a finding's recorded or current value; a mapping is a state as JSON
-    holds it (adapters' extra fields)."""
-    data = state._asdict() if isinstance(state, FileState) else state
-    if not data.get("exists"):
-        return "absent"
-    if data.get("digest") is None:
-        return f"unreadable ({data.get('error')})"
-    return (f"xxh3 {str(data['digest'])[:16]}, {data.get('size')} bytes, "
-            f"mtime {ns_text(int(data.get('mtime_ns') or 0))}")
+    """A file state as a finding's prose (`file_evidence` gives it as data too)."""
+    return file_evidence(state).text()
 

@@ -15,6 +15,8 @@ from typing import Any, Literal, NamedTuple
 
 import xxhash
 
+from cacheaudit.evidence import Evidence
+
 Event = Literal["compile", "disk-hit", "memory-hit"]
 
 MEMORY_PREFIX = "<memory>/"
@@ -400,6 +402,10 @@ class Finding:
     tests: tuple[str, ...] = ()
     """The tests involved, when the run was a pytest session: the one that built the entry and
     those that hit it."""
+    evidence: Evidence | None = None
+    """`recorded` and `current` as data (file states, variables, compiler identities, times),
+    where the check that made the finding has them; None on findings read back from a ledger,
+    which stores the prose only."""
 
     @property
     def severity(self) -> Severity:
@@ -414,6 +420,7 @@ class Finding:
         data["severity"] = self.severity.value
         data["name"] = self.name
         data["tests"] = list(self.tests)
+        data["evidence"] = None if self.evidence is None else self.evidence.to_dict()
         return data
 
 

@@ -10,28 +10,25 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cacheaudit.findings import ns_text
-from cacheaudit.model import CompileRecord, CompilerIdentity, FileState, Finding
+from cacheaudit.documents import (  # noqa: F401 - the JSON documents, named here as before
+    compiler_summary,
+    explanation_json,
+    findings_json,
+    injected_by_environment,
+    record_summary,
+    records_json,
+    run_report_json,
+)
+from cacheaudit.model import Finding
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from cacheaudit.audit import RunReport
     from cacheaudit.audit.evict import EvictResult
     from cacheaudit.audit.stats import Stats, Tally
-    from cacheaudit.explain import Explanation
-
-ENV_ORIGIN_PREFIX = "env:"
-
-
-def injected_by_environment(record: CompileRecord) -> list[str]:
-    """The tokens the environment added to the compiler's argv (NVCC_APPEND_FLAGS, ...); a
-    response file's tokens came from argv and are not among them."""
-    return [t.text for t in record.effective_argv if t.origin.startswith(ENV_ORIGIN_PREFIX)]
-
 
 def escape_markup(value: object) -> str:
     """Recorded text as literal rich markup."""
@@ -43,74 +40,6 @@ def escape_markup(value: object) -> str:
 _e = escape_markup
 
 
-def compiler_summary(compiler: CompilerIdentity | None) -> dict[str, Any] | None:
-    if compiler is None:
-        return None
-    return {
-        "invoked": compiler.invoked,
-        "path": compiler.path,
-        "resolved": compiler.resolved,
-        "wrappers": list(compiler.wrappers),
-        "kind": compiler.kind,
-        "version": compiler.version_line,
-        "version_text": compiler.version_text,
-        "digest": compiler.digest,
-        "error": compiler.error,
-        "host": compiler_summary(compiler.host),
-    }
-
-
-def _state_summary(state: FileState) -> dict[str, Any]:
-    return {"path": state.path, "exists": state.exists, "size": state.size,
-            "digest": state.digest, "mtime_ns": state.mtime_ns}
-
-
-def record_summary(record: CompileRecord, *, with_graph: bool = False) -> dict[str, Any]:
-    """The four answers of one record as plain data: compiler, options, event, inputs."""
-    injected = injected_by_environment(record)
-    graph = record.graph
-    inputs: dict[str, Any] = {
-        "sources": [_state_summary(s) for s in record.sources],
-        "graph": None if graph is None else {
-            "digest": graph.digest, "method": graph.method, "file_count": len(graph.files)},
-        "tracked": list(record.tracked) if record.tracked is not None else None,
-        "modified_during_compile": list(record.modified_during_compile),
-    }
-    if with_graph and graph is not None:
-        inputs["graph"]["files"] = [
-            dict(_state_summary(f.state), written=f.written) for f in graph.files]
-    return {
-        "record_id": record.record_id,
-        "started": ns_text(record.started_ns),
-        "started_ns": record.started_ns,
-        "runtime": record.runtime,
-        "kernel": record.kernel,
-        "key": record.key,
-        "entry": record.entry,
-        "event": record.event,
-        "compiler": compiler_summary(record.compiler),
-        "options": {
-            "argv": list(record.argv),
-            "effective_argv": [{"token": t.text, "origin": t.origin}
-                               for t in record.effective_argv],
-            "injected_by_environment": injected,
-            "environment": dict(record.env),
-            "cwd": record.cwd,
-        },
-        "inputs": inputs,
-        "outputs": [_state_summary(s) for s in record.outputs],
-        "exit_code": record.exit_code,
-        "signal": record.signal,
-        "duration_ms": round(record.duration_ns / 1e6, 1),
-        "test_id": record.test_id,
-        "observer": record.observer,
-        "notes": list(record.notes),
-    }
-
-
-def records_json(records: Iterable[CompileRecord], *, with_graph: bool = False) -> str:
-    return json.dumps({"records": [record_summary(r, with_graph=with_graph) for r in records]},
-                      indent=2, ensure_ascii=False)
 
 
 # ------------------------------------------------------------------------------------ findings
@@ -127,56 +56,16 @@ def summary_line(scanned: int, roots: int, matched: int, reconstructed: int,
             f"unverified): {verdict}")
 
 
-def findings_json(findings: Sequence[Finding], extra: Mapping[str, Any]) -> str:
-    counts = Counter(f.code for f in findings)
-    return json.dumps({**extra, "counts": dict(sorted(counts.items())),
-                       "findings": [f.to_dict() for f in findings]}, indent=2,
-                      ensure_ascii=False)
 
 
 # ------------------------------------------------------------------------------------ explain
 
 
-def explanation_json(explanation: Explanation) -> str:
-    record = explanation.record
-    entry = explanation.entry
-    return json.dumps({
-        "entry": None if entry is None else {
-            "runtime": entry.runtime, "layout": entry.layout, "path": entry.path,
-            "kernel": entry.kernel, "key": entry.key,
-            "binary": entry.binary.to_dict() if entry.binary else None,
-            "built": ns_text(entry.built_ns) if entry.built_ns else None,
-            "last_hit": ns_text(entry.committed_ns) if entry.committed_ns else None,
-            "problems": list(entry.problems)},
-        "record": None if record is None else record_summary(record, with_graph=True),
-        "previous_record": explanation.previous.record_id if explanation.previous else None,
-        "lookups": [{"event": r.event, "at": ns_text(r.started_ns), "pid": r.pid}
-                    for r in explanation.lookups],
-        "tracked": None if explanation.tracked is None else {
-            "names": dict(explanation.tracked.names), "paths": sorted(explanation.tracked.paths),
-            "error": explanation.tracked.error, "how": explanation.tracked.how},
-        "key": None if explanation.key is None else {
-            "entry": entry.key if entry else None, "recomputed": explanation.key.recomputed,
-            "matches": explanation.key.matches(entry.key if entry else None),
-            "note": explanation.key.note,
-            "components": [{"label": c.label, "value": c.value, "digest": c.digest}
-                           for c in explanation.key.components]},
-        "changes_since_previous": [{"component": c.component, "item": c.item, "old": c.old,
-                                    "new": c.new} for c in explanation.changes],
-        "findings": [f.to_dict() for f in explanation.findings],
-    }, indent=2, ensure_ascii=False)
 
 
 # ------------------------------------------------------------------------------------ run
 
 
-def run_report_json(report: RunReport, command: Sequence[str], status: int) -> str:
-    """`cacheaudit run --report-json`: the run's findings with the command and its status, and
-    the counts the human summary prints (`events` holds them under the record event names)."""
-    return findings_json(report.findings, {
-        "run": report.run_uuid, "command": list(command), "exit_status": status,
-        "summary": report.summary(), "events": report.events(),
-        "activity": report.counts.as_dict(), "possibly_served": dict(report.unobserved)})
 
 
 # ------------------------------------------------------------------------------------ snapshots

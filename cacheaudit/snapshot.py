@@ -25,11 +25,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cacheaudit import __version__, bounded, envvars, probes
+from cacheaudit import __version__, bounded, contract, envvars, probes
 from cacheaudit.findings import ns_iso
 from cacheaudit.probes import COULD_NOT_COLLECT
 
-FORMAT = 1
+LEGACY_FORMAT = 1
+"""`"format": 1`: a snapshot taken before the JSON envelope (`cacheaudit.contract`); its members
+are those of version 2 without the envelope's, and `diff` reads it as ever."""
 # Packages that decide how kernels are compiled and cached besides those the runtimes' specs
 # name (PyTorch's and vLLM's lists, narrowed to JIT stacks), plus every nvidia-* wheel.
 OTHER_PACKAGES = ("numba", "numba-cuda", "jax", "jaxlib", "cacheaudit")
@@ -147,8 +149,8 @@ def _caches(env: Mapping[str, str]) -> list[dict[str, Any]]:
 
 
 def _ledger(path: str | None, recent: int) -> dict[str, Any]:
+    from cacheaudit.documents import record_summary
     from cacheaudit.ledger import default_ledger_path, open_existing
-    from cacheaudit.output import record_summary
 
     path = path or default_ledger_path()
     try:
@@ -191,9 +193,9 @@ def collect(env: Mapping[str, str] | None = None, *, ledger: str | None = None,
             problems.append(f"{name}: {COULD_NOT_COLLECT}: {type(exc).__name__}: {exc}")
             return fallback
 
+    now = time.time_ns()
     snapshot = {
-        "format": FORMAT,
-        "taken": ns_iso(time.time_ns()),
+        "taken": ns_iso(now),
         "system": part("system", _system, {}),
         "packages": part("packages", _packages, {}),
         "compilers": part("compilers", lambda: _compilers(env, timeout), []),
@@ -204,7 +206,9 @@ def collect(env: Mapping[str, str] | None = None, *, ledger: str | None = None,
         "problems": problems,
     }
     snapshot = _scrub(snapshot)
-    return anonymized(snapshot, env) if anonymize else snapshot
+    if anonymize:
+        snapshot = anonymized(snapshot, env)
+    return contract.document("snapshot", "snapshot", snapshot, generated_ns=now)
 
 
 # ------------------------------------------------------------------------------ privacy
@@ -362,9 +366,28 @@ def load_snapshot(path: str) -> dict[str, Any]:
         raise UsageError(f"{path}: not a snapshot taken with --json ({reason})") from None
     if not isinstance(data, dict) or "format" not in data:
         raise UsageError(f"{path}: not a snapshot taken with --json")
+    if (problem := _version_problem(data)) is not None:
+        raise UsageError(f"{path}: {problem}")
     if (problem := _shape_problem(data)) is not None:
         raise UsageError(f"{path}: not a snapshot taken with --json ({problem})")
     return data
+
+
+def _version_problem(data: Mapping[str, Any]) -> str | None:
+    """Why `diff` cannot read a document by its envelope: another kind, or a version newer
+    than this cacheaudit knows (a rename or removal may have happened since)."""
+    if data["format"] == LEGACY_FORMAT:
+        return None
+    wanted = contract.format_name("snapshot")
+    if data["format"] != wanted:
+        return f"not a snapshot taken with --json (its format is {data['format']!r})"
+    version, known = data.get("version"), contract.VERSIONS["snapshot"]
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        return f"a snapshot without a valid version ({version!r})"
+    if version > known:
+        return (f"a snapshot of version {version}, taken by a newer cacheaudit; this one "
+                f"reads versions up to {known}")
+    return None
 
 
 def _shape_problem(data: Mapping[str, Any]) -> str | None:

@@ -23,6 +23,7 @@ import pytest
 import xxhash
 
 from support import needs_gxx, needs_nvcc
+from truth_table import checked
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -95,7 +96,7 @@ class Job:
              str(self.ledger), "--fail-on", "never", "--no-progress", *args],
             capture_output=True, text=True, env=env, cwd=cwd or self.root, timeout=600)
         assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
+        return checked(done.stdout)
 
 
 @pytest.fixture
@@ -302,7 +303,7 @@ class PythonJob:
              str(self.root / "ledger.db"), "--fail-on", "never", "--no-progress", *args],
             capture_output=True, text=True, env=env, cwd=self.root, timeout=600)
         assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
+        return checked(done.stdout)
 
 
 def _python_job(tmp_path: Path, release: str) -> PythonJob:

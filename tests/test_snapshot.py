@@ -181,7 +181,7 @@ def test_diff_shows_exactly_what_changed(tmp_path: Path):
     after.write_text(snapshot(env, "--json")[0])
     done = subprocess.run([sys.executable, "-m", "cacheaudit", "diff", str(before), str(after),
                            "--json"], capture_output=True, text=True, env=env, check=True)
-    groups = json.loads(done.stdout)
+    groups = json.loads(done.stdout)["groups"]
     changed = {(group, row["item"], row["field"]) for group, rows in groups.items()
                for row in rows}
     assert changed == {

@@ -12,6 +12,7 @@ its in-memory caches, a new one starts empty. Run `python -m tests.truth_table` 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -50,6 +51,25 @@ def _write(path: Path, text: str, executable: bool = False) -> None:
     path.write_text(text)
     if executable:
         path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+@functools.cache
+def _validator() -> Any:
+    import jsonschema
+
+    from cacheaudit import contract
+
+    return jsonschema.Draft202012Validator(contract.schema())
+
+
+def checked(text: str) -> dict[str, Any]:
+    """A JSON document cacheaudit printed, parsed and validated against the schema shipped in
+    the package (docs/json.md): every scan and verify the truth table runs checks the contract."""
+    document = json.loads(text)
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in _validator().iter_errors(document)]
+    if errors:
+        raise AssertionError(f"not valid against the shipped schema: {errors[:5]}")
+    return document
 
 
 def _digest(path: str | None) -> str | None:
@@ -200,7 +220,7 @@ class Project:
             raise RuntimeError(f"scan failed ({done.returncode}): {done.stderr}")
         if self.verify_scans:
             self.verified.append(self.verify(**changes))
-        return json.loads(done.stdout)
+        return checked(done.stdout)
 
     def verify(self, *args: str, **changes: str | None) -> tuple[int, dict[str, Any], str]:
         """(exit status, report, stderr) of `cacheaudit verify` on the cache, as a user runs it."""
@@ -208,7 +228,7 @@ class Project:
             [sys.executable, "-m", "cacheaudit", "verify", str(self.cache), *args, "--json",
              "--ledger", str(self.ledger), "--fail-on", "never"],
             capture_output=True, text=True, env=self._env(changes), cwd=self.root, timeout=600)
-        return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {}, \
+        return done.returncode, checked(done.stdout) if done.stdout.strip() else {}, \
             done.stderr
 
     def scan_process(self, *arguments: str, fail_on: str = "never",
@@ -580,7 +600,7 @@ def killed_first_build(p: Project) -> Outcome:
     explicit = p.scan_process(str(p.cache))
     default = p.scan_process()
     failing = p.scan_process(str(p.cache), fail_on="warning")
-    report = json.loads(explicit.stdout) if explicit.returncode == 0 else {"findings": []}
+    report = checked(explicit.stdout) if explicit.returncode == 0 else {"findings": []}
     outcome = _outcome("a root holding only a killed first build", "found; CA402 leftover",
                        served, None, report)
     outcome.notes = {"build": served.get("path"), "cache": str(p.cache),

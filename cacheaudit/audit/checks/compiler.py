@@ -5,7 +5,8 @@ is gone (CA501). The identities now are taken by the scan (`AuditContext.compile
 from __future__ import annotations
 
 from cacheaudit.audit.context import AuditContext
-from cacheaudit.findings import make_finding
+from cacheaudit.evidence import CompilerEvidence, Evidence
+from cacheaudit.findings import compiler_evidence, make_finding
 from cacheaudit.model import CacheEntry, CompileRecord, Finding
 from cacheaudit.policy import Policy
 
@@ -20,7 +21,9 @@ def compiler_findings(context: AuditContext, entry: CacheEntry, record: CompileR
         return [make_finding("CA501", subject=recorded.path, entry=entry, record=record,
                              message=f"the compiler that built this entry is gone: {found.error}",
                              recorded=recorded.version_line, current="absent",
-                             how="stat of the recorded compiler path")]
+                             how="stat of the recorded compiler path",
+                             evidence=Evidence(compiler_evidence(recorded), CompilerEvidence(
+                                 path=recorded.path, exists=False)))]
     now = found.identity
     findings = []
     if (now.digest != recorded.digest or now.version_text != recorded.version_text
@@ -30,9 +33,7 @@ def compiler_findings(context: AuditContext, entry: CacheEntry, record: CompileR
             "CA301", subject=recorded.path, entry=entry, record=record,
             message=f"the compiler at {recorded.path} is not the one that built this entry, "
                     f"and {entry.runtime}'s key does not change with it",
-            recorded=f"{recorded.resolved} xxh3 {(recorded.digest or '-')[:16]} "
-                     f"({recorded.version_line})",
-            current=f"{now.resolved} xxh3 {(now.digest or '-')[:16]} ({now.version_line})",
+            recorded=compiler_evidence(recorded), current=compiler_evidence(now),
             how="content hash and --version of the compiler now"))
     old_host, new_host = recorded.host, now.host
     if old_host is not None and new_host is not None and (
@@ -44,5 +45,6 @@ def compiler_findings(context: AuditContext, entry: CacheEntry, record: CompileR
                     f"every kernel, and {entry.runtime}'s key never covers it",
             recorded=f"{old_host.resolved} ({old_host.version_line})",
             current=f"{new_host.resolved} ({new_host.version_line})",
-            how="identity of the host compiler nvcc would use now"))
+            how="identity of the host compiler nvcc would use now",
+            evidence=Evidence(compiler_evidence(old_host), compiler_evidence(new_host))))
     return findings

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import traceback
 
-from cacheaudit.findings import make_finding, ns_text
+from cacheaudit.evidence import TimeEvidence
+from cacheaudit.findings import make_finding
 from cacheaudit.model import CacheEntry, CacheLeftover, CompileRecord, Finding
 from cacheaudit.policy import TrackedSet
 
@@ -14,7 +15,7 @@ from cacheaudit.policy import TrackedSet
 def leftover_finding(leftover: CacheLeftover) -> Finding:
     """CA402 for something in a cache root that is not an entry (a crashed writer's tmp/)."""
     return make_finding("CA402", subject=leftover.path, message=leftover.reason,
-                        current=f"last changed {ns_text(leftover.mtime_ns)}",
+                        current=TimeEvidence("last changed", leftover.mtime_ns),
                         how=f"{leftover.layout} layout of {leftover.root}")
 
 
@@ -31,7 +32,7 @@ def modified_during_compile(record: CompileRecord,
         "CA401", subject=path, entry=entry, record=record,
         message="this input was modified while the compiler ran: the binary may hold a version "
                 "other than the one recorded",
-        recorded=f"compile started {ns_text(record.started_ns)}",
+        recorded=TimeEvidence("compile started", record.started_ns),
         current="mtime or ctime after the start",
         how="timestamps at the end of the compile (ccache's too-new rule)")
         for path in record.modified_during_compile]

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from cacheaudit import envvars
 from cacheaudit.audit.context import AuditContext
 from cacheaudit.audit.observations import STAND_IN
+from cacheaudit.evidence import Evidence, VariableEvidence
 from cacheaudit.findings import make_finding, ns_text
 from cacheaudit.model import CacheEntry, CompileRecord, Finding
 from cacheaudit.policy import Policy
@@ -53,7 +54,8 @@ def environment_findings(context: AuditContext, entry: CacheEntry, record: Compi
                         f"key: a hit under {against} serves a binary built under the recorded "
                         f"value",
                 recorded="(unset)" if then is None else then,
-                current="(unset)" if now is None else now, how=how))
+                current="(unset)" if now is None else now, how=how,
+                evidence=Evidence(VariableEvidence(name, then), VariableEvidence(name, now))))
     return findings
 
 
@@ -97,7 +99,8 @@ def scan_environment_findings(context: AuditContext, entries: Sequence[CacheEntr
                 message=f"{name} is set and changes compiles, but the key of "
                         f"{', '.join(blind)} does not include it: entries built under "
                         f"another value are served as if it were the same",
-                current=value, how="this environment against the variable registry"))
+                current=value, how="this environment against the variable registry",
+                evidence=Evidence(current=VariableEvidence(name, value))))
     families: dict[str, tuple[Policy, list[CacheEntry]]] = {}
     for entry, policy in judged:
         family = policy.scan_family or f"runtime:{policy.runtime}"

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from cacheaudit import compilers
 from cacheaudit.audit.context import AuditContext, FileChange, live_process
 from cacheaudit.digest import normalise_path
-from cacheaudit.findings import PROVE_HINT, make_finding, ns_text, state_text
+from cacheaudit.evidence import PathEvidence, TimeEvidence, ValueEvidence
+from cacheaudit.findings import PROVE_HINT, file_evidence, make_finding, ns_text
 from cacheaudit.model import CacheEntry, CompileRecord, FileState, Finding, IncludeGraph
 from cacheaudit.policy import Policy, TrackedSet
 
@@ -66,7 +67,7 @@ def input_findings(context: AuditContext, entry: CacheEntry, record: CompileReco
                 "CA104", subject=old.path, entry=entry, record=record, inferred=inferred,
                 message="a file the compiler read is gone: the next compile of this kernel "
                         "reads something else, while the cached binary still holds it",
-                recorded=state_text(old), current="absent",
+                recorded=file_evidence(old), current=file_evidence(new),
                 how="stat of the recorded path" + (" (the include graph was reconstructed "
                                                    "after the build)" if inferred else "")))
         elif old.path in tracked.paths:
@@ -81,8 +82,8 @@ def input_findings(context: AuditContext, entry: CacheEntry, record: CompileReco
                         f"the compiler read is unknown, so whether a hit serves a stale binary "
                         f"is unverified{_untracked_words(tracked)}; a rebuild compared with the "
                         f"binary tells",
-                recorded=f"binary written {ns_text(entry.built_ns)}",
-                current=f"mtime {ns_text(new.mtime_ns if new.exists else old.mtime_ns)}",
+                recorded=TimeEvidence("binary written", entry.built_ns or 0),
+                current=TimeEvidence("mtime", new.mtime_ns if new.exists else old.mtime_ns),
                 how=UNKNOWN_HOW, hint=PROVE_HINT))
         elif not tracked.known:
             findings.append(make_finding(
@@ -90,7 +91,7 @@ def input_findings(context: AuditContext, entry: CacheEntry, record: CompileReco
                 message=f"this input changed since the build, and whether the key covers it "
                         f"is unknown ({tracked.error}): a hit may serve a stale binary or the "
                         f"runtime may have missed; unverified",
-                recorded=state_text(old), current=state_text(new),
+                recorded=file_evidence(old), current=file_evidence(new),
                 how=f"content hash against the record; the tracked set could not be computed "
                     f"({tracked.how})"))
         else:
@@ -108,7 +109,7 @@ def input_findings(context: AuditContext, entry: CacheEntry, record: CompileReco
                 "CA101", subject=old.path, entry=entry, record=record, inferred=inferred,
                 message=f"untracked dependency changed since the build, key unchanged: a "
                         f"hit serves a binary built from the old content{served}",
-                recorded=state_text(old), current=state_text(new), how=how))
+                recorded=file_evidence(old), current=file_evidence(new), how=how))
     findings += tracked_change_findings(context, entry, record, policy, changed_tracked,
                                         unknown_tracked)
     if not tracked.known:
@@ -156,8 +157,8 @@ def tracked_change_findings(context: AuditContext, entry: CacheEntry, record: Co
                         f"({ns_text(entry.built_ns)}) and the compile was not recorded; the "
                         f"key cannot be recomputed to tell whether the runtime sees it"
                         f"{': ' + check.note if check.note else ''}",
-                recorded=f"binary written {ns_text(entry.built_ns)}",
-                current=state_text(new) if new.exists else "absent", how=UNKNOWN_HOW))
+                recorded=TimeEvidence("binary written", entry.built_ns or 0),
+                current=file_evidence(new), how=UNKNOWN_HOW))
     if not changes:
         if matches is False and not unknown:
             findings.append(make_finding(
@@ -165,7 +166,8 @@ def tracked_change_findings(context: AuditContext, entry: CacheEntry, record: Co
                 message="the key recomputed from unchanged inputs differs from the entry's: "
                         "this runtime version keys differently from the policy, so claims "
                         "about its tracked set are unverified",
-                recorded=entry.key, current=check.recomputed, how="key recomputation"))
+                recorded=ValueEvidence("key", entry.key),
+                current=ValueEvidence("key", check.recomputed), how="key recomputation"))
         return findings
     proven = memory_hits_after(context, entry, changes)
     live = live_process(record, policy) if policy.caches_header_digests else None
@@ -178,7 +180,7 @@ def tracked_change_findings(context: AuditContext, entry: CacheEntry, record: Co
                 "CA103", subject=old.path, entry=entry, record=record, inferred=inferred,
                 message="a tracked input changed but the key recomputed from it did not: the "
                         "runtime would serve the old binary",
-                recorded=state_text(old), current=state_text(new),
+                recorded=file_evidence(old), current=file_evidence(new),
                 how=f"key recomputation ({entry.key}) with the file as it is now"
                     + ("; the recorded content is the file as a scan found it after the build, "
                        "unchanged since the build by its mtime and ctime (inferred)"
@@ -190,7 +192,7 @@ def tracked_change_findings(context: AuditContext, entry: CacheEntry, record: Co
                 message=f"a tracked header changed after the runtime in process {pid} "
                         f"hashed it; that process caches header digests for its lifetime and "
                         f"keeps computing the old key",
-                recorded=state_text(old), current=state_text(new),
+                recorded=file_evidence(old), current=file_evidence(new),
                 how=f"content hash; {process_how} (inferred from the process table)",
                 inferred=True))
         elif matches is None and check.note:
@@ -198,7 +200,7 @@ def tracked_change_findings(context: AuditContext, entry: CacheEntry, record: Co
                 "CA501", subject=old.path, entry=entry, record=record, inferred=inferred,
                 message=f"a tracked input changed and the key cannot be recomputed to "
                         f"confirm the runtime sees it: {check.note}",
-                recorded=state_text(old), current=state_text(new),
+                recorded=file_evidence(old), current=file_evidence(new),
                 how="key recomputation"))
     return findings
 
@@ -217,7 +219,7 @@ def memory_hits_after(context: AuditContext, entry: CacheEntry, changes: list[Fi
                     message=f"the runtime served this kernel from memory at "
                             f"{ns_text(hit.started_ns)} (pid {hit.pid}), after this tracked "
                             f"header changed: its in-process header digests were stale",
-                    recorded=state_text(old), current=state_text(new),
+                    recorded=file_evidence(old), current=file_evidence(new),
                     how="memory hit observed in the runtime's process after the file's mtime")
     return proven
 
@@ -324,7 +326,7 @@ def shadow_findings(context: AuditContext, entry: CacheEntry, record: CompileRec
                 message=f"{shadow} now comes earlier in the include search path than the "
                         f"header the compiler used: a new compile reads it, the cached "
                         f"binary does not",
-                recorded=original, current=shadow,
+                recorded=PathEvidence(original), current=PathEvidence(shadow),
                 how="search path rebuilt from the recorded -I/-isystem/CPATH, checked on "
                     "disk now"))
             continue
@@ -340,7 +342,7 @@ def shadow_findings(context: AuditContext, entry: CacheEntry, record: CompileRec
                 message=f"{shadow} now shadows this tracked header in the runtime's own "
                         f"search order, after the runtime in process {pid} hashed the "
                         f"header by name; that process keeps computing the old key",
-                recorded=original, current=shadow,
+                recorded=PathEvidence(original), current=PathEvidence(shadow),
                 how=f"the tracked set resolved now ({tracked.how}); {process_how} "
                     f"(inferred from the process table)"))
     return findings

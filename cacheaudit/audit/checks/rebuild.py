@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
+from cacheaudit.evidence import ContentEvidence
 from cacheaudit.findings import make_finding
 from cacheaudit.model import CacheEntry, Finding, Severity
 
@@ -74,8 +75,8 @@ def stale_finding(entry: CacheEntry, cached: bytes, fresh: bytes, how: str) -> F
         "CA403", subject=entry.path, entry=entry,
         message=f"a fresh compile of the entry's inputs gives another {name}: the cached "
                 "binary is not what its inputs build now (two fresh compiles agree)",
-        recorded=f"xxh3 {_digest(cached)} (cached {name})",
-        current=f"xxh3 {_digest(fresh)} (fresh compile)", how=how)
+        recorded=ContentEvidence(f"cached {name}", _digest(cached)),
+        current=ContentEvidence("fresh compile", _digest(fresh)), how=how)
 
 
 _ERROR_LINE = re.compile(r"\b(fatal )?error\b", re.IGNORECASE)
@@ -106,8 +107,8 @@ def nondeterministic_finding(entry: CacheEntry, first: bytes, second: bytes,
         message=f"two fresh compiles of the same inputs give different {name} files: the "
                 "build is not deterministic, so comparing bytes proves nothing about this "
                 "entry",
-        recorded=f"xxh3 {_digest(first)} (first fresh compile)",
-        current=f"xxh3 {_digest(second)} (second fresh compile)", how=how)
+        recorded=ContentEvidence("first fresh compile", _digest(first)),
+        current=ContentEvidence("second fresh compile", _digest(second)), how=how)
 
 
 UNREBUILDABLE_HINT = ("the rebuild oracle cannot settle this entry: judge it from a recorded "

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from cacheaudit.envvars import redact
+from cacheaudit.evidence import VariableEvidence
 from cacheaudit.findings import make_finding
 from cacheaudit.model import CacheEntry, Finding
 from cacheaudit.policy import ConfigurationChange
@@ -106,7 +107,7 @@ def _prefix_lookup(prefix: str, flavour: str, why: str, env: Mapping[str, str]) 
                 "CA203", subject=own,
                 message=f"{own} is unset; a {runtime} runtime with env prefix {prefix} "
                         f"falls back to {setting.name}",
-                current=f"{setting.name}={setting.value}",
+                current=VariableEvidence(str(setting.name), setting.value),
                 how=f"{runtime}'s lookup order: prefixed, then DJ_, then the default; "
                     f"{prefix}_ is read by {why}"))
         elif setting.origin == "default" and fallback in setting.ignored:
@@ -116,6 +117,6 @@ def _prefix_lookup(prefix: str, flavour: str, why: str, env: Mapping[str, str]) 
                 message=f"{own} is unset and {fallback} is set, but {runtime} reads only "
                         f"{prefix}_ variables: it ignores {fallback} and uses its default "
                         f"({default})",
-                current=f"{fallback}={redact(fallback, env[fallback])}",
+                current=VariableEvidence(fallback, redact(fallback, env[fallback])),
                 how=f"{runtime}'s lookup: {prefix}_ only, no DJ_ fallback; {why}"))
     return findings

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from cacheaudit.findings import make_finding, state_text
+from cacheaudit.findings import file_evidence, make_finding
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import KeyCheck, KeyComponent, Policy, TrackedSet
 from cacheaudit.runtimes.cuda_core.keys import (
@@ -143,8 +143,8 @@ class CudaCorePolicy(Policy):
         inputs = recorded_key_inputs(record)
         for change in record.extra.get("changed_before_hit") or []:
             path = str(change.get("path"))
-            recorded = state_text(change.get("recorded") or {})
-            current = state_text(change.get("current") or {})
+            recorded = file_evidence(change.get("recorded") or {})
+            current = file_evidence(change.get("current") or {})
             if change.get("kind") == "extra-digest":
                 findings.append(make_finding(
                     "CA106", subject=path, record=record,

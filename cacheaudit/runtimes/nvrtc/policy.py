@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cacheaudit.evidence import Evidence, FileEvidence
 from cacheaudit.findings import make_finding
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, FileState, Finding
 from cacheaudit.policy import KeyCheck, Policy, TrackedSet
@@ -141,7 +142,9 @@ class NvrtcPolicy(Policy):
             message=f"NVRTC compiled {kernel} from the precompiled header {file}, made before "
                     f"{path} changed: the binary holds the old header (xxh3 "
                     f"{_short(recorded)} then, {_short(current)} now)",
-            recorded=recorded, current=current, how=how)
+            recorded=recorded, current=current, how=how,
+            evidence=Evidence(*(None if digest is None else FileEvidence(path, True, digest=digest)
+                                for digest in (recorded, current))))
 
 
 POLICIES = {"nvrtc": NvrtcPolicy()}

@@ -28,7 +28,7 @@ import shlex
 import shutil
 from collections.abc import Mapping, Sequence
 
-from cacheaudit.findings import make_finding, state_text
+from cacheaudit.findings import file_evidence, make_finding
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import KeyCheck, KeyComponent, Policy, TrackedSet
 
@@ -162,7 +162,7 @@ class TorchExtPolicy(Policy):
                 message=f"torch's in-process versioner served {record.kernel} from memory "
                         f"(pid {record.pid}) after this header changed; ninja would rebuild it "
                         f"in a new process, but the versioner never looks at headers",
-                recorded=state_text(old), current=state_text(now),
+                recorded=file_evidence(old), current=file_evidence(now),
                 how="states of ninja's tracked files recorded by the adapter at the process's "
                     "ninja run and at this memory hit"))
         return findings

@@ -51,7 +51,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cacheaudit.digest import read_file
-from cacheaudit.findings import make_finding
+from cacheaudit.evidence import ContentEvidence, Evidence, VariableEvidence
+from cacheaudit.findings import file_evidence, make_finding
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import KeyCheck, KeyComponent, Policy, TrackedSet
 from cacheaudit.runtimes.triton import environment
@@ -315,8 +316,7 @@ def _memory_drift(record: CompileRecord) -> list[Finding]:
             message=f"Triton served {record.kernel} from its in-memory cache (pid {record.pid}) "
                     f"after {name} changed: the disk key covers {name}, the in-memory key does "
                     f"not, so the kernel running is the one compiled under the old value",
-            recorded="(unset)" if built is None else f"{name}={built}",
-            current="(unset)" if now is None else f"{name}={now}",
+            recorded=VariableEvidence(name, built), current=VariableEvidence(name, now),
             how=_MEMORY_HOW))
     return findings
 
@@ -347,7 +347,9 @@ def _memoised_extern_libs(record: CompileRecord, history: Sequence[CompileRecord
             recorded=f"xxh3 {seen[0]} (compile of {seen[1].kernel})",
             current=f"xxh3 {graph_file.state.digest}",
             how="content hashes of the extern library at two compiles of one process "
-                "(backends/nvidia/compiler.py file_hash is functools.lru_cache)"))
+                "(backends/nvidia/compiler.py file_hash is functools.lru_cache)",
+            evidence=Evidence(ContentEvidence(f"compile of {seen[1].kernel}", seen[0]),
+                              file_evidence(graph_file.state))))
     return findings
 
 

@@ -1,0 +1,219 @@
+"""The JSON documents the commands print, each in the envelope of `cacheaudit.contract`.
+
+One function per kind of document (docs/json.md lists them with their fields); the human
+renderers live in `cacheaudit.output`, which re-exports these names. Times are integer
+nanoseconds (`*_ns`) beside UTC ISO 8601 with `Z`, never local time; digests are xxh3-128 hex.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from cacheaudit import contract
+from cacheaudit.evidence import utc_iso
+from cacheaudit.model import CompileRecord, CompilerIdentity, FileState, Finding, Severity
+
+if TYPE_CHECKING:
+    from cacheaudit.audit import RunReport, ScanResult
+    from cacheaudit.audit.verify import VerifyResult
+    from cacheaudit.explain import Explanation
+
+ENV_ORIGIN_PREFIX = "env:"
+SEVERITIES = tuple(s.value for s in sorted(Severity, key=lambda s: -s.rank))
+
+
+def _when(ns: int | None) -> str | None:
+    return utc_iso(ns) if ns else None
+
+
+def injected_by_environment(record: CompileRecord) -> list[str]:
+    """The tokens the environment added to the compiler's argv (NVCC_APPEND_FLAGS, ...); a
+    response file's tokens came from argv and are not among them."""
+    return [t.text for t in record.effective_argv if t.origin.startswith(ENV_ORIGIN_PREFIX)]
+
+
+def compiler_summary(compiler: CompilerIdentity | None) -> dict[str, Any] | None:
+    if compiler is None:
+        return None
+    return {
+        "invoked": compiler.invoked,
+        "path": compiler.path,
+        "resolved": compiler.resolved,
+        "wrappers": list(compiler.wrappers),
+        "kind": compiler.kind,
+        "version": compiler.version_line,
+        "version_text": compiler.version_text,
+        "digest": compiler.digest,
+        "error": compiler.error,
+        "host": compiler_summary(compiler.host),
+    }
+
+
+def state_summary(state: FileState) -> dict[str, Any]:
+    """A file state of a record: `size` in bytes (-1 when absent), `digest` xxh3-128 hex."""
+    return {"path": state.path, "exists": state.exists, "size": state.size,
+            "digest": state.digest, "mtime_ns": state.mtime_ns,
+            "mtime": _when(state.mtime_ns)}
+
+
+def record_summary(record: CompileRecord, *, with_graph: bool = False) -> dict[str, Any]:
+    """The four answers of one record as plain data: compiler, options, event, inputs."""
+    graph = record.graph
+    inputs: dict[str, Any] = {
+        "sources": [state_summary(s) for s in record.sources],
+        "graph": None if graph is None else {
+            "digest": graph.digest, "method": graph.method, "file_count": len(graph.files)},
+        "tracked": list(record.tracked) if record.tracked is not None else None,
+        "modified_during_compile": list(record.modified_during_compile),
+    }
+    if with_graph and graph is not None:
+        inputs["graph"]["files"] = [
+            dict(state_summary(f.state), written=f.written) for f in graph.files]
+    return {
+        "record_id": record.record_id,
+        "started": utc_iso(record.started_ns),
+        "started_ns": record.started_ns,
+        "runtime": record.runtime,
+        "kernel": record.kernel,
+        "key": record.key,
+        "entry": record.entry,
+        "event": record.event,
+        "compiler": compiler_summary(record.compiler),
+        "options": {
+            "argv": list(record.argv),
+            "effective_argv": [{"token": t.text, "origin": t.origin}
+                               for t in record.effective_argv],
+            "injected_by_environment": injected_by_environment(record),
+            "environment": dict(record.env),
+            "cwd": record.cwd,
+        },
+        "inputs": inputs,
+        "outputs": [state_summary(s) for s in record.outputs],
+        "exit_code": record.exit_code,
+        "signal": record.signal,
+        "duration_ms": round(record.duration_ns / 1e6, 1),
+        "test_id": record.test_id,
+        "observer": record.observer,
+        "notes": list(record.notes),
+    }
+
+
+def records_json(records: Iterable[CompileRecord], *, with_graph: bool = False,
+                 command: str = "report") -> str:
+    """`report --json`: the recorded compiles, newest last."""
+    return contract.dumps(contract.document("records", command, {
+        "records": [record_summary(r, with_graph=with_graph) for r in records]}))
+
+
+# ------------------------------------------------------------------------------ findings
+
+
+def findings_payload(findings: Sequence[Finding]) -> dict[str, Any]:
+    """What every document about findings holds: the counts by severity and by code, then
+    the findings."""
+    by_code = Counter(f.code for f in findings)
+    by_severity = Counter(f.severity.value for f in findings)
+    return {"severity_counts": {s: by_severity[s] for s in SEVERITIES},
+            "counts": dict(sorted(by_code.items())),
+            "findings": [f.to_dict() for f in findings]}
+
+
+def scan_totals(*, entries: int, roots: int, matched: int, reconstructed: int,
+                findings: int) -> dict[str, int]:
+    """The summary line's numbers: entries judged and in how many roots, how many tied to an
+    observed compile, judged on inputs reconstructed after the build, or neither."""
+    return {"roots": roots, "entries": entries, "matched": matched,
+            "reconstructed": reconstructed,
+            "unverified": max(entries - matched - reconstructed, 0), "findings": findings}
+
+
+def findings_json(findings: Sequence[Finding], extra: Mapping[str, Any], *,
+                  kind: str = "scan", command: str | None = None) -> str:
+    """A document of kind `kind` (scan, verify, run) about `findings`, with `extra`'s members
+    (the summary, totals, the command's own facts) first."""
+    return contract.dumps(contract.document(kind, command or kind,
+                                            {**extra, **findings_payload(findings)}))
+
+
+def scan_json(result: ScanResult, *, summary: str, fail_on: str, command: str = "scan") -> str:
+    """`scan --json`: an `audit.ScanResult` with the summary line and its numbers."""
+    totals = scan_totals(entries=len(result.entries), roots=len(result.roots),
+                         matched=result.matched, reconstructed=result.reconstructed,
+                         findings=len(result.findings))
+    return findings_json(result.findings, {
+        "summary": summary, "totals": totals,
+        "roots": [{"layout": layout, "root": root} for layout, root in result.roots],
+        "entries": len(result.entries), "matched": result.matched,
+        "reconstructed": result.reconstructed, "reconstructed_now": result.reconstructed_now,
+        "ledger": result.ledger, "fail_on": fail_on}, kind="scan", command=command)
+
+
+def verify_json(result: VerifyResult, *, summary: str, fail_on: str) -> str:
+    """`verify --json`: the oracle's verdict per entry and its findings."""
+    return findings_json(result.findings, {
+        "summary": summary, "entries": len(result.entries), "total": result.total,
+        "seed": result.seed, "outcomes": result.counts(),
+        "verdicts": [{"entry": v.entry.path, "outcome": v.outcome, "note": v.note}
+                     for v in result.verdicts],
+        "fail_on": fail_on}, kind="verify")
+
+
+def verify_plan_json(commands: Sequence[Mapping[str, Any]]) -> str:
+    """`verify --dry-run --json`: the commands the oracle would run."""
+    return contract.dumps(contract.document("verify-plan", "verify",
+                                            {"commands": list(commands)}))
+
+
+def run_report_json(report: RunReport, command: Sequence[str], status: int) -> str:
+    """`cacheaudit run --report-json`: the run's findings with the command run (`argv`) and
+    its status, and the counts the human summary prints (`events` holds them under the record
+    event names)."""
+    return findings_json(report.findings, {
+        "summary": report.summary(), "run": report.run_uuid, "argv": list(command),
+        "exit_status": status, "events": report.events(),
+        "activity": report.counts.as_dict(), "possibly_served": dict(report.unobserved)},
+        kind="run")
+
+
+# ------------------------------------------------------------------------------ explain
+
+
+def explanation_json(explanation: Explanation) -> str:
+    record = explanation.record
+    entry = explanation.entry
+    return contract.dumps(contract.document("explanation", "explain", {
+        "entry": None if entry is None else {
+            "runtime": entry.runtime, "layout": entry.layout, "path": entry.path,
+            "root": entry.root, "kernel": entry.kernel, "key": entry.key,
+            "binary": None if entry.binary is None else state_summary(entry.binary),
+            "built": _when(entry.built_ns), "built_ns": entry.built_ns,
+            "last_hit": _when(entry.committed_ns), "last_hit_ns": entry.committed_ns,
+            "problems": list(entry.problems)},
+        "record": None if record is None else record_summary(record, with_graph=True),
+        "previous_record": explanation.previous.record_id if explanation.previous else None,
+        "lookups": [{"event": r.event, "at": utc_iso(r.started_ns), "at_ns": r.started_ns,
+                     "pid": r.pid} for r in explanation.lookups],
+        "tracked": None if explanation.tracked is None else {
+            "names": dict(explanation.tracked.names), "paths": sorted(explanation.tracked.paths),
+            "error": explanation.tracked.error, "how": explanation.tracked.how},
+        "key": None if explanation.key is None else {
+            "entry": entry.key if entry else None, "recomputed": explanation.key.recomputed,
+            "matches": explanation.key.matches(entry.key if entry else None),
+            "note": explanation.key.note,
+            "components": [{"label": c.label, "value": c.value, "digest": c.digest}
+                           for c in explanation.key.components]},
+        "changes_since_previous": [{"component": c.component, "item": c.item, "old": c.old,
+                                    "new": c.new} for c in explanation.changes],
+        **findings_payload(explanation.findings),
+    }))
+
+
+# ------------------------------------------------------------------------------ snapshots
+
+
+def snapshot_diff_json(groups: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """`diff --json`: the differences between two snapshots, by group."""
+    return contract.dumps(contract.document("snapshot-diff", "diff", {
+        "groups": {name: list(rows) for name, rows in groups.items()}}))
