@@ -33,7 +33,8 @@ DEFAULT_KEY_REMEDY = ("make the runtime's key cover {input}: a version string or
 REMEDY_INPUTS = {"CA101": "the file", "CA102": "these files", "CA201": "the variable's value"}
 
 HINTS = {
-    "CA101": "evict the entry ({entry}) so that the runtime compiles again, or {remedy}",
+    "CA101": "evict the entry ({entry}) with `cacheaudit evict` so that the runtime compiles "
+             "again, or {remedy}",
     "CA102": "{remedy}, or evict the runtime's cache whenever they change",
     "CA103": "the runtime's own keying is broken for this input: evict the entry and report it "
              "to the runtime's maintainers",
@@ -41,15 +42,17 @@ HINTS = {
     "CA105": "evict the entry, or remove the shadowing header",
     "CA106": "restart the process that holds the runtime: it keeps serving what it hashed before",
     "CA201": "{remedy}, or unset it",
-    "CA202": "evict the entry, or restore the value it was built with",
+    "CA202": "evict the entry (`cacheaudit evict`), or restore the value it was built with",
     "CA203": "set the prefixed variable explicitly if the fallback is not intended",
     "CA204": "restart the process after changing a *_JIT_* setting: the runtime read its "
              "configuration once, when it was constructed",
     "CA301": "evict the runtime's cache after replacing a compiler in place",
     "CA302": "evict the runtime's cache after changing the host compiler",
-    "CA401": "evict the entry: the binary may come from another version of the file",
+    "CA401": "evict the entry (`cacheaudit evict`): the binary may come from another version of "
+             "the file",
     "CA402": "remove the entry or leftover; the runtime would fail on it or ignore it",
-    "CA403": "evict the entry, then look for the cause with `cacheaudit explain`",
+    "CA403": "evict the entry (`cacheaudit evict`), then look for the cause with `cacheaudit "
+             "explain`",
     "CA404": "look for timestamps, random seeds or absolute paths that enter the binary",
     "CA501": "make the file or compiler available again, or evict the entry",
 }
