@@ -110,12 +110,34 @@ def _rule_excerpt(text: str, start: int) -> str:
     return line if len(line) <= 80 else line[:77] + "..."
 
 
-def parse_depfile(text: str) -> list[DepRule]:
+def _continues_a_known_name(word: str, newline: str, names: Collection[str]) -> bool:
+    """Whether a raw line end right after `word` is inside one of `names`: the part of the word
+    after its last `/`, with the line end, starts a path component of a known name. (The target
+    gcc writes for `a<LF>b.cc` is `a<LF>b.o`, so a source's components vouch for it too.)"""
+    if not word:
+        return False
+    probe = word.rsplit("/", 1)[-1] + newline
+    for name in names:
+        at = name.find(probe)
+        while at >= 0:
+            if at == 0 or name[at - 1] == "/":
+                return True
+            at = name.find(probe, at + 1)
+    return False
+
+
+def parse_depfile(text: str, names: Collection[str] = ()) -> list[DepRule]:
     """Parse the Make rules of a compiler-written depfile, unescaping every name.
 
     Strict about structure (every non-empty rule needs targets and a colon), lenient about
     characters, because a depfile that we misread silently would hide an input from the audit.
+
+    `names` are files the compile is known to name (its sources, as the command line or as
+    absolute paths spell them). gcc, clang and nvcc write a line end inside a name raw, so a
+    raw line end is read as part of a name only where it continues one of these; elsewhere it
+    ends the rule, as make reads it.
     """
+    names = [name for name in names if "\n" in name]
     rules: list[DepRule] = []
     targets: list[str] = []
     prerequisites: list[str] = []
@@ -171,6 +193,12 @@ def parse_depfile(text: str) -> list[DepRule]:
             end_word()
             i += 1
         elif c == "\n" or (c == "\r" and newline_at(i)):
+            newline = text[i:i + newline_at(i)]
+            if names and _continues_a_known_name("".join(word), newline, names):
+                word.append(newline)
+                i += len(newline)
+                line += 1
+                continue
             end_rule()
             i += newline_at(i)
             line += 1
@@ -285,7 +313,7 @@ def graph_from_depfile(
     source_states: dict[str, FileState] = {}
     files: list[GraphFile] = []
     seen: set[str] = set()
-    for written in depfile_inputs(parse_depfile(text)):
+    for written in depfile_inputs(parse_depfile(text, sources)):
         path = normalise_path(written, cwd)
         if path in seen:
             continue
