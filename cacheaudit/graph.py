@@ -110,10 +110,18 @@ def _rule_excerpt(text: str, start: int) -> str:
     return line if len(line) <= 80 else line[:77] + "..."
 
 
-def _continues_a_known_name(word: str, newline: str, names: Collection[str]) -> bool:
-    """Whether a raw line end right after `word` is inside one of `names`: the part of the word
-    after its last `/`, with the line end, starts a path component of a known name. (The target
-    gcc writes for `a<LF>b.cc` is `a<LF>b.o`, so a source's components vouch for it too.)"""
+# Where the comparison of what follows a line end with a known name stops: a character that a
+# compiler may escape, or a `.` (the default target swaps the source's suffix for `.o`).
+_ESCAPABLE = re.compile(r"[ \t#$\\:\r\n.]")
+
+
+def _continues_a_known_name(word: str, text: str, after: int, newline: str,
+                            names: Collection[str]) -> bool:
+    """Whether the raw line end that ends `text[:after]` lies inside one of `names`: the part of
+    `word` after its last `/`, with the line end, starts a path component of a known name, and
+    the text after the line end goes on as that name does (up to its next character a compiler
+    may escape, or its next `.`). The target gcc writes for `a<LF>b.cc` is `a<LF>b.o`, so a source's components
+    vouch for the target too."""
     if not word:
         return False
     probe = word.rsplit("/", 1)[-1] + newline
@@ -121,7 +129,11 @@ def _continues_a_known_name(word: str, newline: str, names: Collection[str]) -> 
         at = name.find(probe)
         while at >= 0:
             if at == 0 or name[at - 1] == "/":
-                return True
+                rest = name[at + len(probe):]
+                plain = rest[:m.start()] if (m := _ESCAPABLE.search(rest)) else rest
+                if text.startswith(plain, after) and after < len(text) and (
+                        text[after] not in "\r\n"):
+                    return True
             at = name.find(probe, at + 1)
     return False
 
@@ -194,7 +206,8 @@ def parse_depfile(text: str, names: Collection[str] = ()) -> list[DepRule]:
             i += 1
         elif c == "\n" or (c == "\r" and newline_at(i)):
             newline = text[i:i + newline_at(i)]
-            if names and _continues_a_known_name("".join(word), newline, names):
+            if names and _continues_a_known_name("".join(word), text, i + len(newline),
+                                                 newline, names):
                 word.append(newline)
                 i += len(newline)
                 line += 1

@@ -717,3 +717,7 @@ def test_a_raw_newline_continues_a_name_only_where_the_compile_names_it() -> Non
         DepRule(("t.o",), ("di\nr/k.cc", "a.h"))]
     with pytest.raises(DepfileError, match="line 2: no ':'"):
         parse_depfile("t.o: b.h\nstray words\n", ["di\nr/k.cc"])
+    # A header whose name is the first line of the source's name, last in the rule: the text
+    # after the line end does not go on as the source's name does, so the rule ends there.
+    assert parse_depfile("ker\nnel.o: ker\nnel.cc inc/ker\ninc/ker:\n", ["ker\nnel.cc"]) == [
+        DepRule(("ker\nnel.o",), ("ker\nnel.cc", "inc/ker")), DepRule(("inc/ker",), ())]
