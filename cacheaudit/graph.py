@@ -120,8 +120,8 @@ def _continues_a_known_name(word: str, text: str, after: int, newline: str,
     """Whether the raw line end that ends `text[:after]` lies inside one of `names`: the part of
     `word` after its last `/`, with the line end, starts a path component of a known name, and
     the text after the line end goes on as that name does (up to its next character a compiler
-    may escape, or its next `.`). The target gcc writes for `a<LF>b.cc` is `a<LF>b.o`, so a source's components
-    vouch for the target too."""
+    may escape, or its next `.`). The target gcc writes for `a<LF>b.cc` is `a<LF>b.o`, so a
+    source's components vouch for the target too."""
     if not word:
         return False
     probe = word.rsplit("/", 1)[-1] + newline
@@ -131,8 +131,10 @@ def _continues_a_known_name(word: str, text: str, after: int, newline: str,
             if at == 0 or name[at - 1] == "/":
                 rest = name[at + len(probe):]
                 plain = rest[:m.start()] if (m := _ESCAPABLE.search(rest)) else rest
+                # At the end of the text or of a blank line only a name that goes on with a
+                # line end continues: anything else there is the end of a rule.
                 if text.startswith(plain, after) and after < len(text) and (
-                        text[after] not in "\r\n"):
+                        text[after] not in "\r\n" or rest.startswith(text[after])):
                     return True
             at = name.find(probe, at + 1)
     return False
@@ -229,6 +231,11 @@ def parse_depfile(text: str, names: Collection[str] = ()) -> list[DepRule]:
                 or newline_at(after)
                 or (text[after] == "\\" and newline_at(after + 1))
             )
+            if separator and names and newline_at(after):
+                # `a:<LF>b.o` from a source `a:<LF>b.cc`: the colon is inside the name.
+                newline = text[after:after + newline_at(after)]
+                separator = not _continues_a_known_name(
+                    "".join(word) + ":", text, after + len(newline), newline, names)
             if in_targets and separator:
                 end_word()
                 in_targets = False
