@@ -362,3 +362,41 @@ def test_sigkill_of_shims_at_random_points_tears_no_record(shim_env: ShimEnv, tm
 def test_sigkill_of_shims_at_random_points_tears_no_record_75_times(shim_env: ShimEnv,
                                                                     tmp_path: Path):
     _kills(shim_env, tmp_path, 75, "75 SIGKILLs of shim compiles, 2 neighbours compiling")
+
+
+# ------------------------------------------------------------------------------------------
+# docs/reliability.md, as the suite writes it
+# ------------------------------------------------------------------------------------------
+
+
+def test_the_document_orders_sections_and_sums_the_harm(tmp_path: Path):
+    from support import reliability_document, write_reliability_document
+
+    figures = tmp_path / "figures"
+    assert reliability_document(figures) is None  # nothing to say: the document is left alone
+    figures.mkdir()
+    cases = [("fuzzing", "depfile", {"inputs": 400, "failures": 0}),
+             ("zeta", "other", {"widgets": 3}),
+             ("kills", "b case", {"kills": 2, "records_lost": 0, "processes_left": 1}),
+             ("kills", "a case", {"kills": 5, "records_lost": 0, "temp_dirs_left": 0})]
+    for index, (section, case, counted) in enumerate(reversed(cases)):
+        (figures / f"{index}.json").write_text(json.dumps({
+            "section": section, "case": case, "figures": counted, "recorded": 0,
+            "machine": "2 cores"}))
+    text = reliability_document(figures)
+    assert text is not None and text == reliability_document(figures)
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ["## Kills: SIGKILL at random points",
+                        "## Fuzzing: every parser of untrusted text", "## Zeta"]
+    kills = text[text.index("## Kills"):text.index("## Fuzzing")]
+    assert kills.index("| a case | 5 |") < kills.index("| b case | 2 |")
+    assert "| case | kills | records lost | temp dirs left | processes left | date (UTC) |" in kills
+    assert "Not clean in 2 cases: 1 processes left" in kills
+    assert "Nothing lost in 1 case (0 failures)." in text
+    # The whole run's summary comes before the first section.
+    assert text.index("**Not clean in 4 cases: 1 processes left") < text.index("## ")
+    assert "Machine: 2 cores." in text
+    document = tmp_path / "reliability.md"
+    assert write_reliability_document(figures, document) is True
+    assert write_reliability_document(figures, document) is False  # unchanged: not rewritten
+    assert document.read_text() == text
