@@ -19,6 +19,7 @@ import json
 import os
 import sqlite3
 import struct
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,12 +38,13 @@ from cacheaudit.graph import (
     DepfileError,
     DepRule,
     NinjaDepsLogError,
+    depfile_inputs,
     parse_depfile,
     parse_ninja_deps,
     parse_ninja_deps_log,
 )
 
-from support import deadline, reliability_figure
+from support import GXX, deadline, needs_gxx, reliability_figure
 
 # ------------------------------------------------------------------------------------------
 # The profile, and the counting harness
@@ -216,6 +218,44 @@ DEPFILE_NEWLINE = Fuzzer(
     st.tuples(_newline_sources, _headers, st.integers(0, 3)), _newline_round_trip, examples=300,
     regressions=(("ker\nnel.cc", ["inc/ker"], 0), ("a\n\nb.cc", [], 0),
                  ("a\n.cc", ["a"], 1)))
+
+
+# The same with the real writer: g++ -M on files with those names, awkward directories included.
+_FILE_CHARS = st.sampled_from(list("ab_ #$:\\\t%&;'é字")) | st.characters(
+    blacklist_categories=("Cs", "Cc"), blacklist_characters='"/')
+
+
+def _gcc_can_name(name: str) -> bool:
+    trailing = len(name) - len(name.rstrip("\\"))
+    return trailing % 2 == 0 and "\\:" not in name and "\\\n" not in name and (
+        not name.startswith(("\n", "-")) and not name.endswith("\n") and ".." not in name)
+
+
+def _real_gcc_depfile(case: tuple[str, str, str]) -> None:
+    source_stem, directory, header_stem = case
+    with tempfile.TemporaryDirectory(prefix="cacheaudit-fuzz-") as root:
+        header = Path(root, directory, header_stem + ".h")
+        header.parent.mkdir(parents=True, exist_ok=True)
+        header.write_text("#define H 1\n")
+        source = Path(root, source_stem + ".cc")
+        source.write_text(f'#include "{directory}/{header.name}"\nint k() {{ return H; }}\n')
+        done = subprocess.run([GXX or "g++", "-M", source.name], cwd=root, capture_output=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        text = done.stdout.decode("utf-8", "surrogateescape")
+        read = {os.path.realpath(os.path.join(root, name))
+                for name in depfile_inputs(parse_depfile(text, [str(source)]))}
+        expected = {os.path.realpath(source), os.path.realpath(header)}
+        assert expected <= read and len(read - expected) <= 1, (text, read)
+
+
+_plain_names = st.text(alphabet=_FILE_CHARS, min_size=1, max_size=6).filter(_gcc_can_name)
+REAL_GCC_DEPFILE = Fuzzer(
+    "depfile: written by a real g++ -M",
+    st.tuples(st.lists(_plain_names, min_size=1, max_size=3).map("\n".join).filter(
+        _gcc_can_name), _plain_names, _plain_names),
+    _real_gcc_depfile, examples=30,
+    regressions=(("ker\nnel", "d i#r$", "h:1"), ("a b\\\\", "x", "\\#y")))
 
 
 # ------------------------------------------------------------------------------------------
@@ -662,17 +702,22 @@ BOUNDED = Fuzzer("bounded JSON reader", documents(_DEEPJIT_META), _bounded, exam
 # The cases
 # ------------------------------------------------------------------------------------------
 
-FUZZERS = [DEPFILE_TEXT, DEPFILE_NEWLINE, SPLITTERS, QUOTING, COMMANDS, DEEPJIT_META,
-           DEEPGEMM_HEAD, TRITON_METADATA, BUILD_NINJA, NINJA_DEPS_TEXT, NINJA_DEPS_LOG,
-           NVRTC_TRACE, LEDGER_BLOBS, SPOOL, SNAPSHOTS, BOUNDED]
+FUZZERS = [DEPFILE_TEXT, DEPFILE_NEWLINE, REAL_GCC_DEPFILE, SPLITTERS, QUOTING, COMMANDS,
+           DEEPJIT_META, DEEPGEMM_HEAD, TRITON_METADATA, BUILD_NINJA, NINJA_DEPS_TEXT,
+           NINJA_DEPS_LOG, NVRTC_TRACE, LEDGER_BLOBS, SPOOL, SNAPSHOTS, BOUNDED]
 
 
-@pytest.mark.parametrize("fuzzer", FUZZERS, ids=lambda f: f.parser)
+def _needs(fuzzer: Fuzzer) -> Any:
+    return pytest.param(fuzzer, id=fuzzer.parser,
+                        marks=[needs_gxx] if fuzzer is REAL_GCC_DEPFILE else [])
+
+
+@pytest.mark.parametrize("fuzzer", [_needs(f) for f in FUZZERS])
 def test_parser_returns_or_raises_its_own_error(fuzzer: Fuzzer) -> None:
     fuzzer.run()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fuzzer", FUZZERS, ids=lambda f: f.parser)
+@pytest.mark.parametrize("fuzzer", [_needs(f) for f in FUZZERS])
 def test_parser_returns_or_raises_its_own_error_long(fuzzer: Fuzzer) -> None:
     fuzzer.run(scale=SCALE_LONG, case_suffix=" (long)")
