@@ -332,7 +332,8 @@ def _kills(shim_env: ShimEnv, tmp_path: Path, kills: int, case: str) -> None:
     killed_present = sum(1 for o in killed_outputs if by_output[o])
     duplicated = [o for o, count in by_output.items() if count > 1]
     reliability_figure(
-        "kills", case, kills=len(killed_outputs), finished_before_kill=len(completed_outputs),
+        "kills", case, kills_sent=kills, killed_before_finishing=len(killed_outputs),
+        finished_before_kill=len(completed_outputs),
         killed_record_whole=killed_present,
         killed_record_absent=len(killed_outputs) - killed_present,
         neighbour_records=len(neighbour_outputs), records_lost=len(missing),
