@@ -110,12 +110,48 @@ def _rule_excerpt(text: str, start: int) -> str:
     return line if len(line) <= 80 else line[:77] + "..."
 
 
-def parse_depfile(text: str) -> list[DepRule]:
+# Where the comparison of what follows a line end with a known name stops: a character that a
+# compiler may escape, or a `.` (the default target swaps the source's suffix for `.o`).
+_ESCAPABLE = re.compile(r"[ \t#$\\:\r\n.]")
+
+
+def _continues_a_known_name(word: str, text: str, after: int, newline: str,
+                            names: Collection[str]) -> bool:
+    """Whether the raw line end that ends `text[:after]` lies inside one of `names`: the part of
+    `word` after its last `/`, with the line end, starts a path component of a known name, and
+    the text after the line end goes on as that name does (up to its next character a compiler
+    may escape, or its next `.`). The target gcc writes for `a<LF>b.cc` is `a<LF>b.o`, so a
+    source's components vouch for the target too."""
+    if not word:
+        return False
+    probe = word.rsplit("/", 1)[-1] + newline
+    for name in names:
+        at = name.find(probe)
+        while at >= 0:
+            if at == 0 or name[at - 1] == "/":
+                rest = name[at + len(probe):]
+                plain = rest[:m.start()] if (m := _ESCAPABLE.search(rest)) else rest
+                # At the end of the text or of a blank line only a name that goes on with a
+                # line end continues: anything else there is the end of a rule.
+                if text.startswith(plain, after) and after < len(text) and (
+                        text[after] not in "\r\n" or rest.startswith(text[after])):
+                    return True
+            at = name.find(probe, at + 1)
+    return False
+
+
+def parse_depfile(text: str, names: Collection[str] = ()) -> list[DepRule]:
     """Parse the Make rules of a compiler-written depfile, unescaping every name.
 
     Strict about structure (every non-empty rule needs targets and a colon), lenient about
     characters, because a depfile that we misread silently would hide an input from the audit.
+
+    `names` are files the compile is known to name (its sources, as the command line or as
+    absolute paths spell them). gcc, clang and nvcc write a line end inside a name raw, so a
+    raw line end is read as part of a name only where it continues one of these; elsewhere it
+    ends the rule, as make reads it.
     """
+    names = [name for name in names if "\n" in name]
     rules: list[DepRule] = []
     targets: list[str] = []
     prerequisites: list[str] = []
@@ -171,6 +207,13 @@ def parse_depfile(text: str) -> list[DepRule]:
             end_word()
             i += 1
         elif c == "\n" or (c == "\r" and newline_at(i)):
+            newline = text[i:i + newline_at(i)]
+            if names and _continues_a_known_name("".join(word), text, i + len(newline),
+                                                 newline, names):
+                word.append(newline)
+                i += len(newline)
+                line += 1
+                continue
             end_rule()
             i += newline_at(i)
             line += 1
@@ -188,6 +231,11 @@ def parse_depfile(text: str) -> list[DepRule]:
                 or newline_at(after)
                 or (text[after] == "\\" and newline_at(after + 1))
             )
+            if separator and names and newline_at(after):
+                # `a:<LF>b.o` from a source `a:<LF>b.cc`: the colon is inside the name.
+                newline = text[after:after + newline_at(after)]
+                separator = not _continues_a_known_name(
+                    "".join(word) + ":", text, after + len(newline), newline, names)
             if in_targets and separator:
                 end_word()
                 in_targets = False
@@ -285,7 +333,7 @@ def graph_from_depfile(
     source_states: dict[str, FileState] = {}
     files: list[GraphFile] = []
     seen: set[str] = set()
-    for written in depfile_inputs(parse_depfile(text)):
+    for written in depfile_inputs(parse_depfile(text, sources)):
         path = normalise_path(written, cwd)
         if path in seen:
             continue

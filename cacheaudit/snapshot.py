@@ -407,38 +407,52 @@ def _shape_problem(data: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _by(part: Any, key: str, name: str) -> dict[str, Any]:
+    """The objects of the list `part[name]`, by their `key` string (others left out)."""
+    items = _mapping(part).get(name)
+    if not isinstance(items, list):
+        return {}
+    return {item[key]: item for item in items
+            if isinstance(item, Mapping) and isinstance(item.get(key), str)}
+
+
 def diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """What differs between two snapshots, grouped: compilers, packages, environment, caches,
     system. Each difference is {item, field, before, after}."""
     groups: dict[str, list[dict[str, Any]]] = {
         "compilers": [], "packages": [], "environment": [], "caches": [], "system": []}
 
-    def compare(group: str, old: Mapping[str, Any], new: Mapping[str, Any],
-                fields: tuple[str, ...] | None = None) -> None:
-        for item in sorted(set(old) | set(new)):
+    def compare(group: str, old: Any, new: Any, fields: tuple[str, ...] | None = None) -> None:
+        # Either side may come from another machine's snapshot with any shape: what is not an
+        # object compares as a whole value, never as fields.
+        old, new = _mapping(old), _mapping(new)
+        for item in sorted(set(old) | set(new), key=str):
             a, b = old.get(item), new.get(item)
-            if a is None or b is None or not isinstance(a, Mapping):
+            if not isinstance(a, Mapping) or not isinstance(b, Mapping):
                 if a != b:
                     groups[group].append({"item": item, "field": "", "before": a, "after": b})
                 continue
-            for name in fields or tuple(sorted(set(a) | set(b))):
+            for name in fields or tuple(sorted(set(a) | set(b), key=str)):
                 if a.get(name) != b.get(name):
                     groups[group].append({"item": item, "field": name, "before": a.get(name),
                                           "after": b.get(name)})
 
-    compare("compilers", {c["name"]: c for c in before.get("compilers", [])},
-            {c["name"]: c for c in after.get("compilers", [])},
+    compare("compilers", _by(before, "name", "compilers"), _by(after, "name", "compilers"),
             ("path", "resolved", "version", "xxh3", "host", "status"))
-    compare("packages", before.get("packages", {}), after.get("packages", {}))
-    env_a, env_b = before.get("environment", {}), after.get("environment", {})
-    compare("environment", env_a.get("variables", {}), env_b.get("variables", {}))
+    compare("packages", _mapping(before).get("packages"), _mapping(after).get("packages"))
+    env_a = _mapping(_mapping(before).get("environment"))
+    env_b = _mapping(_mapping(after).get("environment"))
+    compare("environment", env_a.get("variables"), env_b.get("variables"))
     compare("environment",
-            {f"jit {s['setting']}": s for s in env_a.get("jit_settings", [])},
-            {f"jit {s['setting']}": s for s in env_b.get("jit_settings", [])},
+            {f"jit {key}": s for key, s in _by(env_a, "setting", "jit_settings").items()},
+            {f"jit {key}": s for key, s in _by(env_b, "setting", "jit_settings").items()},
             ("value", "from"))
-    compare("caches", {c["root"]: c for c in before.get("caches", [])},
-            {c["root"]: c for c in after.get("caches", [])},
+    compare("caches", _by(before, "root", "caches"), _by(after, "root", "caches"),
             ("layout", "entries", "bytes", "last_change"))
-    compare("system", before.get("system", {}), after.get("system", {}))
+    compare("system", _mapping(before).get("system"), _mapping(after).get("system"))
     return groups
 

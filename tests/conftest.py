@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from support import ShimEnv, clean_env
+from support import ShimEnv, clean_env, write_reliability_document
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """docs/reliability.md from every reliability case's figures (`support.reliability_figure`),
+    once per session: by the controller, after every xdist worker has left its figures."""
+    if hasattr(session.config, "workerinput"):
+        return
+    write_reliability_document()
 
 
 @pytest.fixture

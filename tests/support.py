@@ -122,5 +122,128 @@ def reliability_figure(section: str, case: str, **figures: Any) -> None:
     path = FIGURES_DIR / f"{name}.json"
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     temporary.write_text(json.dumps({"section": section, "case": case, "figures": figures,
-                                     "recorded": time.time()}, default=str))
+                                     "recorded": time.time(), "machine": _machine()},
+                                    default=str))
     os.replace(temporary, path)
+
+
+def _machine() -> str:
+    import platform
+
+    return (f"{os.cpu_count()} cores, {platform.machine()}, Python "
+            f"{platform.python_version()} ({platform.python_implementation()})")
+
+
+SECTION_ORDER = ("concurrency", "kills", "faults", "fuzzing")
+"""Sections in the order the document gives them; any other section follows, by name."""
+
+SECTION_TITLES = {
+    "concurrency": "Concurrency: many writers on one ledger",
+    "kills": "Kills: SIGKILL at random points",
+    "faults": "Faults",
+    "fuzzing": "Fuzzing: every parser of untrusted text",
+}
+
+# Figures that count harm: each must be 0 for a case to have lost nothing. Matched by name, so
+# that a new case's `records_lost` or `processes_left` joins the summary without a change here.
+_HARM_WORDS = ("lost", "duplicated", "torn", "half_written", "failures", "left", "leaked")
+
+_INTRO = """\
+# Reliability
+
+Written by the test suite itself (tests/conftest.py, at the end of a pytest session, from the
+figures each reliability case leaves in `.reliability/`): do not edit by hand. What the suite
+does: real writers of every kind on one ledger at once (shim compiles with the real g++,
+in-process recorders, a scan writing reconstructions), counted against what each writer says it
+wrote; SIGKILLs of shim compiles at random points beside compiles that go on; the faults of
+issue 13; property-based fuzzing (hypothesis, derandomized) of every parser of text cacheaudit
+did not write itself. How the figures were made: the README's test command,
+
+    .venv/bin/python -m pytest -n auto
+
+which CI runs as it is, slow cases included (`-m "not slow"` leaves out the long versions;
+the file is rewritten from whatever figures the run left, so a partial run keeps the figures of
+the cases it did not run from the run before).
+"""
+
+
+def _cell(value: Any) -> str:
+    text = str(value) if not isinstance(value, float) else f"{value:g}"
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def reliability_document(figures_dir: Path = FIGURES_DIR) -> str | None:
+    """docs/reliability.md from every case's figures, or None when no case left any. The same
+    figures always give the same text (sections, cases and columns in a fixed order)."""
+    import datetime
+    import json
+
+    cases: list[dict[str, Any]] = []
+    for path in sorted(figures_dir.glob("*.json")) if figures_dir.is_dir() else ():
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("figures"), dict):
+            cases.append(data)
+    if not cases:
+        return None
+    sections = sorted({str(c["section"]) for c in cases}, key=lambda s: (
+        SECTION_ORDER.index(s) if s in SECTION_ORDER else len(SECTION_ORDER), s))
+    harm_total: dict[str, int] = {}
+    lines = [_INTRO]
+    for section in sections:
+        rows = sorted((c for c in cases if c["section"] == section), key=lambda c: str(c["case"]))
+        columns: list[str] = []
+        for row in rows:
+            columns.extend(k for k in row["figures"] if k not in columns)
+        lines.append(f"## {SECTION_TITLES.get(section, section.capitalize())}\n")
+        lines.append("| case | " + " | ".join(c.replace("_", " ") for c in columns)
+                     + " | date (UTC) |")
+        lines.append("|---" * (len(columns) + 2) + "|")
+        section_harm: dict[str, int] = {}
+        for row in rows:
+            figures = row["figures"]
+            when = datetime.datetime.fromtimestamp(float(row.get("recorded", 0)),
+                                                   datetime.timezone.utc)
+            lines.append("| " + " | ".join(
+                [_cell(row["case"])] + [_cell(figures.get(c, "")) for c in columns]
+                + [when.strftime("%Y-%m-%d %H:%M")]) + " |")
+            for key, value in figures.items():
+                if any(word in key for word in _HARM_WORDS) and isinstance(value, int):
+                    section_harm[key] = section_harm.get(key, 0) + value
+        lines.append("")
+        lines.append(_summary(section_harm, len(rows)) + "\n")
+        for key, value in section_harm.items():
+            harm_total[key] = harm_total.get(key, 0) + value
+    machines = sorted({str(c.get("machine") or "not recorded") for c in cases})
+    lines.insert(1, "**" + _summary(harm_total, len(cases)) + "**\n\nMachine: "
+                 + "; ".join(machines) + ".\n")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _summary(harm: Mapping[str, int], cases: int) -> str:
+    counted = ", ".join(f"{value} {key.replace('_', ' ')}" for key, value in sorted(harm.items()))
+    bad = {key: value for key, value in harm.items() if value}
+    where = f"{cases} case" + ("s" if cases != 1 else "")
+    if not bad:
+        return f"Nothing lost in {where} ({counted or 'no harm counted'})."
+    return (f"Not clean in {where}: "
+            + ", ".join(f"{value} {key.replace('_', ' ')}" for key, value in sorted(bad.items()))
+            + f" (all counted: {counted}).")
+
+
+def write_reliability_document(figures_dir: Path = FIGURES_DIR,
+                               document: Path | None = None) -> bool:
+    """Rewrite docs/reliability.md when figures exist and the text changed; True if written."""
+    text = reliability_document(figures_dir)
+    if text is None:
+        return False
+    document = document or Path(__file__).resolve().parent.parent / "docs" / "reliability.md"
+    with contextlib.suppress(OSError):
+        if document.read_text() == text:
+            return False
+    temporary = document.with_name(f".{document.name}.{os.getpid()}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, document)
+    return True

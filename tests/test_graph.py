@@ -703,3 +703,21 @@ def test_deps_log_parser_keeps_the_latest_record_and_stops_at_a_torn_tail():
     assert (entry.target, entry.mtime_ns, entry.inputs) == ("k.o", 7, ("/s/k.cpp",))
     with pytest.raises(NinjaDepsLogError):
         parse_ninja_deps_log(b"# ninjadeps\n" + (3).to_bytes(4, sys.byteorder))
+
+
+def test_a_raw_newline_continues_a_name_only_where_the_compile_names_it() -> None:
+    # What g++ 12 writes for `g++ -M 'ker<LF>nel.cc'`: the newline raw in target and source.
+    text = "ker\nnel.o: ker\nnel.cc /usr/include/stdc-predef.h inc/a.h\n"
+    assert parse_depfile(text, ["/work/src/ker\nnel.cc"]) == [
+        DepRule(("ker\nnel.o",), ("ker\nnel.cc", "/usr/include/stdc-predef.h", "inc/a.h"))]
+    with pytest.raises(DepfileError, match="line 1: no ':'"):
+        parse_depfile(text)
+    # A newline in a directory of the source, and a known name that does not match this text.
+    assert parse_depfile("t.o: di\nr/k.cc a.h\n", ["di\nr/k.cc"]) == [
+        DepRule(("t.o",), ("di\nr/k.cc", "a.h"))]
+    with pytest.raises(DepfileError, match="line 2: no ':'"):
+        parse_depfile("t.o: b.h\nstray words\n", ["di\nr/k.cc"])
+    # A header whose name is the first line of the source's name, last in the rule: the text
+    # after the line end does not go on as the source's name does, so the rule ends there.
+    assert parse_depfile("ker\nnel.o: ker\nnel.cc inc/ker\ninc/ker:\n", ["ker\nnel.cc"]) == [
+        DepRule(("ker\nnel.o",), ("ker\nnel.cc", "inc/ker")), DepRule(("inc/ker",), ())]

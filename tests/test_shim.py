@@ -372,3 +372,34 @@ def test_a_session_record_names_the_runtime_process_behind_the_shell(shim_env: S
     done = shim_env.run(["sh", "-c", command], cwd=header_tree / "inc", env=cpath)
     assert done.returncode == 0, done.stderr
     assert shim_env.records()[-1].runtime_process is None
+
+
+def _headers_gxx_reads(argv: list[str], cwd: Path, env: dict[str, str]) -> set[str]:
+    """Ground truth independent of any depfile: `g++ -H` prints each header it opens."""
+    done = subprocess.run([*argv, "-H", "-fsyntax-only"], cwd=cwd, env=env, check=True,
+                          capture_output=True)
+    return {os.path.realpath(os.path.join(cwd, line.lstrip(b".").strip().decode()))
+            for line in done.stderr.splitlines() if line.startswith(b".")}
+
+
+@needs_gxx
+def test_a_source_named_with_a_newline_keeps_its_include_graph(shim_env: ShimEnv,
+                                                               header_tree: Path):
+    # gcc writes a newline in a name raw (mkdeps.cc escapes only blanks, '#' and '$'), so the
+    # depfile's target and prerequisite span two lines each: issue 13, item 8.
+    source_dir = header_tree / "src"
+    source = source_dir / "ker\nnel.cpp"
+    source.write_text((source_dir / "k.cpp").read_text())
+    args = ["-c", "-I", "../inc", source.name, "-o", "../out/k.o"]
+    extra = {"CPATH": str(header_tree / "cpath")}
+    done = shim_env.run(["g++", *args], cwd=source_dir, env=extra)
+    assert done.returncode == 0, done.stderr
+    [record] = shim_env.records()
+    assert [s.path for s in record.sources] == [str(source)]
+    assert record.graph is not None, f"no include graph for {source!r}: {record.notes}"
+    read = _headers_gxx_reads(["g++", *args[:-3], source.name], source_dir,
+                              shim_env.bare_env(extra))
+    assert str(header_tree / "inc" / "lib" / "detail.h") in read
+    # The graph may also list the implicit pre-include (stdc-predef.h), which -H does not show.
+    assert read <= set(record.graph.paths), f"headers of {source!r} missing from the graph"
+    assert set(record.graph.paths) - read <= {"/usr/include/stdc-predef.h"}

@@ -225,10 +225,11 @@ def read_spooled(path: str) -> Any:
 
 
 # What a spooled record that can never be stored raises: a value the schema refuses (an unknown
-# event, a missing start time), a field of the wrong type, or a file `read_spooled` refuses
-# (`bounded.Refused` is a ValueError).
-_UNSTORABLE = (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.DataError, OverflowError,
-               ValueError, KeyError, TypeError, AttributeError)
+# event, a missing start time), a field of the wrong type (sqlite3 cannot bind a list), or a file
+# `read_spooled` refuses (`bounded.Refused` is a ValueError).
+_UNSTORABLE = (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.DataError,
+               sqlite3.ProgrammingError, OverflowError, ValueError, KeyError, TypeError,
+               AttributeError)
 
 
 def ingest_spool(ledger: Ledger, limit: int | None = None) -> int:

@@ -49,6 +49,37 @@ _BLOB_COLUMNS = ("tracked_id", "effective_argv_id", "extra_id", "argv_id", "env_
 T = TypeVar("T")
 
 
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _string_pairs(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)
+        for item in value)
+
+
+def _string_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(item, str) for item in value.values())
+
+
+def _wrappers(value: Any) -> tuple[str, ...]:
+    return tuple(item for item in value if isinstance(item, str)) if isinstance(value, list) else ()
+
+
+# The JSON shape each stored value has when cacheaudit wrote it: a ledger from elsewhere may
+# hold valid JSON of any other shape, which the record leaves out (with a note) like a value
+# the bounded reader refuses.
+_BLOB_SHAPES: dict[str, tuple[str, Any]] = {
+    "tracked_id": ("a list of strings", _strings),
+    "effective_argv_id": ("a list of [text, origin] pairs", _string_pairs),
+    "extra_id": ("an object", lambda value: isinstance(value, dict)),
+    "argv_id": ("a list of strings", _strings),
+    "env_id": ("an object of strings", _string_map),
+    "notes_id": ("a list of strings", _strings),
+}
+
+
 class Ledger:
     """An open ledger file. Use `Ledger.open()`; close it, or use it as a context manager."""
 
@@ -409,6 +440,17 @@ class Ledger:
             self._blob_cache[blob_id] = value
         return self._blob_cache[blob_id]
 
+    def _load_shaped(self, row: Row, column: str) -> Any:
+        """A record's stored value if it has the shape cacheaudit writes, else None, noted."""
+        blob_id = row[column]
+        value = self._load_blob(blob_id)
+        what, fits = _BLOB_SHAPES[column]
+        if value is not None and not fits(value):
+            self._refused_blobs[blob_id] = (f"ledger value {blob_id} is a JSON "
+                                            f"{type(value).__name__} that is not {what}: left out")
+            return None
+        return value
+
     def load_compiler(self, compiler_id: int | None) -> CompilerIdentity | None:
         if compiler_id is None:
             return None
@@ -421,7 +463,7 @@ class Ledger:
                 return None
             self._compiler_cache[compiler_id] = CompilerIdentity(
                 invoked=row["invoked"], path=row["path"], resolved=row["resolved"],
-                wrappers=tuple(bounded.loads_or(row["wrappers"], [])), kind=row["kind"],
+                wrappers=_wrappers(bounded.loads_or(row["wrappers"], [])), kind=row["kind"],
                 version_text=row["version_text"], digest=row["binary_digest"], size=row["size"],
                 mtime_ns=row["mtime_ns"], host=self.load_compiler(row["host_id"]),
                 error=row["error"])
@@ -494,16 +536,16 @@ class Ledger:
                          ) -> CompileRecord:
         sources = self.load_graph(row["sources_id"]) if with_graphs and with_files else None
         outputs = self.load_graph(row["outputs_id"]) if with_graphs and with_files else None
-        tracked = self._load_blob(row["tracked_id"])
-        effective = self._load_blob(row["effective_argv_id"]) or []
-        facts, extra = split_stored_extra(self._load_blob(row["extra_id"]))
+        tracked = self._load_shaped(row, "tracked_id")
+        effective = self._load_shaped(row, "effective_argv_id") or []
+        facts, extra = split_stored_extra(self._load_shaped(row, "extra_id"))
         return CompileRecord(
             record_id=row["record_uuid"], event=row["event"], started_ns=row["started_ns"],
             runtime=row["runtime"], kernel=row["kernel"], key=row["key"], entry=row["entry"],
             compiler=self.load_compiler(row["compiler_id"]),
-            argv=tuple(self._load_blob(row["argv_id"]) or ()),
+            argv=tuple(self._load_shaped(row, "argv_id") or ()),
             effective_argv=tuple(ArgToken(t, o) for t, o in effective),
-            env=dict(self._load_blob(row["env_id"]) or {}), cwd=row["cwd"] or "",
+            env=dict(self._load_shaped(row, "env_id") or {}), cwd=row["cwd"] or "",
             sources=files[0] if files else tuple(f.state for f in sources.files) if sources
             else (),
             graph=self.load_graph(row["graph_id"]) if with_graphs else None,
@@ -512,7 +554,7 @@ class Ledger:
             tracked=tuple(tracked) if tracked is not None else None,
             exit_code=row["exit_code"], signal=row["signal"], duration_ns=row["duration_ns"],
             pid=row["pid"], host=row["host"], test_id=row["test_id"], observer=row["observer"],
-            notes=tuple(self._load_blob(row["notes_id"]) or ()) + self._refusals(row),
+            notes=tuple(self._load_shaped(row, "notes_id") or ()) + self._refusals(row),
             extra=extra,
             run_uuid=row["run_uuid"], graph_id=None if with_graphs else row["graph_id"],
             **facts)

@@ -108,11 +108,11 @@ def device_time_trace_headers(text: str) -> list[str]:
     """Every header NVRTC opened, from its `--fdevice-time-trace` Chrome-trace JSON: the
     "Processing Header File" events, each with the resolved path in `args.detail`, in the order
     NVRTC finished them (post-order), each path once."""
-    import json
+    from cacheaudit import bounded
 
     try:
-        data = json.loads(text)
-    except ValueError as exc:
+        data = bounded.loads(text)
+    except bounded.Refused as exc:
         raise DepfileError(f"not an NVRTC device time trace: {exc}") from exc
     events = data.get("traceEvents", data) if isinstance(data, dict) else data
     if not isinstance(events, list):
@@ -120,7 +120,8 @@ def device_time_trace_headers(text: str) -> list[str]:
     seen: dict[str, None] = {}
     for event in events:
         if isinstance(event, dict) and event.get("name") == "Processing Header File":
-            detail = (event.get("args") or {}).get("detail")
+            args = event.get("args")
+            detail = args.get("detail") if isinstance(args, dict) else None
             if isinstance(detail, str) and detail:
                 seen.setdefault(detail, None)
     return list(seen)

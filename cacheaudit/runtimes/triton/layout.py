@@ -266,7 +266,8 @@ def _group_problems(group_path: str, group_name: str, entry_path: str,
     problems = []
     entry_real = os.path.realpath(entry_path)
     for child, target in sorted(children.items()):
-        if not isinstance(target, str):
+        if not isinstance(target, str) or "\0" in target:
+            # A NUL byte cannot be in a path (os.path refuses it): no path either.
             problems.append(f"{group_name} lists {child} with no path")
             continue
         if os.path.dirname(os.path.realpath(target)) != entry_real:
