@@ -54,7 +54,10 @@ COMPILE_ADDRESS_SPACE = 16 * GIB
 GiB at most (the reference TU to a cubin: see docs/design.md for the figure measured)."""
 
 _PR_SET_PDEATHSIG = 1
-_WATCHDOG = 'IFS= read -r said; [ "$said" = done ] || kill -9 "-$1" 2>/dev/null'
+# `kill -9 -N` kills process group N; the guard keeps a bad N from ever meaning -1 (every
+# process the user may signal) or 0 (the watchdog's own group).
+_WATCHDOG = ('IFS= read -r said; [ "$said" = done ] || '
+             '{ [ "$1" -gt 1 ] 2>/dev/null && kill -9 "-$1" 2>/dev/null; }')
 _SHELL = "/bin/sh"
 
 
@@ -168,6 +171,8 @@ def start(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None
 
 def _watch(group: int) -> tuple[subprocess.Popen[bytes] | None, int | None]:
     """The watchdog of `group`; (None, None) where none can start (PDEATHSIG still holds)."""
+    if group <= 1:
+        raise ValueError(f"not a child's process group: {group}")
     try:
         read_end, write_end = os.pipe()
     except OSError:
@@ -213,6 +218,9 @@ def finish(process: subprocess.Popen[Any]) -> None:
 
 
 def kill_group(group: int) -> None:
+    """SIGKILL to process group `group`, a child's own (its pid): never 0 (our own group) or 1."""
+    if group <= 1 or group == os.getpgrp():
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(group, signal.SIGKILL)
 
