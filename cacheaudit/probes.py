@@ -16,12 +16,13 @@ from cacheaudit import children
 COULD_NOT_COLLECT = "could not collect"
 
 
-def run(argv: list[str], timeout: float, env: Mapping[str, str]) -> tuple[str | None, str]:
+def run(argv: list[str], timeout: float, env: Mapping[str, str],
+        limits: children.Limits = children.PASS_LIMITS) -> tuple[str | None, str]:
     """(output, "") or (None, why not): a probe never raises and never waits past `timeout`. It
     is a child of cacheaudit's own (`cacheaudit.children`: its process group killed at the
-    deadline or with this process, within the probes' memory limit)."""
+    deadline or with this process, within `limits`)."""
     try:
-        done = children.run(argv, timeout=timeout, env=env)
+        done = children.run(argv, timeout=timeout, env=env, limits=limits)
     except FileNotFoundError:
         return None, f"{COULD_NOT_COLLECT}: {argv[0]} not found"
     except OSError as exc:

@@ -337,3 +337,46 @@ def test_a_signal_to_a_scan_during_reconstruction_leaves_no_process_or_temp_dir(
     assert dirs == [], f"temporary directories left: {dirs}"
     reliability_figure("kills", f"{signal.Signals(sig).name} of a scan during a reconstruction "
                                 "pass", kills=1, processes_left=0, temp_dirs_left=0)
+
+
+# ---------------------------------------------------------------------------- the rebuild oracle
+
+
+def _verify(env: dict[str, str], entry: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "cacheaudit", "verify", "--yes", str(entry)],
+                            env=env, cwd=entry, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+@needs_gxx
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
+                         ids=["SIGINT", "SIGTERM", "SIGKILL"])
+def test_a_signal_to_verify_during_a_compile_leaves_no_process_or_temp_dir(
+        tmp_path: Path, sig: int):
+    env = clean_env(tmp_path)
+    tmpdir = Path(env["TMPDIR"])
+    userbin = tmp_path / "userbin"
+    compiler = slow_gxx(userbin)
+    env["PATH"] = os.pathsep.join([str(userbin), env["PATH"]])  # the compiler the oracle runs
+    entry = deepjit_root(tmp_path / "dj", compiler)
+    env["SLOW"] = "30"
+    process = _verify(env, entry)
+    assert wait_for(lambda: any("kernel.so" in line and str(tmpdir) in line
+                                for line in processes_under(tmpdir))), process.stderr.read1()
+    time.sleep(0.2)
+    os.kill(process.pid, sig)
+    process.wait(timeout=30)
+    stderr = process.stderr.read().decode(errors="replace")
+    process.stderr.close()
+    expected = {signal.SIGINT: 130, signal.SIGTERM: 128 + signal.SIGTERM,
+                signal.SIGKILL: -signal.SIGKILL}[sig]
+    assert process.returncode == expected, stderr
+    left = settled(tmp_path)
+    assert left == [], f"left running after {signal.Signals(sig).name} of verify: {left}"
+    dirs = temp_dirs(tmpdir)
+    if sig == signal.SIGKILL:
+        assert dirs, "the killed oracle's private directory"  # swept next
+        env["SLOW"] = "0"
+        dirs = next_run_sweeps(tmpdir, lambda: _verify(env, entry).wait(timeout=120))
+    assert dirs == [], f"temporary directories left: {dirs}"
+    reliability_figure("kills", f"{signal.Signals(sig).name} of verify during a compile",
+                       kills=1, processes_left=0, temp_dirs_left=0)
