@@ -1,9 +1,11 @@
 """cacheaudit's temporary directories: named after their owner, removed on every exit path,
 swept after a killed owner.
 
-Every directory is `cacheaudit-<purpose>-p<pid>t<start ticks>-<random>` under the temporary
-directory (TMPDIR): the owner's pid and its start time (`processes.process_stat`) tell a live
-owner from a dead one, or from a later process that reuses the pid. A process that removes its
+Every directory is `cacheaudit-<purpose>-p<pid>t<start ticks>n<pid namespace>-<random>` under
+the temporary directory (TMPDIR): the owner's pid and its start time (`processes.process_stat`)
+tell a live owner from a dead one, or from a later process that reuses the pid; the pid
+namespace keeps a container that shares TMPDIR but not our pids from taking a live owner for a
+dead one (a directory of another namespace is never swept here). A process that removes its
 directory on the way out (`temporary_directory`, a `finally`; SIGTERM made an exception by the
 command line and the shim) leaves nothing; one killed outright (SIGKILL, the OOM killer) leaves
 its directory to `sweep`, which the next shim or command runs at most every `SWEEP_INTERVAL_S`:
@@ -27,15 +29,24 @@ from cacheaudit.processes import process_stat
 SWEEP_INTERVAL_S = 600
 """How often the temporary directory is searched for a dead owner's leftovers."""
 
-_NAME_RE = re.compile(r"^cacheaudit-[a-z0-9-]+?-p(?P<pid>\d+)t(?P<ticks>\d+)-[^/]*$")
+_NAME_RE = re.compile(
+    r"^cacheaudit-[a-z0-9-]+?-p(?P<pid>\d+)t(?P<ticks>\d+)n(?P<namespace>\d+)-[^/]*$")
 _STAMP = "cacheaudit-swept-{uid}"
 
 
-def owner_tag(pid: int | None = None) -> str:
-    """`p<pid>t<start ticks>` of this process (or `pid`)."""
-    pid = os.getpid() if pid is None else pid
-    stat_ = process_stat(pid)
-    return f"p{pid}t{stat_[2] if stat_ else 0}"
+def pid_namespace() -> int:
+    """The inode of this process's pid namespace; 0 where /proc does not say."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def owner_tag() -> str:
+    """`p<pid>t<start ticks>n<pid namespace>` of this process."""
+    pid = os.getpid()
+    found = process_stat(pid)
+    return f"p{pid}t{found[2] if found else 0}n{pid_namespace()}"
 
 
 def make_directory(purpose: str, parent: str | None = None) -> str:
@@ -60,9 +71,11 @@ def temporary_directory(purpose: str, parent: str | None = None) -> Iterator[str
 
 
 def owner_alive(name: str) -> bool | None:
-    """Whether the process named in a directory name still runs (None: not one of ours)."""
+    """Whether the process named in a directory name still runs; None when that cannot be told
+    here (not a name of ours, or an owner in another pid namespace)."""
     match = _NAME_RE.match(name)
-    if match is None:
+    namespace = pid_namespace()
+    if match is None or not namespace or int(match["namespace"]) != namespace:
         return None
     found = process_stat(int(match["pid"]))
     return found is not None and found[2] == match["ticks"]
@@ -80,6 +93,8 @@ def sweep(parent: str | None = None, *, interval_s: float = SWEEP_INTERVAL_S,
 
 
 def _sweep(parent: str, interval_s: float, now: float) -> list[str]:
+    if process_stat(os.getpid()) is None or not pid_namespace():
+        return []  # no /proc: no owner can be told dead
     uid = os.getuid()
     stamp = os.path.join(parent, _STAMP.format(uid=uid))
     with contextlib.suppress(FileNotFoundError):

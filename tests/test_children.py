@@ -113,10 +113,10 @@ def test_kill_all_ends_every_child_and_refuses_new_ones():
 
 
 def _dead_pid() -> tuple[int, str]:
-    """The pid and start ticks of a process that has ended."""
+    """The pid and start ticks (with our pid namespace) of a process that has ended."""
     done = subprocess.Popen(["true"])
     done.wait()
-    return done.pid, "12345"
+    return done.pid, f"12345n{scratch.pid_namespace()}"
 
 
 def test_the_sweep_removes_a_dead_owners_directory_only(tmp_path: Path):
@@ -125,8 +125,12 @@ def test_the_sweep_removes_a_dead_owners_directory_only(tmp_path: Path):
     dead = tmp_path / f"cacheaudit-shim-p{pid}t{ticks}-abc"
     (dead / "inner").mkdir(parents=True)
     (dead / "inner" / "deps.d").write_text("x")
-    reused = tmp_path / f"cacheaudit-scan-p{os.getpid()}t1-abc"  # our pid, another start time
+    # Our pid with another start time: a process that had our pid before us.
+    reused = tmp_path / f"cacheaudit-scan-p{os.getpid()}t1n{scratch.pid_namespace()}-abc"
     reused.mkdir()
+    # A dead-looking owner of another pid namespace (a container sharing TMPDIR): not ours.
+    elsewhere = tmp_path / f"cacheaudit-shim-p{pid}t1n1-abc"
+    elsewhere.mkdir()
     target = tmp_path / "elsewhere"
     target.mkdir()
     link = tmp_path / f"cacheaudit-shim-p{pid}t{ticks}-link"
@@ -138,6 +142,7 @@ def test_the_sweep_removes_a_dead_owners_directory_only(tmp_path: Path):
     assert os.path.isdir(mine), "a live owner's directory is kept"
     assert link.is_symlink() and target.is_dir(), "a symlink is neither followed nor removed"
     assert unrelated.is_dir(), "a name without an owner is not cacheaudit's to sweep"
+    assert elsewhere.is_dir(), "an owner in another pid namespace cannot be told dead here"
     scratch.remove(mine)
 
 
