@@ -92,8 +92,9 @@ def test_a_sigkilled_parent_takes_its_child_and_grandchild_along(tmp_path: Path,
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     assert _gone(pids), f"left behind by a SIGKILLed parent: {[p for p in pids if _alive(p)]}"
-    reliability_figure("kills", f"SIGKILL of a process whose child was started from the "
-                                f"{'main thread' if not in_thread else 'an ended thread'}",
+    started_from = "a thread that has ended" if in_thread else "the main thread"
+    reliability_figure("kills", f"SIGKILL of a process whose child was started from "
+                                f"{started_from}",
                        kills=1, processes_left=0)
 
 
