@@ -559,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     from cacheaudit import scratch
 
-    # What a cacheaudit process killed outright left in TMPDIR; one stat unless a sweep is due.
+    # What a cacheaudit process killed outright (a shim, a scan) left in TMPDIR.
     scratch.sweep()
     command = typer.main.get_command(app)
     try:

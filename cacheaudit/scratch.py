@@ -8,9 +8,10 @@ namespace keeps a container that shares TMPDIR but not our pids from taking a li
 dead one (a directory of another namespace is never swept here). A process that removes its
 directory on the way out (`temporary_directory`, a `finally`; SIGTERM made an exception by the
 command line and the shim) leaves nothing; one killed outright (SIGKILL, the OOM killer) leaves
-its directory to `sweep`, which the next shim or command runs at most every `SWEEP_INTERVAL_S`:
-one stat of a stamp file otherwise. The sweep removes only directories of this user, named so,
-whose owner no longer runs, and follows no symlink.
+its directory to `sweep`, which every `cacheaudit` command runs and one shim in `SWEEP_ONE_IN`
+(by pid: no stamp file is kept anywhere, so TMPDIR and the user's home stay as they were). The
+sweep removes only directories of this user, named so, whose owner no longer runs, and follows
+no symlink.
 """
 
 from __future__ import annotations
@@ -21,17 +22,15 @@ import re
 import shutil
 import stat
 import tempfile
-import time
 from collections.abc import Iterator
 
 from cacheaudit.processes import process_stat
 
-SWEEP_INTERVAL_S = 600
-"""How often the temporary directory is searched for a dead owner's leftovers."""
+SWEEP_ONE_IN = 32
+"""One shim in this many (by pid) sweeps; every `cacheaudit` command does."""
 
 _NAME_RE = re.compile(
     r"^cacheaudit-[a-z0-9-]+?-p(?P<pid>\d+)t(?P<ticks>\d+)n(?P<namespace>\d+)-[^/]*$")
-_STAMP = "cacheaudit-swept-{uid}"
 
 
 def pid_namespace() -> int:
@@ -81,32 +80,26 @@ def owner_alive(name: str) -> bool | None:
     return found is not None and found[2] == match["ticks"]
 
 
-def sweep(parent: str | None = None, *, interval_s: float = SWEEP_INTERVAL_S,
-          now: float | None = None) -> list[str]:
-    """Remove the directories a killed cacheaudit process left in `parent` (TMPDIR), unless a
-    sweep ran there less than `interval_s` ago. Returns what was removed; never raises."""
+def sweep(parent: str | None = None) -> list[str]:
+    """Remove the directories a killed cacheaudit process left in `parent` (TMPDIR). Returns
+    what was removed; never raises. One `scandir` of TMPDIR, and an `lstat` and a /proc read
+    per entry named like ours."""
     try:
-        return _sweep(parent or tempfile.gettempdir(), interval_s,
-                      time.time() if now is None else now)
+        return _sweep(parent or tempfile.gettempdir())
     except OSError:
         return []
 
 
-def _sweep(parent: str, interval_s: float, now: float) -> list[str]:
+def sweep_now_and_then() -> list[str]:
+    """`sweep`, in one process of `SWEEP_ONE_IN` (by pid): what the shim runs, so that a busy
+    build pays for a few sweeps, not one per compile. It needs no state kept anywhere."""
+    return sweep() if os.getpid() % SWEEP_ONE_IN == 0 else []
+
+
+def _sweep(parent: str) -> list[str]:
     if process_stat(os.getpid()) is None or not pid_namespace():
         return []  # no /proc: no owner can be told dead
     uid = os.getuid()
-    stamp = os.path.join(parent, _STAMP.format(uid=uid))
-    with contextlib.suppress(FileNotFoundError):
-        st = os.lstat(stamp)
-        if st.st_uid == uid and now - st.st_mtime < interval_s:
-            return []
-    # The stamp first: a sweep that cannot finish is not retried by every process at once.
-    fd = os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.utime(fd, (now, now))
-    finally:
-        os.close(fd)
     removed: list[str] = []
     with os.scandir(parent) as entries:
         for entry in entries:

@@ -281,9 +281,9 @@ def run_and_record(recorder: ShimRecorder, real: str, argv: Sequence[str],
         if recorder.dependency_pass is not None:
             recorder.dependency_pass.kill()
         scratch.remove(workdir)
-        # What an earlier shim killed outright left behind; one stat unless a sweep is due.
+        # What an earlier shim killed outright left behind (one shim in SWEEP_ONE_IN looks).
         with contextlib.suppress(BaseException):
-            scratch.sweep()
+            scratch.sweep_now_and_then()
     if returncode < 0:
         _die_like(-returncode)
     return returncode

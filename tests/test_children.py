@@ -147,18 +147,6 @@ def test_the_sweep_removes_a_dead_owners_directory_only(tmp_path: Path):
     scratch.remove(mine)
 
 
-def test_the_sweep_runs_at_most_once_per_interval(tmp_path: Path):
-    pid, ticks = _dead_pid()
-    first = tmp_path / f"cacheaudit-shim-p{pid}t{ticks}-one"
-    first.mkdir()
-    assert scratch.sweep(str(tmp_path)) == [str(first)]
-    second = tmp_path / f"cacheaudit-shim-p{pid}t{ticks}-two"
-    second.mkdir()
-    assert scratch.sweep(str(tmp_path)) == []  # swept just now: one stat, nothing more
-    later = time.time() + scratch.SWEEP_INTERVAL_S + 1
-    assert scratch.sweep(str(tmp_path), now=later) == [str(second)]
-
-
 def test_a_temporary_directory_is_removed_when_its_block_raises(tmp_path: Path):
     with pytest.raises(KeyboardInterrupt), scratch.temporary_directory("scan", str(tmp_path)) as d:
         Path(d, "deps.d").write_text("x")

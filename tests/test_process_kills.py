@@ -33,7 +33,6 @@ from support import GXX, ShimEnv, clean_env, needs_gxx, reliability_figure
 SETTLE_S = 3.0
 """How long a killed group may take to disappear from /proc (init reaps SIGKILL'd orphans)."""
 
-STAMP_PREFIX = "cacheaudit-swept-"
 
 
 def _script(path: Path, body: str) -> Path:
@@ -95,8 +94,7 @@ def settled(path: Path) -> list[str]:
 
 
 def temp_dirs(tmpdir: Path) -> list[str]:
-    return sorted(n for n in os.listdir(tmpdir)
-                  if n.startswith("cacheaudit-") and not n.startswith(STAMP_PREFIX))
+    return sorted(n for n in os.listdir(tmpdir) if n.startswith("cacheaudit-"))
 
 
 def wait_for(predicate, timeout: float = 30.0) -> bool:
@@ -113,13 +111,11 @@ def pass_running(marker: str) -> bool:
     return any(" -M -MF " in line for line in processes_under(Path(marker)))
 
 
-def next_run_sweeps(tmpdir: Path, run) -> list[str]:
-    """What is left after the next cacheaudit process, once a sweep is due (the stamp that
-    spaces sweeps out is made old)."""
-    for name in os.listdir(tmpdir):
-        if name.startswith(STAMP_PREFIX):
-            os.utime(tmpdir / name, (0, 0))
-    run()
+def next_run_sweeps(tmpdir: Path, env: dict[str, str]) -> list[str]:
+    """What is left after the next `cacheaudit` command (any: each sweeps TMPDIR; the user's
+    `cacheaudit report` after a build, here)."""
+    subprocess.run([sys.executable, "-m", "cacheaudit", "report"], env=env, capture_output=True,
+                   timeout=120, check=False)
     return temp_dirs(tmpdir)
 
 
@@ -156,9 +152,8 @@ def _shim_group_kills(slow_shim, tmp_path: Path, kills: int) -> None:
         left = settled(tmp_path)
         assert left == [], f"left running after SIGKILL of the shim's group: {left}"
     left_after_kills = temp_dirs(tmpdir)
-    # The next shim sweeps what the killed ones left (their owners are dead).
-    env["SLOW"] = env["SLOW_PASS"] = "0"
-    swept = next_run_sweeps(tmpdir, lambda: _shim_compile(shim_env, src, env).wait(timeout=60))
+    # The next cacheaudit command sweeps what the killed ones left (their owners are dead).
+    swept = next_run_sweeps(tmpdir, env)
     assert swept == [], f"not swept: {swept}"
     assert settled(tmp_path) == []
     reliability_figure("kills", f"SIGKILL of the shim's process group during a dependency pass "
@@ -205,9 +200,7 @@ def test_a_signal_to_the_shim_alone_during_the_pass_leaves_nothing(
     assert left == [], f"left running after {signal.Signals(sig).name} of the shim: {left}"
     dirs = temp_dirs(tmpdir)
     if sig == signal.SIGKILL:
-        env["SLOW"] = env["SLOW_PASS"] = "0"
-        dirs = next_run_sweeps(tmpdir,
-                               lambda: _shim_compile(shim_env, src, env).wait(timeout=60))
+        dirs = next_run_sweeps(tmpdir, env)
     assert dirs == [], f"temporary directories left: {dirs}"
     reliability_figure("kills", f"{signal.Signals(sig).name} of the shim alone during a "
                                 "dependency pass", kills=1, processes_left=0, temp_dirs_left=0)
@@ -332,8 +325,7 @@ def test_a_signal_to_a_scan_during_reconstruction_leaves_no_process_or_temp_dir(
     dirs = temp_dirs(tmpdir)
     if sig == signal.SIGKILL:
         assert dirs, "the killed scan's reconstruction directory"  # swept next
-        env["SLOW"] = env["SLOW_PASS"] = "0"
-        dirs = next_run_sweeps(tmpdir, lambda: _scan(env, root).wait(timeout=120))
+        dirs = next_run_sweeps(tmpdir, env)
     assert dirs == [], f"temporary directories left: {dirs}"
     reliability_figure("kills", f"{signal.Signals(sig).name} of a scan during a reconstruction "
                                 "pass", kills=1, processes_left=0, temp_dirs_left=0)
@@ -375,8 +367,7 @@ def test_a_signal_to_verify_during_a_compile_leaves_no_process_or_temp_dir(
     dirs = temp_dirs(tmpdir)
     if sig == signal.SIGKILL:
         assert dirs, "the killed oracle's private directory"  # swept next
-        env["SLOW"] = "0"
-        dirs = next_run_sweeps(tmpdir, lambda: _verify(env, entry).wait(timeout=120))
+        dirs = next_run_sweeps(tmpdir, env)
     assert dirs == [], f"temporary directories left: {dirs}"
     reliability_figure("kills", f"{signal.Signals(sig).name} of verify during a compile",
                        kills=1, processes_left=0, temp_dirs_left=0)
