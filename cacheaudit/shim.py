@@ -292,8 +292,10 @@ def run_and_record(recorder: ShimRecorder, real: str, argv: Sequence[str],
 _TERMINATING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
 
 
-class _Interrupted(Exception):
-    """A terminating signal after the compile ended: the recording stops, the status stands."""
+class _Interrupted(BaseException):
+    """A terminating signal after the compile ended: the recording stops, the status stands.
+    A BaseException, as KeyboardInterrupt: the recorder's fail-open handlers (`except
+    Exception`: spool the record, report a problem) must not take it for a failure."""
 
 
 class _Forwarder:
