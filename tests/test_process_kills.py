@@ -141,11 +141,13 @@ def _shim_group_kills(slow_shim, tmp_path: Path, kills: int) -> None:
     shim_env, src, env = slow_shim
     tmpdir = Path(env["TMPDIR"])
     rng = random.Random(1313)
+    during_a_pass = 0
     for _ in range(kills):
         process = _shim_compile(shim_env, src, env, start_new_session=True)
         # Anywhere from the shim's start-up to the dependency pass's end (the wrapper sleeps 1 s
         # in the compile and in the pass, side by side).
         time.sleep(rng.uniform(0.05, 1.6))
+        during_a_pass += pass_running(str(src))
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
         process.stderr.close()
@@ -155,9 +157,11 @@ def _shim_group_kills(slow_shim, tmp_path: Path, kills: int) -> None:
     # The next cacheaudit command sweeps what the killed ones left (their owners are dead).
     swept = next_run_sweeps(tmpdir, env)
     assert swept == [], f"not swept: {swept}"
+    assert during_a_pass >= kills // 2, "most kills must hit a running dependency pass"
     assert settled(tmp_path) == []
     reliability_figure("kills", f"SIGKILL of the shim's process group during a dependency pass "
-                                f"({kills} kills)", kills=kills, processes_left=0,
+                                f"({kills} kills)", kills=kills,
+                       kills_while_a_pass_ran=during_a_pass, processes_left=0,
                        temp_dirs_left_by_kills=len(left_after_kills), temp_dirs_left=0)
 
 
