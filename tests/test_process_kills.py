@@ -375,3 +375,30 @@ def test_a_signal_to_verify_during_a_compile_leaves_no_process_or_temp_dir(
     assert dirs == [], f"temporary directories left: {dirs}"
     reliability_figure("kills", f"{signal.Signals(sig).name} of verify during a compile",
                        kills=1, processes_left=0, temp_dirs_left=0)
+
+
+@needs_gxx
+def test_a_dependency_pass_over_its_memory_limit_costs_the_graph_never_the_compile(
+        shim_env: ShimEnv, tmp_path: Path):
+    """The user's wrapper grows to 6 GiB in the dependency pass only (a stand-in for cc1plus
+    reading /dev/urandom): the pass fails at its address-space limit, the compile (no limit of
+    cacheaudit's) succeeds and its record says why it has no graph."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "k.cpp").write_text("int k() { return 1; }\n")
+    wrapper = _script(tmp_path / "userbin" / "g++", f"""\
+        case " $* " in *" -M "*) {sys.executable} -c 'bytearray(6 << 30)' || exit 1;; esac
+        exec {GXX} "$@"
+        """)
+    done = shim_env.run(["g++", "-c", "k.cpp", "-o", "k.o"], cwd=src,
+                        env={"CACHEAUDIT_REAL_GXX": str(wrapper)})
+    assert done.returncode == 0, done.stderr
+    assert (src / "k.o").stat().st_size > 0
+    [record] = shim_env.records()
+    assert record.exit_code == 0 and record.graph is None
+    [note] = [n for n in record.notes if n.startswith("dependency pass failed")]
+    assert "MemoryError" in note, record.notes
+    # The same wrapper outside cacheaudit (no limit): the allocation succeeds.
+    bare = subprocess.run([str(wrapper), "-M", "k.cpp"], cwd=src, capture_output=True,
+                          env=shim_env.bare_env(), timeout=120)
+    assert bare.returncode == 0, bare.stderr
