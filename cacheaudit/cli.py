@@ -758,21 +758,59 @@ def shim_install(
         typer.echo(line)
 
 
+class _Terminated(BaseException):
+    """SIGTERM or SIGHUP, raised where the main thread is, so that every `finally` runs: the
+    children cacheaudit started are killed and its temporary directories removed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    from cacheaudit import children
+
+    children.kill_all()
+    raise _Terminated(signum)
+
+
+@contextlib.contextmanager
+def _terminable() -> Iterator[None]:
+    import signal
+
+    # A signal the caller ignores (nohup) stays ignored.
+    previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP)
+                if signal.getsignal(sig) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: library errors become one line and a documented exit status."""
-    try:
-        status = _main(argv)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        return checks.quiet_broken_pipe()
-    except SystemExit as exc:
-        if checks.is_broken_pipe(exc):
+    with _terminable():
+        try:
+            status = _main(argv)
+            sys.stdout.flush()
+        except _Terminated as exc:
+            sys.stderr.write(f"cacheaudit: terminated by signal {exc.signum}\n")
+            return 128 + exc.signum
+        except BrokenPipeError:
             return checks.quiet_broken_pipe()
-        raise
-    return status
+        except SystemExit as exc:
+            if checks.is_broken_pipe(exc):
+                return checks.quiet_broken_pipe()
+            raise
+        return status
 
 
 def _main(argv: list[str] | None) -> int:
+    from cacheaudit import scratch
+
+    # What a cacheaudit process killed outright (a shim, a scan) left in TMPDIR.
+    scratch.sweep()
     command = typer.main.get_command(app)
     try:
         status = command.main(args=argv, prog_name="cacheaudit", standalone_mode=False)

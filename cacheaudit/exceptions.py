@@ -14,6 +14,7 @@ class ExitCode:
     NOT_EXECUTABLE = 126  # `run`: the command exists but cannot be executed, as shells say
     NOT_FOUND = 127  # `run`: no such command, as shells say
     INTERRUPTED = 130  # 128 + SIGINT, the shell's convention for Ctrl-C
+    TERMINATED = 143  # 128 + SIGTERM: killed children, removed temporary directories, then out
     BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (`| head`), as shells say
 
 

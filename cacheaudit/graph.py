@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal as signal_module
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
+from cacheaudit import children
 from cacheaudit.digest import StateCache, normalise_path
 from cacheaudit.model import FileState, GraphFile, IncludeGraph
 
@@ -424,7 +424,8 @@ def _stat_key(path: str) -> tuple[int, int, int, int] | None:
 
 
 class DependencyPass:
-    """A compiler's `-M` pass running in the background, in its own process group.
+    """A compiler's `-M` pass running in the background: a child of cacheaudit's own
+    (`cacheaudit.children`), in its own process group, within `limits`, killed with its parent.
 
     Output goes to anonymous temporary files rather than pipes, so a pass that prints a lot never
     blocks while nobody reads it. The process group lets `kill` take nvcc's children (cicc, the
@@ -433,7 +434,7 @@ class DependencyPass:
     """
 
     def __init__(self, argv: Sequence[str], cwd: str, env: Mapping[str, str],
-                 depfile: str | None) -> None:
+                 depfile: str | None, limits: children.Limits = children.PASS_LIMITS) -> None:
         self.argv: tuple[str, ...] = tuple(argv)
         self.cwd = cwd
         self.depfile = depfile
@@ -448,10 +449,8 @@ class DependencyPass:
             # Closed in _close(), once the pass has ended: they outlive this method.
             self._stdout = tempfile.TemporaryFile()  # noqa: SIM115
             self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
-            self.process = subprocess.Popen(
-                self.argv, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
-                stdout=self._stdout, stderr=self._stderr, start_new_session=True,
-            )
+            self.process = children.start(self.argv, cwd=cwd, env=env, stdout=self._stdout,
+                                          stderr=self._stderr, limits=limits)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             self._close()
             self._result = DependencyResult(
@@ -472,11 +471,15 @@ class DependencyPass:
         assert self.process is not None
         timed_out = False
         try:
-            returncode = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            self._kill_group()
-            returncode = self.process.wait()
+            try:
+                returncode = self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                self._kill_group()
+                returncode = self.process.wait()
+        finally:
+            # Ended, timed out or interrupted (Ctrl-C in the wait): nothing of it stays behind.
+            children.finish(self.process)
         duration_ns = time.monotonic_ns() - self.started_ns
         stderr, stdout = self._read_streams()
         exit_code = returncode if returncode >= 0 else None
@@ -507,8 +510,7 @@ class DependencyPass:
     def _kill_group(self) -> None:
         assert self.process is not None
         # The leader is not reaped yet, so its pid (the group id) cannot have been reused.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal_module.SIGKILL)
+        children.kill_group(self.process.pid)
 
     def _read_streams(self) -> tuple[str, bytes]:
         stderr = b""
@@ -570,20 +572,22 @@ def start_dependency_pass(
     env: Mapping[str, str],
     *,
     depfile: str | None = None,
+    limits: children.Limits = children.PASS_LIMITS,
 ) -> DependencyPass:
     """Start `[compiler, *dependency_argv]` now and return without waiting.
 
     `compiler` must be the real compiler, not the shim. The depfile is `depfile` if given, else
     the `-MF` path in the argv; without either, the rules are read from the pass's stdout.
     A compiler that cannot be started does not raise: `wait()` then returns a result with
-    `exit_code=None` and `error` saying why, so the compile itself goes on untouched.
+    `exit_code=None` and `error` saying why, so the compile itself goes on untouched. The pass
+    runs within `limits` (address space; CPU time if given), and dies with this process.
     """
     argv = [compiler, *dependency_argv]
     if depfile is None:
         depfile = depfile_option(dependency_argv, cwd)
     elif not os.path.isabs(depfile):
         depfile = os.path.join(cwd, depfile)
-    return DependencyPass(argv, cwd, env, depfile)
+    return DependencyPass(argv, cwd, env, depfile, limits)
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,29 +8,34 @@ tools they add to a snapshot (their spec's `snapshot` module).
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Mapping
 from typing import Any
+
+from cacheaudit import children
 
 COULD_NOT_COLLECT = "could not collect"
 
 
-def run(argv: list[str], timeout: float, env: Mapping[str, str]) -> tuple[str | None, str]:
-    """(output, "") or (None, why not): a probe never raises and never waits past `timeout`."""
+def run(argv: list[str], timeout: float, env: Mapping[str, str],
+        limits: children.Limits = children.PASS_LIMITS) -> tuple[str | None, str]:
+    """(output, "") or (None, why not): a probe never raises and never waits past `timeout`. It
+    is a child of cacheaudit's own (`cacheaudit.children`: its process group killed at the
+    deadline or with this process, within `limits`)."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env=dict(env), stdin=subprocess.DEVNULL, errors="replace")
+        done = children.run(argv, timeout=timeout, env=env, limits=limits)
     except FileNotFoundError:
         return None, f"{COULD_NOT_COLLECT}: {argv[0]} not found"
-    except subprocess.TimeoutExpired:
-        return None, f"{COULD_NOT_COLLECT}: {os.path.basename(argv[0])} did not answer within " \
-                     f"{timeout:g} s"
     except OSError as exc:
         return None, f"{COULD_NOT_COLLECT}: {exc.strerror or exc}"
+    if done.timed_out:
+        return None, f"{COULD_NOT_COLLECT}: {os.path.basename(argv[0])} did not answer within " \
+                     f"{timeout:g} s"
+    stdout = done.stdout.decode("utf-8", "replace")
     if done.returncode != 0:
+        stderr = done.stderr.decode("utf-8", "replace")
         return None, (f"{COULD_NOT_COLLECT}: {os.path.basename(argv[0])} exited "
-                      f"{done.returncode}: {(done.stderr or done.stdout).strip()[:200]}")
-    return done.stdout, ""
+                      f"{done.returncode}: {(stderr or stdout).strip()[:200]}")
+    return stdout, ""
 
 
 def compiler(name: str, path: str | None, env: Mapping[str, str], timeout: float

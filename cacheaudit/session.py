@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import tempfile
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from cacheaudit import scratch
 from cacheaudit.exceptions import UsageError
 from cacheaudit.shim import (
     MASQUERADE_NAMES,
@@ -108,7 +108,7 @@ def prepare(env: Mapping[str, str], *, ledger: str, label: str,
     if not (shims and os.path.isdir(shims)):
         shims = shared_shims(env)
         if shims is None:
-            shims = tempfile.mkdtemp(prefix="cacheaudit-shims-")
+            shims = scratch.make_directory("shims")
             install_masquerade(shims)
             owns = True
     child.update({ACTIVE: "1", RUN_VARIABLE: run_uuid, RUN_LABEL_VARIABLE: label,

@@ -21,9 +21,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
@@ -172,12 +171,19 @@ def _invocation(argv: Sequence[str]) -> Invocation:
     return Invocation(name, rest)
 
 
+def cannot_run_status(exc: OSError) -> int:
+    """A shell's status for a program it could not start: 127 when there is none by that name,
+    126 when there is one that cannot be executed (no permission, not an executable format, a
+    directory, ...)."""
+    return 127 if isinstance(exc, (FileNotFoundError, NotADirectoryError)) else 126
+
+
 def _exec(real: str, argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:
     try:
         os.execve(real, [real, *argv], dict(env))
     except OSError as exc:
         sys.stderr.write(f"cacheaudit-shim: cannot run {real}: {exc.strerror}\n")
-        sys.exit(126 if isinstance(exc, PermissionError) else 127)
+        sys.exit(cannot_run_status(exc))
 
 
 def compiler_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -228,13 +234,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_and_record(recorder: ShimRecorder, real: str, argv: Sequence[str],
                    child_env: Mapping[str, str]) -> int:
     """Run the compile transparently while the recorder works beside it; exit as it exited."""
+    from cacheaudit import children, scratch
+
     # Handlers go in before the compiler starts: a signal that arrives in between is held and
     # handed to the compiler as soon as it exists, never taken by the shim alone.
-    forwarder = _Forwarder()
+    forwarder = _Forwarder(children.kill_all)
     # A signal our parent ignores (nohup's SIGHUP) stays ignored: the compiler inherits SIG_IGN
     # from us, as it would from the parent, whereas a handler of ours would be reset by exec.
     previous = {sig: signal.signal(sig, forwarder.receive) for sig in _FORWARDED_SIGNALS
                 if signal.getsignal(sig) is not signal.SIG_IGN}
+    # The compile's end, noted when it happens: the identity probe may still be running then.
+    previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, forwarder.child_changed)
     started_ns = time.time_ns()
     recorder.started_ns = started_ns
     started = time.perf_counter()
@@ -244,45 +254,76 @@ def run_and_record(recorder: ShimRecorder, real: str, argv: Sequence[str],
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sys.stderr.write(f"cacheaudit-shim: cannot run {real}: {exc.strerror}\n")
-        return 126 if isinstance(exc, PermissionError) else 127
+        return cannot_run_status(exc)
     forwarder.attach(child)
     workdir: str | None = None
     try:
         try:
-            workdir = tempfile.mkdtemp(prefix="cacheaudit-shim-")
+            workdir = scratch.make_directory("shim")
             recorder.start(child_env, started_ns, workdir)
         except Exception as exc:  # noqa: BLE001 - the compile is running: never disturb it
             recorder.notes.append(f"recording setup failed: {type(exc).__name__}: {exc}")
         returncode = _wait(child)
-        duration_ns = int((time.perf_counter() - started) * 1e9)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        duration_ns = int(((forwarder.exited_at or time.perf_counter()) - started) * 1e9)
         # Ctrl-C while the record is written: the compile's status stands, not a traceback.
         with contextlib.suppress(BaseException):
-            recorder.finish(returncode, duration_ns)
+            forwarder.recording = True
+            try:
+                recorder.finish(returncode, duration_ns)
+            finally:
+                forwarder.recording = False
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if recorder.dependency_pass is not None:
-            recorder.dependency_pass.kill()  # its own session: nobody else would stop it
-        if workdir is not None:
-            shutil.rmtree(workdir, ignore_errors=True)
+            recorder.dependency_pass.kill()
+        scratch.remove(workdir)
+        # What an earlier shim killed outright left behind (one shim in SWEEP_ONE_IN looks).
+        with contextlib.suppress(BaseException):
+            scratch.sweep_now_and_then()
     if returncode < 0:
         _die_like(-returncode)
     return returncode
 
 
-class _Forwarder:
-    """Signals sent to the shim, passed on to the compiler."""
+_TERMINATING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
 
-    def __init__(self) -> None:
+
+class _Interrupted(BaseException):
+    """A terminating signal after the compile ended: the recording stops, the status stands.
+    A BaseException, as KeyboardInterrupt: the recorder's fail-open handlers (`except
+    Exception`: spool the record, report a problem) must not take it for a failure."""
+
+
+class _Forwarder:
+    """Signals sent to the shim, passed on to the compiler; a terminating one also ends
+    cacheaudit's own children (the dependency pass, a hanging `--version` probe) at once."""
+
+    def __init__(self, kill_helpers: Callable[[], None]) -> None:
         self.child: subprocess.Popen[bytes] | None = None
         self.pending: list[int] = []
+        self.kill_helpers = kill_helpers
+        self.exited_at: float | None = None
+        self.recording = False
+        """The compile has ended and its record is being written: a terminating signal ends
+        that (`_Interrupted`), as Ctrl-C would."""
 
     def receive(self, sig: int, _frame: object) -> None:
+        if sig in _TERMINATING:
+            self.kill_helpers()
         if self.child is None:
             self.pending.append(sig)
             return
         with contextlib.suppress(ProcessLookupError):
             self.child.send_signal(sig)
+        if self.recording and sig in _TERMINATING:
+            raise _Interrupted(f"signal {sig} while the record was written")
+
+    def child_changed(self, _sig: int, _frame: object) -> None:
+        """SIGCHLD: when the compile has ended, note the time (it is reaped here; `wait` then
+        returns its status at once). Only the compile's pid is asked: no other child is reaped."""
+        if self.child is not None and self.exited_at is None and self.child.poll() is not None:
+            self.exited_at = time.perf_counter()
 
     def attach(self, child: subprocess.Popen[bytes]) -> None:
         self.child = child

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cacheaudit import __version__, bounded, contract, envvars, probes
+from cacheaudit import __version__, bounded, children, contract, envvars, probes
 from cacheaudit.findings import ns_iso
 from cacheaudit.probes import COULD_NOT_COLLECT
 
@@ -96,8 +96,11 @@ def _compilers(env: Mapping[str, str], timeout: float) -> list[dict[str, Any]]:
 
 
 def _gpu(env: Mapping[str, str], timeout: float) -> dict[str, Any]:
+    # The driver's tools map more address space than a compiler's preprocessor: the limit of a
+    # compile (not yet measured on a GPU host).
     output, problem = probes.run(["nvidia-smi", "--query-gpu=name,driver_version,uuid",
-                            "--format=csv,noheader"], timeout, env)
+                                  "--format=csv,noheader"], timeout, env,
+                                 limits=children.COMPILE_LIMITS)
     if output is None:
         return {"status": problem, "gpus": []}
     gpus = []

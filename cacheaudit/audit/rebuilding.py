@@ -1,20 +1,19 @@
 """The rebuild oracle's compiles: one entry's command moved into a private directory, run in
-its own process group with a timeout, killed with the oracle (`cacheaudit.audit.verify` plans
-and judges them)."""
+its own process group with a timeout and a memory limit, killed with the oracle
+(`cacheaudit.audit.verify` plans and judges them)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
-import signal
 import subprocess
 import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from cacheaudit import children
 from cacheaudit.audit.checks.rebuild import first_error_line
 from cacheaudit.audit.scan import SOURCE_LIMIT
 from cacheaudit.digest import read_file
@@ -78,7 +77,8 @@ class Rebuild:
 
 
 class Processes:
-    """Compiles running now, each in its own process group, killed with the oracle."""
+    """Compiles running now, each a child of cacheaudit's own (`cacheaudit.children`: its own
+    process group, within `children.COMPILE_LIMITS`, killed with the oracle however it ends)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -89,14 +89,13 @@ class Processes:
         with self._lock:
             if self.stopping:
                 raise InterruptedError("the oracle is stopping")
-            process = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
+            process = children.start(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, limits=children.COMPILE_LIMITS)
             self._groups.add(process.pid)
             return process
 
     def end(self, process: subprocess.Popen[bytes]) -> None:
-        kill_group(process.pid)  # whatever the compiler left running in its group
+        children.finish(process)  # whatever the compiler left running in its group
         with self._lock:
             self._groups.discard(process.pid)
 
@@ -105,12 +104,7 @@ class Processes:
             self.stopping = True
             groups = list(self._groups)
         for group in groups:
-            kill_group(group)
-
-
-def kill_group(group: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(group, signal.SIGKILL)
+            children.kill_group(group)
 
 
 def private_dir(parent: str, length: int) -> str:
@@ -156,7 +150,7 @@ def build(rebuild: Rebuild, parent: str, processes: Processes, timeout: float,
     try:
         out, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_group(process.pid)
+        children.kill_group(process.pid)
         process.communicate()
         return Built(None, directory,
                       f"the compile took longer than {timeout:g} s and was killed")

@@ -16,12 +16,11 @@ import contextlib
 import os
 import socket
 import stat
-import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from cacheaudit import bounded, compilers
+from cacheaudit import bounded, compilers, scratch
 from cacheaudit.audit.checks import (
     compiler_findings,
     configuration_findings,
@@ -321,10 +320,11 @@ class Auditor:
                 how="the entry's source and include directories, checked before any "
                     "dependency pass"))
             return None
-        with tempfile.TemporaryDirectory(prefix="cacheaudit-scan-") as workdir:
+        with scratch.temporary_directory("scan") as workdir:
             depfile = os.path.join(workdir, "deps.d")
             result = graph_module.start_dependency_pass(
-                argv[0], command_line.dependency_argv(depfile), cwd, self.env).wait(timeout=300)
+                argv[0], command_line.dependency_argv(depfile), cwd, self.env
+            ).wait(timeout=RECONSTRUCTION_TIMEOUT_S)
         if not result.ok or result.depfile_text is None:
             findings.append(make_finding(
                 "CA501", subject=entry.path, entry=entry,
@@ -425,6 +425,11 @@ def dated(sources: tuple[FileState, ...], graph: IncludeGraph | None, built_ns: 
 
 SOURCE_LIMIT = bounded.SOURCE_BYTES
 """The largest source a dependency pass is run on: a generated kernel is kilobytes."""
+
+RECONSTRUCTION_TIMEOUT_S = 60
+"""The deadline of one entry's reconstruction pass (`-M`, the preprocessor only): nvcc 13.0 over
+the CUTLASS reference TU takes 2.5 s on a loaded two-core machine. Its memory is bounded by
+`children.PASS_LIMITS`."""
 
 # Where no include directory of a real build lies, and where a header read never ends.
 _DEVICE_TREES = ("/dev", "/proc", "/sys")

@@ -38,15 +38,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 
 import xxhash
 
-from cacheaudit import compilers, envvars, seal
+from cacheaudit import compilers, envvars, scratch, seal
 from cacheaudit.audit.checks.rebuild import (
     failed_finding,
     masked,
@@ -507,7 +505,7 @@ def _run_all(rebuilds: Sequence[Rebuild], options: VerifyOptions, say: Say) -> l
     cores = os.cpu_count() or 1
     workers = max(1, min(options.jobs or cores, cores, len(rebuilds)))
     processes = Processes()
-    parent = tempfile.mkdtemp(prefix="cacheaudit-verify-")
+    parent = scratch.make_directory("verify")
     verdicts: list[Verdict] = []
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cacheaudit-verify")
     try:
@@ -525,7 +523,7 @@ def _run_all(rebuilds: Sequence[Rebuild], options: VerifyOptions, say: Say) -> l
     finally:
         processes.kill_all()
         pool.shutdown(wait=True, cancel_futures=True)
-        shutil.rmtree(parent, ignore_errors=True)
+        scratch.remove(parent)
     return verdicts
 
 

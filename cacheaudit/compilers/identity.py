@@ -11,15 +11,13 @@ Nothing here runs a subprocess at import time; only `identify` runs one (`--vers
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import signal
-import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from cacheaudit import children
 from cacheaudit.compilers.command import parse_command
 from cacheaudit.compilers.effective import effective_argv
 from cacheaudit.compilers.kinds import compiler_kind
@@ -96,28 +94,20 @@ def identity_cache_key(path: str, resolved: str, wrappers: Sequence[str],
 
 def _run_version(path: str, env: Mapping[str, str], timeout: float,
                  cwd: str | None) -> tuple[str, str | None]:
-    """(stdout then stderr, error). Runs in its own session so that a hang is killed whole."""
+    """(stdout then stderr, error). A child of cacheaudit's own (`cacheaudit.children`): its
+    whole process group is killed at the deadline, with its parent, or by `children.kill_all`
+    (the shim's SIGTERM)."""
     try:
-        proc = subprocess.Popen([path, "--version"], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(env),
-                                cwd=cwd, start_new_session=True)
-    except OSError as exc:
+        done = children.run([path, "--version"], timeout=timeout, env=env, cwd=cwd)
+    except (OSError, InterruptedError) as exc:
         return "", f"cannot run {path} --version: {exc.strerror or exc}"
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        try:
-            out, err = proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = b"", b""
-        text = (out + err).decode("utf-8", "surrogateescape")
+    text = (done.stdout + done.stderr).decode("utf-8", "surrogateescape")
+    if done.timed_out:
         return text, f"{path} --version did not finish within {timeout:g} s"
-    text = (out + err).decode("utf-8", "surrogateescape")
-    if proc.returncode != 0:
-        return text, f"{path} --version exited with status {proc.returncode}"
+    if done.returncode < 0:
+        return text, f"{path} --version was killed by signal {-done.returncode}"
+    if done.returncode != 0:
+        return text, f"{path} --version exited with status {done.returncode}"
     return text, None
 
 

@@ -49,13 +49,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cacheaudit import scratch
 from cacheaudit.digest import StateCache, changed_files, normalise_path, read_file
 from cacheaudit.model import FileState, GraphFile, IncludeGraph
 from cacheaudit.runtimes.nvrtc.trace import (
@@ -330,7 +330,7 @@ def _trace(request: _Request) -> tuple[list[str], list[str]]:
     directory. Raises NvrtcUnavailable."""
     assert request.code is not None
     notes: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="cacheaudit-trace-") as tmp:
+    with scratch.temporary_directory("trace") as tmp:
         traced = trace_pass(request.code, request.name.encode(), request.flags,
                             os.path.join(tmp, "trace"))
     if not traced.ok:

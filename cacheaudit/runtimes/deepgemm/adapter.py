@@ -40,12 +40,12 @@ import importlib
 import os
 import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from cacheaudit import scratch
 from cacheaudit.adapter import (
     Adapter,
     Environ,
@@ -331,7 +331,7 @@ class DeepGemmAdapter(Adapter):
             recorder = ShimRecorder.prepare("nvcc", argv[0], argv[1:], env)
             if recorder is None:
                 return None
-            workdir = tempfile.mkdtemp(prefix="cacheaudit-deepgemm-")
+            workdir = scratch.make_directory("deepgemm")
             started_ns = time.time_ns()
             recorder.started_ns = started_ns
 

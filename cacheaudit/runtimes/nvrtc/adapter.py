@@ -213,7 +213,7 @@ class NvrtcAdapter(Adapter):
         self._cache: Any = None
         self._identity: CompilerIdentity | None = None
         self._builtins: str | None = None
-        self._traces = TraceFiles(prefix="cacheaudit-nvrtc-")
+        self._traces = TraceFiles(purpose="nvrtc")
         self._pch = PchBook()
 
     # -------------------------------------------------------------------------- install

@@ -172,18 +172,18 @@ class TraceFiles:
     that made it. A trace file that exists already makes ptxas fail ("Parsed trace file not in
     expected format"), so no name is handed out twice. Not locked: callers serialise."""
 
-    def __init__(self, prefix: str) -> None:
-        self._prefix = prefix
+    def __init__(self, purpose: str) -> None:
+        self._purpose = purpose
         self._directory: str | None = None
         self._pid = 0
         self._counter = itertools.count()
 
     def new_path(self) -> str:
         """A path whose `.json` does not exist. Raises OSError when no directory can be made."""
-        import tempfile
+        from cacheaudit import scratch
 
         if self._directory is None or self._pid != os.getpid():
-            self._directory = tempfile.mkdtemp(prefix=self._prefix)
+            self._directory = scratch.make_directory(self._purpose)
             self._pid = os.getpid()
             atexit.register(_remove_own_directory, self._directory, self._pid)
         while True:

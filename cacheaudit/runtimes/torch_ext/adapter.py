@@ -351,13 +351,12 @@ class TorchExtAdapter(Adapter):
         """The compiler's `-M` pass for every compile edge, beside ninja, with the edge's flags,
         a bounded number at a time (`_Passes`)."""
         import shlex
-        import tempfile
 
-        from cacheaudit import compilers, graph
+        from cacheaudit import compilers, graph, scratch
         from cacheaudit.runtimes.torch_ext.ninja import strip_wrapper
 
         if call.workdir is None:
-            call.workdir = tempfile.mkdtemp(prefix="cacheaudit-torch-ext-")
+            call.workdir = scratch.make_directory("torch-ext")
         env = os.environ
         for index, edge in enumerate(build.compile_edges):
             tokens, _wrapper = strip_wrapper(shlex.split(edge.command))
@@ -657,13 +656,14 @@ def _ninja_t_deps(directory: str) -> dict[str, Any]:
     """`ninja -t deps`, by target: the fallback when the binary log is unreadable."""
     import subprocess
 
+    from cacheaudit import children
     from cacheaudit.graph import DepfileError, parse_ninja_deps
 
     with contextlib.suppress(OSError, subprocess.SubprocessError, DepfileError):
-        done = subprocess.run(["ninja", "-t", "deps"], cwd=directory, capture_output=True,
-                              text=True, timeout=60, stdin=subprocess.DEVNULL)
-        if done.returncode == 0:
-            return {d.target: d for d in parse_ninja_deps(done.stdout)}
+        done = children.run(["ninja", "-t", "deps"], cwd=directory, env=os.environ, timeout=60)
+        if done.returncode == 0 and not done.timed_out:
+            text = done.stdout.decode("utf-8", "surrogateescape")
+            return {d.target: d for d in parse_ninja_deps(text)}
     return {}
 
 

@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from cacheaudit import children
 from cacheaudit.layout import read_file
 from cacheaudit.model import json_digest
 
@@ -402,11 +403,13 @@ def ninja_dry_run(directory: str, env: Mapping[str, str] | None = None,
     """
     started = time.monotonic_ns()
     try:
-        done = subprocess.run(["ninja", "-n", "-v", "-d", "explain"], cwd=directory,
-                              env=dict(os.environ if env is None else env),
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+        done = children.run(["ninja", "-n", "-v", "-d", "explain"], cwd=directory,
+                            env=os.environ if env is None else env, timeout=timeout)
     except (OSError, subprocess.SubprocessError) as exc:
         return DryRun(work=None, error=f"ninja -n could not run: {type(exc).__name__}: {exc}",
+                      duration_ns=time.monotonic_ns() - started)
+    if done.timed_out:
+        return DryRun(work=None, error=f"ninja -n did not finish within {timeout:g} s",
                       duration_ns=time.monotonic_ns() - started)
     duration = time.monotonic_ns() - started
     out = done.stdout.decode("utf-8", "surrogateescape")

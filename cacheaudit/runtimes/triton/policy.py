@@ -50,6 +50,7 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from cacheaudit import children
 from cacheaudit.digest import read_file
 from cacheaudit.evidence import ContentEvidence, Evidence, VariableEvidence
 from cacheaudit.findings import file_evidence, make_finding
@@ -159,10 +160,12 @@ def key_from_name(name: str) -> str | None:
 @functools.lru_cache(maxsize=32)
 def _ptxas_version(path: str, size: int, mtime_ns: int, ino: int) -> str | None:
     try:
-        return subprocess.run([path, "--version"], capture_output=True, timeout=30,
-                              check=True).stdout.decode("utf-8", "replace")
+        done = children.run([path, "--version"], timeout=30, env=os.environ)
     except (OSError, subprocess.SubprocessError):
         return None
+    if done.returncode != 0 or done.timed_out:
+        return None
+    return done.stdout.decode("utf-8", "replace")
 
 
 def ptxas_version_text(path: str) -> str | None:

@@ -1,0 +1,169 @@
+"""cacheaudit's own children (`cacheaudit.children`) and temporary directories
+(`cacheaudit.scratch`), with real processes: limits, the watchdog, the sweeper's rules."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cacheaudit import children, scratch
+
+from support import reliability_figure
+
+SETTLE_S = 3.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _gone(pids: list[int], timeout: float = SETTLE_S) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(_alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_child_over_its_address_space_limit_fails_and_one_within_it_runs():
+    allocate = [sys.executable, "-c", "bytearray(768 << 20); print('allocated')"]
+    small = children.Limits(address_space=512 << 20)
+    refused = children.run(allocate, timeout=60, env=os.environ, limits=small)
+    assert refused.returncode != 0 and b"MemoryError" in refused.stderr, refused
+    fits = children.run(allocate, timeout=60, env=os.environ, limits=children.PASS_LIMITS)
+    assert (fits.returncode, fits.stdout) == (0, b"allocated\n"), fits
+
+
+def test_a_child_past_its_deadline_is_killed_with_its_grandchildren(tmp_path: Path):
+    pids = tmp_path / "pids"
+    started = time.monotonic()
+    done = children.run(["sh", "-c", f"sleep 60 & echo $! > {pids}; wait"], timeout=0.5,
+                        env=os.environ)
+    assert done.timed_out and time.monotonic() - started < 5
+    assert _gone([int(pids.read_text())]), "the grandchild (sleep) outlived the deadline"
+    assert children.live() == []
+
+
+def _parent_script(tmp_path: Path, in_thread: bool) -> str:
+    """A Python process that starts a child (sh, with a sleeping grandchild), says their pids,
+    and waits to be killed."""
+    pids = tmp_path / "pids"
+    start = (f"children.start(['sh', '-c', 'sleep 60 & echo $! >> {pids}; wait'], "
+             "env=os.environ)")
+    launch = ([f"t = threading.Thread(target=lambda: holder.append({start}))", "t.start()",
+               "t.join()"] if in_thread else [f"holder.append({start})"])
+    return "\n".join([
+        "import os, threading, time",
+        "from cacheaudit import children",
+        "holder = []",
+        *launch,
+        f"with open({str(pids)!r}, 'a') as out:",
+        "    out.write(f'{holder[0].pid}\\n')",
+        "time.sleep(60)", ""])
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["main thread", "ended thread"])
+def test_a_sigkilled_parent_takes_its_child_and_grandchild_along(tmp_path: Path,
+                                                                 in_thread: bool):
+    """SIGKILL of the parent alone: the watchdog kills the child's group. A child started by a
+    thread that has ended since runs on until then (PDEATHSIG is not set from other threads)."""
+    parent = subprocess.Popen([sys.executable, "-c", _parent_script(tmp_path, in_thread)],
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    pids_file = tmp_path / "pids"
+    deadline = time.monotonic() + 30
+    while len(pids_file.read_text().split() if pids_file.exists() else []) < 2:
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.05)
+    pids = [int(p) for p in pids_file.read_text().split()]
+    time.sleep(0.3)
+    assert all(_alive(p) for p in pids), "the child must run until its parent dies"
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    assert _gone(pids), f"left behind by a SIGKILLed parent: {[p for p in pids if _alive(p)]}"
+    started_from = "a thread that has ended" if in_thread else "the main thread"
+    reliability_figure("kills", f"SIGKILL of a process whose child was started from "
+                                f"{started_from}",
+                       kills=1, processes_left=0)
+
+
+def test_kill_all_ends_every_child_and_refuses_new_ones():
+    process = children.start(["sleep", "60"], env=os.environ)
+    try:
+        children.kill_all()
+        assert process.wait(timeout=5) == -signal.SIGKILL
+        with pytest.raises(InterruptedError):
+            children.start(["true"], env=os.environ)
+    finally:
+        children.finish(process)
+        children._children.stopping = False  # this test process goes on starting children
+
+
+# ------------------------------------------------------------------------------- temporary dirs
+
+
+def _dead_pid() -> tuple[int, str]:
+    """The pid and start ticks (with our pid namespace) of a process that has ended."""
+    done = subprocess.Popen(["true"])
+    done.wait()
+    return done.pid, f"12345n{scratch.pid_namespace()}"
+
+
+def test_the_sweep_removes_a_dead_owners_directory_only(tmp_path: Path):
+    mine = scratch.make_directory("shim", str(tmp_path))
+    pid, ticks = _dead_pid()
+    dead = tmp_path / f"cacheaudit-shim-p{pid}t{ticks}-abc"
+    (dead / "inner").mkdir(parents=True)
+    (dead / "inner" / "deps.d").write_text("x")
+    # Our pid with another start time: a process that had our pid before us.
+    reused = tmp_path / f"cacheaudit-scan-p{os.getpid()}t1n{scratch.pid_namespace()}-abc"
+    reused.mkdir()
+    # A dead-looking owner of another pid namespace (a container sharing TMPDIR): not ours.
+    elsewhere = tmp_path / f"cacheaudit-shim-p{pid}t1n1-abc"
+    elsewhere.mkdir()
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    link = tmp_path / f"cacheaudit-shim-p{pid}t{ticks}-link"
+    link.symlink_to(target)
+    unrelated = tmp_path / "cacheaudit-notes"
+    unrelated.mkdir()
+    removed = scratch.sweep(str(tmp_path))
+    assert sorted(removed) == sorted([str(dead), str(reused)])
+    assert os.path.isdir(mine), "a live owner's directory is kept"
+    assert link.is_symlink() and target.is_dir(), "a symlink is neither followed nor removed"
+    assert unrelated.is_dir(), "a name without an owner is not cacheaudit's to sweep"
+    assert elsewhere.is_dir(), "an owner in another pid namespace cannot be told dead here"
+    scratch.remove(mine)
+
+
+def test_a_temporary_directory_is_removed_when_its_block_raises(tmp_path: Path):
+    with pytest.raises(KeyboardInterrupt), scratch.temporary_directory("scan", str(tmp_path)) as d:
+        Path(d, "deps.d").write_text("x")
+        assert scratch.owner_alive(os.path.basename(d)) is True
+        raise KeyboardInterrupt
+    assert os.listdir(tmp_path) == []
+
+
+def test_threads_may_start_children_concurrently():
+    results: list[int] = []
+
+    def one() -> None:
+        results.append(children.run(["true"], timeout=30, env=os.environ).returncode)
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [0] * 8 and children.live() == []
