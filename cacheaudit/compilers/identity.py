@@ -33,6 +33,7 @@ __all__ = [
     "IdentityMemo",
     "host_compiler_path",
     "identify",
+    "identify_recorded",
     "identity_cache_key",
 ]
 
@@ -245,3 +246,38 @@ def _host_identity(argv: Sequence[str], env: Mapping[str, str], cwd: str,
                                 error=f"host compiler {name!r} not found")
     return _identify(name, env=env, skip=skip, timeout=timeout, argv=(), cwd=cwd, memo=memo,
                      found=full)
+
+
+def identify_recorded(recorded: CompilerIdentity, *, env: Mapping[str, str],
+                      distrust: str | None, skip: Callable[[str], bool] | None = None,
+                      timeout: float = 10.0) -> CompilerIdentity:
+    """The compiler a ledger record names, as it is now; never raises.
+
+    A path from a ledger is data: it is run (`identify`, which runs `--version`) only when
+    `distrust` is None (this user's seal vouches for the record's compiler) and the binary it
+    resolves to is still the recorded one (the same file and content digest). Otherwise it is
+    identified without running anything: the resolution, stat and digest of what is there now,
+    the version text taken as recorded when the binary is the same and left empty when not,
+    and `error` None (nothing failed; the checks compare digests). Same cost as `identify` for a
+    sealed, unchanged compiler: the digest is taken once either way.
+    """
+    path = recorded.path
+    try:
+        if not path or not is_executable_file(path):
+            return dataclasses.replace(recorded, path=path, resolved="", digest=None,
+                                       version_text="", host=None,
+                                       error=f"compiler {path or recorded.invoked!r} not found")
+        resolution = resolve(path, env.get("PATH"), skip)
+        st = os.stat(resolution.resolved)
+        digest = hash_file(resolution.resolved)
+    except Exception as exc:  # noqa: BLE001 - identity is evidence; it must never break a scan
+        return dataclasses.replace(recorded, digest=None, version_text="", host=None,
+                                   error=f"cannot read {path}: {type(exc).__name__}: {exc}")
+    same = digest == recorded.digest and resolution.resolved == recorded.resolved
+    if distrust is None and same and resolution.problem is None:
+        return identify(recorded.invoked, env=env, skip=skip, timeout=timeout, path=path)
+    return CompilerIdentity(
+        invoked=recorded.invoked, path=path, resolved=resolution.resolved, kind=recorded.kind,
+        version_text=recorded.version_text if same else "", digest=digest,
+        wrappers=resolution.chain, size=st.st_size, mtime_ns=st.st_mtime_ns,
+        host=recorded.host if same else None)
