@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -285,3 +286,43 @@ def test_options_that_pick_programs_or_are_unknown_are_refused(kind: str, args: 
         assert screened.refused is None, screened
     else:
         assert screened.refused is not None and screened.refused[0] == refused, screened
+
+
+# ------------------------------------------------------------------ a compiler a ledger names
+
+
+@needs_gxx
+def test_a_compiler_path_changed_in_the_ledger_is_identified_without_running_it(
+        tmp_path: Path):
+    """A recorded compile's compiler is asked its --version by a scan only while this user's
+    seal vouches for the record; a path changed in the SQLite file afterwards (to a script that
+    writes a marker) is identified by its digest alone: a CA501 naming it, nothing run."""
+    p = Project(tmp_path / "p", "gxx")
+    p.root.mkdir()
+    p.setup()
+    p.env.pop("XDG_CONFIG_HOME", None)
+    served = p.once()
+    assert served["digest"] == p.fresh()  # truth: fresh
+    done = cacheaudit(p, "scan", "--no-progress", str(p.cache))
+    report = json.loads(done.stdout)
+    assert [f for f in report["findings"] if f["severity"] == "error"] == []
+    assert report["matched"] == 1
+
+    marker = p.root / "MARKER"
+    script = p.root / "tools" / "g++"
+    marker_script(script, marker)
+    with sqlite3.connect(p.ledger) as db:
+        changed = db.execute("UPDATE compilers SET path = ?, resolved = ? WHERE kind = 'gcc' "
+                             "AND host_id IS NULL", (str(script), str(script))).rowcount
+    assert changed >= 1
+    done = cacheaudit(p, "scan", "--no-progress", str(p.cache))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert not marker.exists(), "scan ran the compiler the ledger names"
+    [finding] = [f for f in report["findings"] if f["subject"] == str(script)]
+    assert finding["code"] == "CA501" and finding["entry"] == served["path"], finding
+    assert "not the binary that built this entry, and it was not run" in finding["message"]
+    assert "changed after it was written" in finding["message"], finding
+    assert finding["current"].endswith("(not run)")
+    reliability_figure("faults", "a ledger record whose compiler path was changed to a script",
+                       markers_written=0, scans=2, records_changed=changed)

@@ -129,9 +129,13 @@ def identify_recorded_compiler(context: AuditContext, record: CompileRecord,
         if not path or not os.path.exists(path):
             context.compilers[path] = CompilerNow(None, f"{path} no longer exists")
         else:
+            distrust = seal.compiler_trust(record, key)
             now = compilers.identify_recorded(recorded, env=context.env, skip=is_masquerade_dir,
-                                              distrust=seal.compiler_trust(record, key))
-            context.compilers[path] = CompilerNow(now, now.error)
+                                              distrust=distrust)
+            same = now.digest == recorded.digest and now.resolved == recorded.resolved
+            not_run = "" if distrust is None and same else (
+                distrust or f"{now.resolved or path} is no longer the recorded binary")
+            context.compilers[path] = CompilerNow(now, now.error, not_run)
     return context.compilers[path]
 
 

@@ -43,6 +43,7 @@ from cacheaudit.compilers.identity import (
     identify,
     identify_recorded,
     identity_cache_key,
+    recorded_distrust,
 )
 from cacheaudit.compilers.kinds import compiler_kind
 from cacheaudit.compilers.options import ArgUnit
@@ -80,6 +81,7 @@ __all__ = [
     "quote_gcc_response_file",
     "quote_nvcc_env",
     "quote_nvcc_options_file",
+    "recorded_distrust",
     "resolve_wrappers",
     "screen_options",
     "split_clang_response_file",

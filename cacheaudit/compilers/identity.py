@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import subprocess
@@ -20,12 +21,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from cacheaudit import seal
 from cacheaudit.compilers.command import parse_command
 from cacheaudit.compilers.effective import effective_argv
 from cacheaudit.compilers.kinds import compiler_kind
 from cacheaudit.compilers.wrappers import resolve
 from cacheaudit.digest import hash_file, is_settled
-from cacheaudit.model import CompilerIdentity, json_digest
+from cacheaudit.model import CompileRecord, CompilerIdentity, json_digest
 from cacheaudit.programs import find_program, is_executable_file
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "identify",
     "identify_recorded",
     "identity_cache_key",
+    "recorded_distrust",
 ]
 
 class IdentityMemo(Protocol):
@@ -281,3 +284,32 @@ def identify_recorded(recorded: CompilerIdentity, *, env: Mapping[str, str],
         version_text=recorded.version_text if same else "", digest=digest,
         wrappers=resolution.chain, size=st.st_size, mtime_ns=st.st_mtime_ns,
         host=recorded.host if same else None)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest_of(path: str, size: int, mtime_ns: int, ino: int) -> str | None:
+    try:
+        return hash_file(path)
+    except OSError:
+        return None
+
+
+def recorded_distrust(record: CompileRecord, env: Mapping[str, str]) -> str | None:
+    """Why the compiler a ledger record names may not be run now, or None: it may when this
+    user's seal vouches for the record's compiler (`seal.compiler_trust`) and the binary it
+    resolved to is still the recorded one (same content digest; hashed once per file state).
+    For a runtime policy that runs a recorded tool (Triton's `ptxas --version`)."""
+    recorded = record.compiler
+    if recorded is None or not recorded.path:
+        return "the record names no compiler"
+    why = seal.compiler_trust(record, seal.user_key(env, create=False))
+    if why is not None:
+        return why
+    try:
+        st = os.stat(recorded.resolved or recorded.path)
+    except OSError as exc:
+        return f"{recorded.resolved or recorded.path} cannot be read ({exc.strerror or exc})"
+    if _digest_of(recorded.resolved or recorded.path, st.st_size, st.st_mtime_ns,
+                  st.st_ino) != recorded.digest:
+        return f"{recorded.resolved or recorded.path} is no longer the recorded binary"
+    return None

@@ -50,6 +50,7 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from cacheaudit import compilers
 from cacheaudit.digest import read_file
 from cacheaudit.findings import make_finding
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
@@ -209,7 +210,8 @@ class TritonPolicy(Policy):
                           how="CUDAOptions.hash(): extern_libs by sha256 of their content "
                               "(backends/nvidia/compiler.py)")
 
-    def key_components(self, entry: CacheEntry, record: CompileRecord | None
+    def key_components(self, entry: CacheEntry, record: CompileRecord | None,
+                       env: Mapping[str, str] | None = None
                        ) -> tuple[list[KeyComponent], str | None, str]:
         parts = _key_parts(record)
         if parts is None:
@@ -226,10 +228,16 @@ class TritonPolicy(Policy):
         notes: list[str] = []
         backend = str(parts["backend"])
         ptxas = record.compiler.path if record is not None and record.compiler else None
-        version = ptxas_version_text(ptxas) if ptxas else None
+        # A path from a ledger runs only for a record this user sealed, still the same binary.
+        distrust = (compilers.recorded_distrust(record, os.environ if env is None else env)
+                    if ptxas and record is not None else None)
+        version = ptxas_version_text(ptxas) if ptxas and distrust is None else None
         if parts.get("mock_ptx_version") is not None:
             notes.append("TRITON_MOCK_PTX_VERSION stood in for ptxas --version; backend part "
                          "taken as recorded")
+        elif distrust is not None:
+            notes.append(f"ptxas {ptxas} is not run ({distrust}); backend part taken as "
+                         "recorded")
         elif version is None:
             notes.append(f"ptxas {ptxas or '(unknown)'} cannot run now; backend part taken as "
                          "recorded")
@@ -269,7 +277,7 @@ class TritonPolicy(Policy):
         triton_key() and @jit source hash, and the environment the entry was compiled under
         (a different environment now only means a different key, a miss, not a stale hit).
         `env` is the environment a lookup would run under (the audit's, else this process's)."""
-        components, key, note = self.key_components(entry, record)
+        components, key, note = self.key_components(entry, record, env)
         now = invalidating_env(os.environ if env is None else env)
         if now != build_env(entry.meta):
             components.append(KeyComponent("cache-invalidating environment (now: a lookup now "
