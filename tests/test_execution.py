@@ -15,7 +15,6 @@ file carrying `-B`). Every such program writes a marker file; the marker must ne
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sqlite3
 import subprocess
@@ -266,7 +265,8 @@ def test_real_runtime_commands_pass_the_allowlist():
     ("gcc", ["-B/x/"], "-B/x/"), ("gcc", ["-B", "/x"], "-B /x"),
     ("gcc", ["-wrapper", "/x,a"], "-wrapper /x,a"), ("gcc", ["-fplugin=/p.so"], "-fplugin=/p.so"),
     ("gcc", ["-specs=/s"], "-specs=/s"), ("gcc", ["--ld-path=/ld"], "--ld-path=/ld"),
-    ("gcc", ["-fuse-ld=/ld"], "-fuse-ld=/ld"), ("gcc", ["-no-integrated-cpp"], "-no-integrated-cpp"),
+    ("gcc", ["-fuse-ld=/ld"], "-fuse-ld=/ld"),
+    ("gcc", ["-no-integrated-cpp"], "-no-integrated-cpp"),
     ("clang", ["-Xclang", "-load"], "-Xclang -load"),
     ("gcc", ["-Xpreprocessor", "-fplugin=/p"], "-Xpreprocessor -fplugin=/p"),
     ("gcc", ["-Wl,-plugin=/p.so"], "-Wl,-plugin=/p.so"), ("gcc", ["-frobnicate=@"], None),
