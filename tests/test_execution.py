@@ -63,7 +63,7 @@ def hostile_entry(served: dict[str, Any], command: str) -> tuple[Path, str]:
     shutil.copytree(healthy, entry)
     meta = json.loads((entry / "meta.json").read_text())
     build = str(Path(served["path"]).parent.parent / "tmp" / "hostile-build")
-    meta["command"] = command.format(build=build, entry=entry)
+    meta["command"] = command.format(build=build, entry=entry, outside=entry.parents[2])
     (entry / "meta.json").write_text(json.dumps(meta))
     return entry, build
 
@@ -156,6 +156,7 @@ OPTION_CASES = {
     "-wrapper a script": ("-wrapper {entry}/wrap.sh", "-wrapper"),
     "-fplugin a shared object": ("-fplugin={entry}/plugin.so", "-fplugin"),
     "a response file carrying -B": ("@{entry}/options.rsp", "-B"),
+    "a response file outside the entry carrying -B": ("@{outside}/options.rsp", "-B"),
     "-Wp, carrying -fplugin": ("-Wp,-fplugin={entry}/plugin.so", "-Wp,-fplugin"),
 }
 
@@ -176,6 +177,7 @@ def test_an_option_that_picks_a_program_is_refused(built: tuple[Project, dict[st
     marker_script(entry / "wrap.sh", marker)
     _plugin(entry, marker)
     (entry / "options.rsp").write_text(f"-B{entry}/evil/\n")
+    (entry.parents[2] / "options.rsp").write_text(f"-B{entry}/evil/\n")
 
     done = cacheaudit(p, "scan", "--no-progress", str(p.cache))
     assert done.returncode == 0, done.stderr
@@ -187,7 +189,8 @@ def test_an_option_that_picks_a_program_is_refused(built: tuple[Project, dict[st
     assert "an option of its command is refused" in message and words in message, message
     assert "picks a program" in message or "loads one" in message, message
     if case.startswith("a response file"):
-        assert f"(from {entry}/options.rsp)" in message, message
+        rsp = entry.parents[2] if "outside" in case else entry
+        assert f"(from {rsp}/options.rsp)" in message, message
     judged_healthy(p, report, served)
 
     done = cacheaudit(p, "verify", "--yes", str(p.cache))
