@@ -15,6 +15,7 @@ file carrying `-B`). Every such program writes a marker file; the marker must ne
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -329,3 +330,51 @@ def test_a_compiler_path_changed_in_the_ledger_is_identified_without_running_it(
     assert finding["current"].endswith("(not run)")
     reliability_figure("faults", "a ledger record whose compiler path was changed to a script",
                        markers_written=0, scans=2, records_changed=changed)
+
+
+def test_a_recorded_compiler_runs_only_under_this_users_seal_and_unchanged(tmp_path: Path):
+    """`compilers.identify_recorded` / `recorded_distrust` on a real script that writes a marker
+    when run: unsealed, sealed by another user's secret, or sealed but changed since, it is
+    identified by digest and not run; sealed by this user and unchanged, its --version runs
+    (the healthy scan's one subprocess, as before)."""
+    import dataclasses
+
+    from cacheaudit import compilers, seal
+    from cacheaudit.model import CompileRecord
+    from cacheaudit.switches import is_masquerade_dir
+
+    marker = tmp_path / "MARKER"
+    script = tmp_path / "bin" / "g++"
+    _write(script, f"#!/bin/sh\necho 'g++ (fake) 1'\ntouch {marker}\n", executable=True)
+    env = {"PATH": os.defpath, "HOME": str(tmp_path / "home")}
+    recorded = compilers.identify(str(script), env=env, path=str(script))
+    marker.unlink()
+    record = CompileRecord(record_id="r" * 32, event="compile", started_ns=1, compiler=recorded,
+                           argv=("-c", "k.cpp"), cwd=str(tmp_path))
+    runs = 0
+
+    def identified(rec: CompileRecord) -> tuple[str | None, Any]:
+        nonlocal runs
+        key = seal.user_key(env, create=False)
+        now = compilers.identify_recorded(rec.compiler, env=env, skip=is_masquerade_dir,
+                                          distrust=seal.compiler_trust(rec, key))
+        ran = marker.exists()
+        runs += ran
+        if ran:
+            marker.unlink()
+        return compilers.recorded_distrust(rec, env), (ran, now)
+
+    why, (ran, now) = identified(record)  # no seal at all
+    assert not ran and "carries no seal" in str(why)
+    assert now.digest == recorded.digest and now.version_text == recorded.version_text
+    sealed = seal.sealed(record, env)  # creates this user's secret
+    assert identified(sealed)[0] is None and identified(sealed)[1][0]
+    changed = dataclasses.replace(sealed, compiler=dataclasses.replace(
+        recorded, path=str(tmp_path / "other")))
+    why, (ran, _) = identified(changed)
+    assert not ran and "changed after it was written" in str(why)
+    _write(script, f"#!/bin/sh\necho 'g++ (fake) 2'\ntouch {marker}\n", executable=True)
+    why, (ran, now) = identified(sealed)
+    assert not ran and "no longer the recorded binary" in str(why)
+    assert now.digest != recorded.digest and now.version_text == ""
+    assert runs == 2  # only the sealed, unchanged one (asked twice)
