@@ -245,7 +245,7 @@ def test_ccbin_runs_only_the_host_compiler_the_configuration_resolves(
 def test_real_runtime_commands_pass_the_allowlist():
     """DeepJIT's and DeepGEMM's own flags (fixtures/minijit, runtimes/deepgemm/rebuild.py) are
     kept whole for a compile; a dependency pass leaves ptxas's options out."""
-    from cacheaudit.runtimes.deepgemm import rebuild
+    from cacheaudit.runtimes.deepgemm import python_jit, rebuild
 
     deepjit = ["/b/kernel.cu", "--cubin", "--output-file", "/b/kernel.cubin",
                "--gpu-architecture=sm_90a", "-O3", "--compiler-options=-O3", "--use_fast_math",
@@ -259,6 +259,10 @@ def test_real_runtime_commands_pass_the_allowlist():
             args = ["/b/kernel.cu", "-o", "/b/kernel.cubin", *flags.split()]
             checked = screen_options("nvcc" if kind == "nvcc" else "gcc", args, "compile")
             assert checked.refused is None and checked.args == tuple(args), (flags, checked)
+    for release in python_jit.RELEASES:  # DeepGEMM's Python JIT, every flag list it tries
+        for flags, _disabled in python_jit._flag_lists(release, "/inc", {}):
+            args = ["/e/kernel.cu", "-o", "/e/kernel.cubin", *flags]
+            assert screen_options("nvcc", args, "compile").args == tuple(args), flags
     gxx = ["-x", "c++", "/b/kernel.cu", "-shared", "-fPIC", "-o", "/b/kernel.so", "-O3",
            "-ffast-math", "-g", "-std=c++17", "-I", "/inc", "-Wl,-rpath,/lib"]
     assert screen_options("gcc", gxx, "compile").args == tuple(gxx)
