@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from cacheaudit import compilers
-from cacheaudit.model import CacheEntry
+from cacheaudit.model import CacheEntry, CompilerIdentity
 from cacheaudit.runtimes import policy_for
 from cacheaudit.shim import ShimError, find_real_compiler, resolve_lookup
 from cacheaudit.spec import KIND_DEFAULTS
@@ -79,6 +79,27 @@ def resolve_compiler(entry: CacheEntry, name: str, env: Mapping[str, str]
             return None, str(exc)
         how += ", past cacheaudit's shim"
     return found, how
+
+
+def configured_program(entry: CacheEntry, recorded: CompilerIdentity,
+                       env: Mapping[str, str]) -> bool:
+    """Whether the compiler a ledger record names is the one the user's configuration resolves
+    now anyway (`resolve_compiler` for its kind; for a tool of no compiler kind, such as
+    Triton's ptxas, a `Policy.compiler_variables` setting naming that file): then running it
+    is the user's choice, whatever the ledger says."""
+    path = recorded.path
+    if not path:
+        return False
+    if named_kind(recorded.invoked or path) != "unknown":
+        found, _how = resolve_compiler(entry, recorded.invoked or path, env)
+        return found is not None and _same_file(found, path)
+    path_value = env.get("PATH", os.defpath)
+    for variable in _policy_variables(entry, env):
+        value = env.get(variable, "")
+        found = compilers.find_program(value, path_value) if value else None
+        if found is not None and _same_file(found, path):
+            return True
+    return False
 
 
 def same_program(named: str, resolved: str, cwd: str, env: Mapping[str, str]) -> bool:

@@ -117,17 +117,21 @@ def identify_compiler(context: AuditContext, path: str) -> CompilerNow:
     return context.compilers[path]
 
 
-def identify_recorded_compiler(context: AuditContext, record: CompileRecord,
+def identify_recorded_compiler(context: AuditContext, entry: CacheEntry, record: CompileRecord,
                                key: bytes | None) -> CompilerNow:
-    """The compiler a ledger record names, now, once per scan: its `--version` is run only for
-    a record this user's seal (`key`) vouches for and a binary still the recorded one, else it
-    is identified by stat and digest alone (`compilers.identify_recorded`)."""
+    """The compiler a ledger record names, now, once per scan: its `--version` is run only when
+    the user's configuration resolves that file anyway (`execution.configured_program`), or
+    for a record this user's seal (`key`) vouches for and a binary still the recorded one;
+    else it is identified by stat and digest alone (`compilers.identify_recorded`)."""
     recorded = record.compiler
     assert recorded is not None
     path = recorded.path
     if path not in context.compilers:
         if not path or not os.path.exists(path):
             context.compilers[path] = CompilerNow(None, f"{path} no longer exists")
+        elif execution.configured_program(entry, recorded, context.env):
+            now = compilers.identify(path, env=context.env, skip=is_masquerade_dir, path=path)
+            context.compilers[path] = CompilerNow(now, now.error)
         else:
             distrust = seal.compiler_trust(record, key)
             now = compilers.identify_recorded(recorded, env=context.env, skip=is_masquerade_dir,
@@ -312,7 +316,7 @@ class Auditor:
             findings += environment_findings(context, entry, record, policy)
         findings += configuration_findings(context, entry, record, policy)
         if record.compiler is not None and not record.reconstructed:
-            identify_recorded_compiler(context, record, self._seal_key())
+            identify_recorded_compiler(context, entry, record, self._seal_key())
         findings += compiler_findings(context, entry, record, policy)
         findings += modified_during_compile(record, entry)
         return findings

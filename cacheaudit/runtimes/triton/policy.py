@@ -196,6 +196,23 @@ def _key_parts(record: CompileRecord | None) -> dict[str, Any] | None:
     return parts if isinstance(parts, dict) and parts.get("verified") else None
 
 
+PTXAS_SETTINGS = ("TRITON_PTXAS_BLACKWELL_PATH", "TRITON_PTXAS_PATH")
+"""The variables through which a user names the ptxas Triton runs (sm_90 and up, below)."""
+
+
+def _configured_ptxas(path: str, env: Mapping[str, str]) -> bool:
+    """Whether one of the user's ptxas settings names `path` (the same file)."""
+    for variable in PTXAS_SETTINGS:
+        value = env.get(variable)
+        if value:
+            try:
+                if os.path.samefile(value, path):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
 class TritonPolicy(Policy):
     runtime = RUNTIME
     """Triton has no `<PREFIX>_JIT_*` family, so CA203/CA204 never apply."""
@@ -228,9 +245,12 @@ class TritonPolicy(Policy):
         notes: list[str] = []
         backend = str(parts["backend"])
         ptxas = record.compiler.path if record is not None and record.compiler else None
-        # A path from a ledger runs only for a record this user sealed, still the same binary.
-        distrust = (compilers.recorded_distrust(record, os.environ if env is None else env)
-                    if ptxas and record is not None else None)
+        # A path from a ledger runs only when the user's settings name it anyway, or for a
+        # record this user sealed, still the same binary.
+        now_env = os.environ if env is None else env
+        distrust = (compilers.recorded_distrust(record, now_env)
+                    if ptxas and record is not None and not _configured_ptxas(ptxas, now_env)
+                    else None)
         version = ptxas_version_text(ptxas) if ptxas and distrust is None else None
         if parts.get("mock_ptx_version") is not None:
             notes.append("TRITON_MOCK_PTX_VERSION stood in for ptxas --version; backend part "
@@ -283,6 +303,11 @@ class TritonPolicy(Policy):
             components.append(KeyComponent("cache-invalidating environment (now: a lookup now "
                                            "computes another key)", env_key_part(now)))
         return KeyCheck(key, tuple(components), note)
+
+    def compiler_variables(self, entry: CacheEntry, env: Mapping[str, str]) -> tuple[str, ...]:
+        """The ptxas settings: a recorded ptxas they name is the user's choice, which a scan
+        may ask its `--version` (docs/security.md)."""
+        return PTXAS_SETTINGS
 
     def compiler_change_in_key(self, recorded: CompilerIdentity,
                                current: CompilerIdentity) -> bool:
