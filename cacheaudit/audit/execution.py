@@ -10,8 +10,10 @@ seal chooses what cacheaudit executes (docs/security.md):
 - the command's options pass `checked_options`: response files expanded (so that what is
   checked is what runs), then the allowlist of `compilers.allowed`, by kind; nvcc's host
   compiler (`-ccbin`) only when it names the host compiler the configuration resolves anyway;
-- a compiler named by a ledger record is run (`--version`) only when the record is sealed by
-  this user and the binary is still the one recorded (`compilers.identify_recorded`).
+- a compiler named by a ledger record is run (`--version`) only when the user's configuration
+  resolves that same file now (`configured_program`), or the record is sealed by this user
+  and the binary is still the one recorded (`identify_recorded_compiler`,
+  `compilers.identify_recorded`).
 
 Used by the scan's reconstruction (`scan.py`), the rebuild oracle (`verify.py`) and the
 compiler identities a scan takes.
@@ -24,8 +26,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from cacheaudit import compilers
-from cacheaudit.model import CacheEntry, CompilerIdentity
+from cacheaudit import compilers, seal
+from cacheaudit.audit.context import AuditContext, CompilerNow
+from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity
 from cacheaudit.runtimes import policy_for
 from cacheaudit.shim import ShimError, find_real_compiler, resolve_lookup
 from cacheaudit.spec import KIND_DEFAULTS
@@ -196,3 +199,45 @@ def checked_options(kind: str, args: Sequence[str], cwd: str, env: Mapping[str, 
             return Checked(None, f"{why}: it would pick the program nvcc runs")
         out += ["--compiler-bindir", chosen]
     return Checked(out, "", screened.dropped)
+
+
+# ------------------------------------------------------------------ compiler identities
+
+
+def identify_compiler(context: AuditContext, path: str) -> CompilerNow:
+    """The compiler at `path` now, identified once per scan (runs its `--version`): only for a
+    compiler the user's configuration resolved (`resolve_compiler`); a path read
+    from a ledger goes through `identify_recorded_compiler`."""
+    if path not in context.compilers:
+        if not os.path.exists(path):
+            context.compilers[path] = CompilerNow(None, f"{path} no longer exists")
+        else:
+            now = compilers.identify(path, env=context.env, skip=is_masquerade_dir, path=path)
+            context.compilers[path] = CompilerNow(now, now.error)
+    return context.compilers[path]
+
+
+def identify_recorded_compiler(context: AuditContext, entry: CacheEntry, record: CompileRecord,
+                               key: bytes | None) -> CompilerNow:
+    """The compiler a ledger record names, now, once per scan: its `--version` is run only when
+    the user's configuration resolves that file anyway (`configured_program`), or
+    for a record this user's seal (`key`) vouches for and a binary still the recorded one;
+    else it is identified by stat and digest alone (`compilers.identify_recorded`)."""
+    recorded = record.compiler
+    assert recorded is not None
+    path = recorded.path
+    if path not in context.compilers:
+        if not path or not os.path.exists(path):
+            context.compilers[path] = CompilerNow(None, f"{path} no longer exists")
+        elif configured_program(entry, recorded, context.env):
+            now = compilers.identify(path, env=context.env, skip=is_masquerade_dir, path=path)
+            context.compilers[path] = CompilerNow(now, now.error)
+        else:
+            distrust = seal.compiler_trust(record, key)
+            now = compilers.identify_recorded(recorded, env=context.env, skip=is_masquerade_dir,
+                                              distrust=distrust)
+            same = now.digest == recorded.digest and now.resolved == recorded.resolved
+            not_run = "" if distrust is None and same else (
+                distrust or f"{now.resolved or path} is no longer the recorded binary")
+            context.compilers[path] = CompilerNow(now, now.error, not_run)
+    return context.compilers[path]

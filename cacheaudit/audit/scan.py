@@ -39,7 +39,7 @@ from cacheaudit.audit.checks import (
     shadow_findings,
     tracked_set_findings,
 )
-from cacheaudit.audit.context import AuditContext, CompilerNow, LoadedRecords
+from cacheaudit.audit.context import AuditContext, LoadedRecords
 from cacheaudit.audit.identity import Candidates, choose, places_of
 from cacheaudit.audit.observations import ObservedEnvironments
 from cacheaudit.audit.options import AuditOptions, keep
@@ -59,7 +59,6 @@ from cacheaudit.model import (
 from cacheaudit.policy import Policy
 from cacheaudit.runtimes import layout_for, policy_for
 from cacheaudit.runtimes import layouts as all_layouts
-from cacheaudit.switches import is_masquerade_dir
 
 
 @dataclass
@@ -102,45 +101,6 @@ def build_places(entry: CacheEntry) -> tuple[str, ...]:
         return tuple(layout_for(entry.layout).build_places(entry)) or (entry.root,)
     except Exception:  # noqa: BLE001 - an unknown layout or a failing hook: the root alone
         return (entry.root,)
-
-
-def identify_compiler(context: AuditContext, path: str) -> CompilerNow:
-    """The compiler at `path` now, identified once per scan (runs its `--version`): only for a
-    compiler the user's configuration resolved (`execution.resolve_compiler`); a path read
-    from a ledger goes through `identify_recorded_compiler`."""
-    if path not in context.compilers:
-        if not os.path.exists(path):
-            context.compilers[path] = CompilerNow(None, f"{path} no longer exists")
-        else:
-            now = compilers.identify(path, env=context.env, skip=is_masquerade_dir, path=path)
-            context.compilers[path] = CompilerNow(now, now.error)
-    return context.compilers[path]
-
-
-def identify_recorded_compiler(context: AuditContext, entry: CacheEntry, record: CompileRecord,
-                               key: bytes | None) -> CompilerNow:
-    """The compiler a ledger record names, now, once per scan: its `--version` is run only when
-    the user's configuration resolves that file anyway (`execution.configured_program`), or
-    for a record this user's seal (`key`) vouches for and a binary still the recorded one;
-    else it is identified by stat and digest alone (`compilers.identify_recorded`)."""
-    recorded = record.compiler
-    assert recorded is not None
-    path = recorded.path
-    if path not in context.compilers:
-        if not path or not os.path.exists(path):
-            context.compilers[path] = CompilerNow(None, f"{path} no longer exists")
-        elif execution.configured_program(entry, recorded, context.env):
-            now = compilers.identify(path, env=context.env, skip=is_masquerade_dir, path=path)
-            context.compilers[path] = CompilerNow(now, now.error)
-        else:
-            distrust = seal.compiler_trust(record, key)
-            now = compilers.identify_recorded(recorded, env=context.env, skip=is_masquerade_dir,
-                                              distrust=distrust)
-            same = now.digest == recorded.digest and now.resolved == recorded.resolved
-            not_run = "" if distrust is None and same else (
-                distrust or f"{now.resolved or path} is no longer the recorded binary")
-            context.compilers[path] = CompilerNow(now, now.error, not_run)
-    return context.compilers[path]
 
 
 @dataclass
@@ -316,7 +276,7 @@ class Auditor:
             findings += environment_findings(context, entry, record, policy)
         findings += configuration_findings(context, entry, record, policy)
         if record.compiler is not None and not record.reconstructed:
-            identify_recorded_compiler(context, entry, record, self._seal_key())
+            execution.identify_recorded_compiler(context, entry, record, self._seal_key())
         findings += compiler_findings(context, entry, record, policy)
         findings += modified_during_compile(record, entry)
         return findings
@@ -394,7 +354,7 @@ class Auditor:
         record = CompileRecord(
             record_id=new_record_id(), event="compile", started_ns=entry.built_ns or 0,
             runtime=entry.runtime, kernel=entry.kernel, key=entry.key, entry=entry.path,
-            compiler=identify_compiler(self.context, compiler).identity,
+            compiler=execution.identify_compiler(self.context, compiler).identity,
             argv=tuple(argv[1:]), cwd=cwd, sources=sources, graph=include_graph,
             outputs=(entry.binary,) if entry.binary is not None else (), exit_code=0,
             pid=os.getpid(), host=socket.gethostname(), observer=f"reconstructed:{entry.layout}",
