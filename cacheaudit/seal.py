@@ -26,7 +26,11 @@ from typing import NamedTuple
 
 from cacheaudit.model import CompileRecord
 
-VERSION = "v1"
+VERSION = "v2"
+"""v2 covers the compiler the record names too (its path, resolved binary and digest), so that
+a scan may run that compiler's `--version` for a sealed record; a v1 seal (command only) still
+vouches for the command."""
+_VERSIONS = ("v1", "v2")
 KEY_BYTES = 32
 KEY_FILE = "seal.key"
 
@@ -83,20 +87,27 @@ def key_id(key: bytes) -> str:
     return hashlib.sha256(b"cacheaudit-seal-id:" + key).hexdigest()[:16]
 
 
-def command_text(record: CompileRecord) -> bytes:
-    """What a seal covers: everything of a record the oracle's command is made from."""
-    return json.dumps({
+def command_text(record: CompileRecord, version: str = VERSION) -> bytes:
+    """What a seal covers: everything of a record the oracle's command is made from, and (v2)
+    the compiler it names, which a scan may run (`--version`)."""
+    covered: dict[str, object] = {
         "record": record.record_id,
         "argv": list(record.argv),
         "effective": [[t.text, t.origin] for t in record.effective_argv],
         "cwd": record.cwd,
         "env": sorted([str(k), str(v)] for k, v in record.env.items()),
-    }, sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogateescape")
+    }
+    if version != "v1":
+        compiler = record.compiler
+        covered["compiler"] = None if compiler is None else [
+            compiler.invoked, compiler.path, compiler.resolved, compiler.digest]
+    return json.dumps(covered, sort_keys=True, ensure_ascii=False).encode(
+        "utf-8", "surrogateescape")
 
 
-def seal_of(record: CompileRecord, key: bytes) -> str:
-    mac = hmac.new(key, command_text(record), hashlib.sha256).hexdigest()
-    return f"{VERSION}:{key_id(key)}:{mac}"
+def seal_of(record: CompileRecord, key: bytes, version: str = VERSION) -> str:
+    mac = hmac.new(key, command_text(record, version), hashlib.sha256).hexdigest()
+    return f"{version}:{key_id(key)}:{mac}"
 
 
 def sealed(record: CompileRecord, env: Mapping[str, str]) -> CompileRecord:
@@ -114,6 +125,8 @@ class SealCheck(NamedTuple):
     trusted: bool
     reason: str
     """Why not, in words ("" when trusted)."""
+    covers_compiler: bool = False
+    """The seal vouches for the record's compiler too (v2)."""
 
 
 def check(record: CompileRecord, key: bytes | None) -> SealCheck:
@@ -124,12 +137,23 @@ def check(record: CompileRecord, key: bytes | None) -> SealCheck:
     if key is None:
         return SealCheck(False, "this user has no sealing secret to check it with")
     parts = record.seal.split(":")
-    if len(parts) != 3 or parts[0] != VERSION:
+    if len(parts) != 3 or parts[0] not in _VERSIONS:
         return SealCheck(False, "its seal is not one this cacheaudit writes")
     if parts[1] != key_id(key):
         return SealCheck(False, "it was sealed with another user's secret (a ledger copied "
                                 "from another user or machine)")
-    if not hmac.compare_digest(record.seal, seal_of(record, key)):
+    if not hmac.compare_digest(record.seal, seal_of(record, key, parts[0])):
         return SealCheck(False, "its command was changed after it was written (the seal does "
                                 "not match)")
-    return SealCheck(True, "")
+    return SealCheck(True, "", covers_compiler=parts[0] != "v1")
+
+
+def compiler_trust(record: CompileRecord, key: bytes | None) -> str | None:
+    """Why the compiler `record` names may not be run (its `--version`), or None when this
+    user's seal vouches for it (a v2 seal that checks out)."""
+    checked = check(record, key)
+    if not checked.trusted:
+        return f"record {record.record_id[:12]}: {checked.reason}"
+    if not checked.covers_compiler:
+        return f"record {record.record_id[:12]}: its seal predates sealing the compiler"
+    return None

@@ -815,3 +815,37 @@ def test_a_lock_held_where_descriptors_are_hidden_is_not_called_stale(shared_tmp
     assert "stale" not in problem and "remove it" not in problem
     assert "if no build is running" in problem
 
+
+
+# ------------------------------------------------------------------ nothing in build.ninja runs
+
+
+@needs_torch
+def test_nothing_build_ninja_names_is_run_by_a_scan(built: Project, tmp_path: Path):
+    """A scan asks ninja `-n` in the cache's build directory: a build.ninja whose own
+    regeneration edge is out of date and whose edges would write a marker runs none of them
+    (ninja's dry run prints commands, never runs one: measured with ninja 1.11)."""
+    from support import reliability_figure
+
+    root = tmp_path / "ext"
+    build = root / "kx"
+    shutil.copytree(built.build_dir, build)
+    marker = tmp_path / "MARKER"
+    manifest = build / "build.ninja"
+    text = manifest.read_text()
+    manifest.write_text(text + f"\nrule regen\n  command = touch {marker}\n  generator = 1\n"
+                        f"build build.ninja: regen regen.in\n"
+                        f"rule mark\n  command = touch {marker} $out\n"
+                        f"build marked.o: mark regen.in\n")
+    stamp = time.time_ns() - 10_000_000_000
+    os.utime(manifest, ns=(stamp, stamp))
+    (build / "regen.in").write_text("newer than build.ninja\n")
+    done = subprocess.run([sys.executable, "-m", "cacheaudit", "scan", "--json", "--no-progress",
+                           "--fail-on", "never", "--ledger", str(tmp_path / "l.db"), str(root)],
+                          capture_output=True, text=True, env=built.env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["entries"] == 1
+    assert not marker.exists(), "a scan ran a command of build.ninja"
+    reliability_figure("faults", "a torch extension build.ninja whose edges write a marker",
+                       markers_written=0, scans=1)

@@ -14,9 +14,10 @@ the ledger (so that the next scan need not repeat the work).
 
 from cacheaudit.audit.checks import modified_during_compile, search_directories
 from cacheaudit.audit.context import AuditContext, CompilerNow, live_process, runtime_process
+from cacheaudit.audit.execution import identify_compiler
 from cacheaudit.audit.options import AuditOptions, fails, keep
 from cacheaudit.audit.run import audit_records, roots_of
-from cacheaudit.audit.scan import Auditor, ScanResult, discover, identify_compiler, scan
+from cacheaudit.audit.scan import Auditor, ScanResult, discover, scan
 from cacheaudit.audit.scope import (
     Counts,
     Observation,

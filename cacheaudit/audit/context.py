@@ -41,6 +41,9 @@ class CompilerNow:
 
     identity: CompilerIdentity | None
     error: str | None = None
+    not_run: str = ""
+    """Why the compiler (a ledger record's) was identified without running it; "" when its
+    `--version` ran."""
 
 
 class Construction(NamedTuple):

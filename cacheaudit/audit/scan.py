@@ -20,7 +20,8 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from cacheaudit import bounded, compilers, scratch
+from cacheaudit import bounded, compilers, scratch, seal
+from cacheaudit.audit import execution
 from cacheaudit.audit.checks import (
     compiler_findings,
     configuration_findings,
@@ -37,7 +38,7 @@ from cacheaudit.audit.checks import (
     shadow_findings,
     tracked_set_findings,
 )
-from cacheaudit.audit.context import AuditContext, CompilerNow, LoadedRecords
+from cacheaudit.audit.context import AuditContext, LoadedRecords
 from cacheaudit.audit.identity import Candidates, choose, places_of
 from cacheaudit.audit.observations import ObservedEnvironments
 from cacheaudit.audit.options import AuditOptions, keep
@@ -58,7 +59,6 @@ from cacheaudit.model import (
 from cacheaudit.policy import Policy
 from cacheaudit.runtimes import layout_for, policy_for
 from cacheaudit.runtimes import layouts as all_layouts
-from cacheaudit.switches import is_masquerade_dir
 
 
 @dataclass
@@ -108,17 +108,6 @@ def build_places(entry: CacheEntry) -> tuple[str, ...]:
         return (entry.root,)
 
 
-def identify_compiler(context: AuditContext, path: str) -> CompilerNow:
-    """The compiler at `path` now, identified once per scan (runs its `--version`)."""
-    if path not in context.compilers:
-        if not os.path.exists(path):
-            context.compilers[path] = CompilerNow(None, f"{path} no longer exists")
-        else:
-            now = compilers.identify(path, env=context.env, skip=is_masquerade_dir, path=path)
-            context.compilers[path] = CompilerNow(now, now.error)
-    return context.compilers[path]
-
-
 @dataclass
 class Auditor:
     """Judges entries one at a time: does the I/O an entry needs, then runs the checks over the
@@ -143,6 +132,7 @@ class Auditor:
     """The environments a scope's observers saw its entries under (`AuditContext.observed`)."""
     context: AuditContext = field(init=False)
     _policies: dict[str, Policy] = field(init=False, default_factory=dict)
+    _key: list[bytes | None] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.context = AuditContext(env=self.env, options=self.options, cache=self.cache,
@@ -221,6 +211,12 @@ class Auditor:
     def record_for(self, entry: CacheEntry) -> CompileRecord | None:
         return self.context.record_for(entry)
 
+    def _seal_key(self) -> bytes | None:
+        """This user's sealing secret, read once per audit (None: there is none)."""
+        if not self._key:
+            self._key.append(seal.user_key(self.env, create=False))
+        return self._key[0]
+
     def lookups_for(self, entry: CacheEntry) -> list[CompileRecord]:
         """Hits an in-process observer saw for this entry, oldest first."""
         return self.context.lookups_for(entry)
@@ -285,7 +281,7 @@ class Auditor:
             findings += environment_findings(context, entry, record, policy)
         findings += configuration_findings(context, entry, record, policy)
         if record.compiler is not None and not record.reconstructed:
-            identify_compiler(context, record.compiler.path)
+            execution.identify_recorded_compiler(context, entry, record, self._seal_key())
         findings += compiler_findings(context, entry, record, policy)
         findings += modified_during_compile(record, entry)
         return findings
@@ -295,12 +291,17 @@ class Auditor:
     def _reconstruct(self, entry: CacheEntry, policy: Policy,
                      findings: list[Finding]) -> CompileRecord | None:
         """A record for an entry built before recording: the compiler's dependency pass over
-        the entry's own command, run now. Kept in the ledger for the next scan."""
+        the entry's own command, run now. Kept in the ledger for the next scan.
+
+        What runs is never the cache's choice (`execution`): the compiler the user's
+        configuration resolves, of the kind the command names, and only when the program the
+        command names is that compiler; the command's options after the allowlist for a
+        dependency pass. Anything refused is a CA501 for the entry, naming the refusal."""
         command = policy.dependency_command(entry)
         if command is None or entry.source is None:
             return None
         argv, cwd = command
-        if not argv or not os.path.exists(argv[0]):
+        if not argv or ("/" in argv[0] and not os.path.exists(os.path.join(cwd, argv[0]))):
             findings.append(make_finding(
                 "CA501", subject=argv[0] if argv else entry.path, entry=entry,
                 message="the entry predates recording and its compiler is gone: its inputs "
@@ -308,8 +309,29 @@ class Auditor:
             return None
         from cacheaudit import graph as graph_module
 
-        kind = compilers.compiler_kind(argv[0])
-        command_line = compilers.parse_command(kind, argv[1:])
+        def refuse(subject: str, why: str) -> None:
+            findings.append(make_finding(
+                "CA501", subject=subject, entry=entry,
+                message=f"the entry predates recording and its inputs cannot be reconstructed: "
+                        f"{why}: not run",
+                how="the compile command in the entry, checked before any dependency pass "
+                    "(docs/security.md: cacheaudit runs only a compiler the user's "
+                    "configuration resolves, with options from an allowlist)"))
+
+        compiler, how = execution.resolve_compiler(entry, argv[0], self.env)
+        if compiler is None:
+            refuse(argv[0], f"its command names {argv[0]}: {how}")
+            return None
+        if not execution.same_program(argv[0], compiler, cwd, self.env):
+            refuse(argv[0], f"its command names {argv[0]}, which is not the compiler the user's "
+                            f"configuration resolves ({compiler}, from {how})")
+            return None
+        kind = execution.named_kind(argv[0])
+        checked = execution.checked_options(kind, argv[1:], cwd, self.env)
+        if checked.args is None:
+            refuse(entry.path, f"an option of its command is refused: {checked.refused}")
+            return None
+        command_line = compilers.parse_command(kind, checked.args)
         refused = refuse_inputs(entry, command_line, cwd)
         if refused is not None:
             subject, why = refused
@@ -323,7 +345,7 @@ class Auditor:
         with scratch.temporary_directory("scan") as workdir:
             depfile = os.path.join(workdir, "deps.d")
             result = graph_module.start_dependency_pass(
-                argv[0], command_line.dependency_argv(depfile), cwd, self.env
+                compiler, command_line.dependency_argv(depfile), cwd, self.env
             ).wait(timeout=RECONSTRUCTION_TIMEOUT_S)
         if not result.ok or result.depfile_text is None:
             findings.append(make_finding(
@@ -338,7 +360,7 @@ class Auditor:
         record = CompileRecord(
             record_id=new_record_id(), event="compile", started_ns=entry.built_ns or 0,
             runtime=entry.runtime, kernel=entry.kernel, key=entry.key, entry=entry.path,
-            compiler=identify_compiler(self.context, argv[0]).identity,
+            compiler=execution.identify_compiler(self.context, compiler).identity,
             argv=tuple(argv[1:]), cwd=cwd, sources=sources, graph=include_graph,
             outputs=(entry.binary,) if entry.binary is not None else (), exit_code=0,
             pid=os.getpid(), host=socket.gethostname(), observer=f"reconstructed:{entry.layout}",

@@ -36,7 +36,6 @@ user's ledger, a command changed after it was written) runs only with `yes`.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -49,7 +48,6 @@ from cacheaudit.audit.checks.rebuild import (
     failed_finding,
     masked,
     nondeterministic_finding,
-    picks_program,
     sample,
     settle,
     stale_finding,
@@ -57,6 +55,7 @@ from cacheaudit.audit.checks.rebuild import (
     unverified_finding,
 )
 from cacheaudit.audit.context import live_process
+from cacheaudit.audit.execution import checked_options, named_kind, resolve_compiler
 from cacheaudit.audit.rebuilding import BINARY_LIMIT, Processes, Rebuild, build
 from cacheaudit.audit.scan import Auditor, ScanResult, entry_at, policy_of, refuse_inputs
 from cacheaudit.digest import StateCache, read_file
@@ -64,9 +63,8 @@ from cacheaudit.exceptions import CacheAuditError, ExitCode, UsageError
 from cacheaudit.ledger import Ledger
 from cacheaudit.model import CacheEntry, CompileRecord, Finding
 from cacheaudit.runtimes import layouts
-from cacheaudit.shim import ShimError, find_real_compiler, strip_masquerade_dirs
-from cacheaudit.spec import KIND_DEFAULTS
-from cacheaudit.switches import DISABLE_VARIABLE, is_masquerade_dir
+from cacheaudit.shim import strip_masquerade_dirs
+from cacheaudit.switches import DISABLE_VARIABLE
 
 Say = Callable[[str], None]
 
@@ -172,41 +170,6 @@ def entries_of(targets: Sequence[str], env: Mapping[str, str],
 # ------------------------------------------------------------------------------ planning
 
 
-_STAND_IN = re.compile(r"^[0-9a-f]{10}-")
-def resolve_compiler(entry: CacheEntry, name: str, env: Mapping[str, str]
-                     ) -> tuple[str | None, str]:
-    """(path, how) of the compiler the user's configuration gives for an entry built by a
-    compiler called `name` (only its kind is taken from it); (None, why) when there is none."""
-    name = _STAND_IN.sub("", os.path.basename(name))
-    kind = compilers.compiler_kind(name)
-    if kind == "unknown":
-        return None, f"{name!r} is no compiler of a known kind (nvcc, gcc, clang, hipcc)"
-    path_value = env.get("PATH", os.defpath)
-    policy, _ = policy_of(entry)
-    found, how = None, ""
-    for variable in policy.compiler_variables(entry, env) if policy else ():
-        value = env.get(variable, "")
-        if value and compilers.compiler_kind(_STAND_IN.sub("", os.path.basename(value))) == kind:
-            found, how = compilers.find_program(value, path_value), variable
-            break
-    if found is None and kind == "nvcc":
-        from cacheaudit.shim import resolve_lookup
-
-        found, how = resolve_lookup(KIND_DEFAULTS["nvcc"], env), "the CUDA toolkit's place"
-    if found is None:
-        found, how = compilers.find_program(name, path_value, is_masquerade_dir), "PATH"
-    if found is None or not compilers.is_executable_file(found):
-        return None, f"no {name} found through {how or 'PATH'}"
-    if is_masquerade_dir(os.path.dirname(found)):
-        # The setting names cacheaudit's own shim: the compiler behind it is the one it runs.
-        try:
-            found = find_real_compiler(_STAND_IN.sub("", os.path.basename(found)), env)
-        except ShimError as exc:
-            return None, str(exc)
-        how += ", past cacheaudit's shim"
-    return found, how
-
-
 def _environment(env: Mapping[str, str]) -> dict[str, str]:
     """The environment of a rebuild: the current one, as a fresh compile now sees it; never
     through cacheaudit's shim, never recorded."""
@@ -271,7 +234,15 @@ def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str]
         return how
     notes.append(f"compiler {compiler} (from {how})")
     # Parsed as the kind that built the entry: what the configuration resolves is of that kind.
-    kind = compilers.compiler_kind(_STAND_IN.sub("", os.path.basename(invoked)))
+    kind = named_kind(invoked)
+    if record is None or needs_yes is not None:
+        # Data this user did not write (a cache's command, an unsealed record): its options
+        # pass the allowlist for a compile, response files expanded, before anything runs.
+        checked = checked_options(kind, args, cwd if os.path.isdir(cwd) else entry.path, env,
+                                  "compile")
+        if checked.args is None:
+            return f"an option of the command is refused: {checked.refused}: not run"
+        args = checked.args
     parsed = compilers.parse_command(kind, args)
     source_name = os.path.basename(entry.source.path)
     sources = [os.path.normpath(os.path.join(cwd, s)) for s in parsed.sources]
@@ -292,12 +263,6 @@ def plan(entry: CacheEntry, record: CompileRecord | None, env: Mapping[str, str]
     changes = drift(record, env)
     if changes:
         notes.append("the environment differs from the recorded one in " + "; ".join(changes))
-    if record is None or needs_yes is not None:
-        flags = [t for name in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
-                 for t in child_env.get(name, "").split()]
-        picked = picks_program(args + flags)
-        if picked is not None:
-            return f"the command picks a program to run ({picked}): not run from unsealed data"
     # What the compiler reads from the entry must be fit to be read.
     refused = refuse_inputs(entry, parsed, cwd if os.path.isdir(cwd) else entry.path)
     if refused is not None:

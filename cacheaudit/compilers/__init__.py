@@ -16,6 +16,7 @@ One concern per module, lowest first:
 - `effective`: the effective argv with each token's origin (`expand_argv`, `effective_argv`);
 - `options`: the option tables and the units an argv splits into (`ArgUnit`);
 - `dependency`: a command rewritten into the compiler's own `-M` pass;
+- `allowed`: which options of a command someone else wrote may reach a compiler cacheaudit runs;
 - `command`: what a command line does (`parse_command`, `ParsedCommand`, `output_paths`);
 - `identity`: who compiles (`identify`, `host_compiler_path`, `IdentityMemo`, `DictMemo`).
 
@@ -27,6 +28,7 @@ re-exported too. Nothing here runs a subprocess at import time; only `identify` 
 
 from __future__ import annotations
 
+from cacheaudit.compilers.allowed import Screened, screen_options
 from cacheaudit.compilers.command import ParsedCommand, output_paths, parse_command
 from cacheaudit.compilers.effective import (
     RAW_SUFFIX,
@@ -39,7 +41,9 @@ from cacheaudit.compilers.identity import (
     IdentityMemo,
     host_compiler_path,
     identify,
+    identify_recorded,
     identity_cache_key,
+    recorded_distrust,
 )
 from cacheaudit.compilers.kinds import compiler_kind
 from cacheaudit.compilers.options import ArgUnit
@@ -62,12 +66,14 @@ __all__ = [
     "DictMemo",
     "IdentityMemo",
     "ParsedCommand",
+    "Screened",
     "compiler_kind",
     "effective_argv",
     "expand_argv",
     "find_program",
     "host_compiler_path",
     "identify",
+    "identify_recorded",
     "identity_cache_key",
     "is_executable_file",
     "output_paths",
@@ -75,7 +81,9 @@ __all__ = [
     "quote_gcc_response_file",
     "quote_nvcc_env",
     "quote_nvcc_options_file",
+    "recorded_distrust",
     "resolve_wrappers",
+    "screen_options",
     "split_clang_response_file",
     "split_gcc_response_file",
     "split_nvcc_env",

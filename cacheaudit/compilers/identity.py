@@ -12,18 +12,19 @@ Nothing here runs a subprocess at import time; only `identify` runs one (`--vers
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from cacheaudit import children
+from cacheaudit import children, seal
 from cacheaudit.compilers.command import parse_command
 from cacheaudit.compilers.effective import effective_argv
 from cacheaudit.compilers.kinds import compiler_kind
 from cacheaudit.compilers.wrappers import resolve
 from cacheaudit.digest import hash_file, is_settled
-from cacheaudit.model import CompilerIdentity, json_digest
+from cacheaudit.model import CompileRecord, CompilerIdentity, json_digest
 from cacheaudit.programs import find_program, is_executable_file
 
 __all__ = [
@@ -31,7 +32,9 @@ __all__ = [
     "IdentityMemo",
     "host_compiler_path",
     "identify",
+    "identify_recorded",
     "identity_cache_key",
+    "recorded_distrust",
 ]
 
 class IdentityMemo(Protocol):
@@ -235,3 +238,67 @@ def _host_identity(argv: Sequence[str], env: Mapping[str, str], cwd: str,
                                 error=f"host compiler {name!r} not found")
     return _identify(name, env=env, skip=skip, timeout=timeout, argv=(), cwd=cwd, memo=memo,
                      found=full)
+
+
+def identify_recorded(recorded: CompilerIdentity, *, env: Mapping[str, str],
+                      distrust: str | None, skip: Callable[[str], bool] | None = None,
+                      timeout: float = 10.0) -> CompilerIdentity:
+    """The compiler a ledger record names, as it is now; never raises.
+
+    A path from a ledger is data: it is run (`identify`, which runs `--version`) only when
+    `distrust` is None (this user's seal vouches for the record's compiler) and the binary it
+    resolves to is still the recorded one (the same file and content digest). Otherwise it is
+    identified without running anything: the resolution, stat and digest of what is there now,
+    the version text taken as recorded when the binary is the same and left empty when not,
+    and `error` None (nothing failed; the checks compare digests). Same cost as `identify` for a
+    sealed, unchanged compiler: the digest is taken once either way.
+    """
+    path = recorded.path
+    try:
+        if not path or not is_executable_file(path):
+            return dataclasses.replace(recorded, path=path, resolved="", digest=None,
+                                       version_text="", host=None,
+                                       error=f"compiler {path or recorded.invoked!r} not found")
+        resolution = resolve(path, env.get("PATH"), skip)
+        st = os.stat(resolution.resolved)
+        digest = hash_file(resolution.resolved)
+    except Exception as exc:  # noqa: BLE001 - identity is evidence; it must never break a scan
+        return dataclasses.replace(recorded, digest=None, version_text="", host=None,
+                                   error=f"cannot read {path}: {type(exc).__name__}: {exc}")
+    same = digest == recorded.digest and resolution.resolved == recorded.resolved
+    if distrust is None and same and resolution.problem is None:
+        return identify(recorded.invoked, env=env, skip=skip, timeout=timeout, path=path)
+    return CompilerIdentity(
+        invoked=recorded.invoked, path=path, resolved=resolution.resolved, kind=recorded.kind,
+        version_text=recorded.version_text if same else "", digest=digest,
+        wrappers=resolution.chain, size=st.st_size, mtime_ns=st.st_mtime_ns,
+        host=recorded.host if same else None)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest_of(path: str, size: int, mtime_ns: int, ino: int) -> str | None:
+    try:
+        return hash_file(path)
+    except OSError:
+        return None
+
+
+def recorded_distrust(record: CompileRecord, env: Mapping[str, str]) -> str | None:
+    """Why the compiler a ledger record names may not be run now, or None: it may when this
+    user's seal vouches for the record's compiler (`seal.compiler_trust`) and the binary it
+    resolved to is still the recorded one (same content digest; hashed once per file state).
+    For a runtime policy that runs a recorded tool (Triton's `ptxas --version`)."""
+    recorded = record.compiler
+    if recorded is None or not recorded.path:
+        return "the record names no compiler"
+    why = seal.compiler_trust(record, seal.user_key(env, create=False))
+    if why is not None:
+        return why
+    try:
+        st = os.stat(recorded.resolved or recorded.path)
+    except OSError as exc:
+        return f"{recorded.resolved or recorded.path} cannot be read ({exc.strerror or exc})"
+    if _digest_of(recorded.resolved or recorded.path, st.st_size, st.st_mtime_ns,
+                  st.st_ino) != recorded.digest:
+        return f"{recorded.resolved or recorded.path} is no longer the recorded binary"
+    return None

@@ -26,6 +26,17 @@ def compiler_findings(context: AuditContext, entry: CacheEntry, record: CompileR
                                  path=recorded.path, exists=False)))]
     now = found.identity
     findings = []
+    if found.not_run and (now.digest != recorded.digest or now.resolved != recorded.resolved):
+        return [make_finding(
+            "CA501", subject=recorded.path, entry=entry, record=record,
+            message=f"the compiler at {recorded.path} is not the binary that built this entry, "
+                    f"and it was not run to read its version ({found.not_run}): whether "
+                    f"{entry.runtime}'s key changes with it is unknown",
+            recorded=f"{recorded.resolved} xxh3 {(recorded.digest or '-')[:16]} "
+                     f"({recorded.version_line})",
+            current=f"{now.resolved} xxh3 {(now.digest or '-')[:16]} (not run)",
+            how="content hash of the compiler now; a compiler a ledger names runs only for a "
+                "record this user sealed (docs/security.md)")]
     if (now.digest != recorded.digest or now.version_text != recorded.version_text
             or now.resolved != recorded.resolved) and not policy.compiler_change_in_key(
                 recorded, now):

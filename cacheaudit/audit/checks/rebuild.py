@@ -31,21 +31,6 @@ def sample(entries: Sequence[CacheEntry], size: int | None, seed: int) -> list[C
     return sorted(chosen, key=lambda e: e.path)
 
 
-# Options through which a command picks a program to run (nvcc's host compiler, gcc's
-# sub-programs, plugins and spec files): only a command this user sealed may carry them.
-_PROGRAM_OPTIONS = ("-ccbin", "--compiler-bindir", "-B", "-wrapper", "-fplugin", "-specs",
-                    "--specs", "--ld-path", "-fuse-ld=/")
-
-
-def picks_program(tokens: Sequence[str]) -> str | None:
-    for token in tokens:
-        for part in token.split(","):
-            if any(part == o or part.startswith(o + ("" if o.endswith("/") else "="))
-                   or (o == "-B" and part.startswith("-B")) for o in _PROGRAM_OPTIONS):
-                return part
-    return None
-
-
 # An ELF note NT_GNU_BUILD_ID (namesz 4, descsz 20 for SHA-1, type 3, "GNU"): the linker's
 # hash of the output, which therefore changes with every embedded path.
 _BUILD_ID = re.compile(rb"(\x04\x00\x00\x00\x14\x00\x00\x00\x03\x00\x00\x00GNU\x00)(.{20})",

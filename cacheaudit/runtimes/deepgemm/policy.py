@@ -388,9 +388,14 @@ class DeepGemmPolicy(FamilyPolicy):
         env = self._env()
         trees = [t for t in [_recorded_include(record, self.prefix)] if t] + self._trees()
         paths: list[str] = []
+        # A recorded nvcc is asked its --version only for a record this user sealed, still the
+        # same binary (`compilers.recorded_distrust`); else only the configuration's.
         if record is not None and record.compiler is not None:
-            paths += [p for p in (record.compiler.invoked, record.compiler.path)
-                      if p and os.path.isabs(p)]
+            from cacheaudit import compilers as compiler_module
+
+            if compiler_module.recorded_distrust(record, env) is None:
+                paths += [p for p in (record.compiler.invoked, record.compiler.path)
+                          if p and os.path.isabs(p)]
         for release in python_jit.RELEASES:
             paths += python_jit.configured_nvcc(release, env)
         compilers = [(p, v) for p in dict.fromkeys(paths) if (v := self._nvcc_release(p))]

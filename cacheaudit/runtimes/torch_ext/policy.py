@@ -28,6 +28,7 @@ import shlex
 import shutil
 from collections.abc import Mapping, Sequence
 
+from cacheaudit import seal
 from cacheaudit.findings import file_evidence, make_finding
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import KeyCheck, KeyComponent, Policy, TrackedSet
@@ -75,8 +76,10 @@ class TorchExtPolicy(Policy):
             return KeyCheck(None, note="build.ninja cannot be read")
         # The ninja the build ran (torch runs `ninja` from PATH): another version may not read
         # its logs (ninja 1.11 starts over on a 1.12+ build log) and would claim a rebuild.
+        # A PATH from a ledger picks which ninja runs: taken only from a record this user sealed.
         run_env = dict(os.environ if env is None else env)
-        if record is not None and record.env.get("PATH"):
+        if record is not None and record.env.get("PATH") and seal.check(
+                record, seal.user_key(run_env, create=False)).trusted:
             run_env["PATH"] = record.env["PATH"]
         ninja = shutil.which("ninja", path=run_env.get("PATH", ""))
         if ninja is None:

@@ -50,7 +50,7 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from cacheaudit import children
+from cacheaudit import children, compilers
 from cacheaudit.digest import read_file
 from cacheaudit.evidence import ContentEvidence, Evidence, VariableEvidence
 from cacheaudit.findings import file_evidence, make_finding
@@ -199,6 +199,23 @@ def _key_parts(record: CompileRecord | None) -> dict[str, Any] | None:
     return parts if isinstance(parts, dict) and parts.get("verified") else None
 
 
+PTXAS_SETTINGS = ("TRITON_PTXAS_BLACKWELL_PATH", "TRITON_PTXAS_PATH")
+"""The variables through which a user names the ptxas Triton runs (sm_90 and up, below)."""
+
+
+def _configured_ptxas(path: str, env: Mapping[str, str]) -> bool:
+    """Whether one of the user's ptxas settings names `path` (the same file)."""
+    for variable in PTXAS_SETTINGS:
+        value = env.get(variable)
+        if value:
+            try:
+                if os.path.samefile(value, path):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
 class TritonPolicy(Policy):
     runtime = RUNTIME
     """Triton has no `<PREFIX>_JIT_*` family, so CA203/CA204 never apply."""
@@ -213,7 +230,8 @@ class TritonPolicy(Policy):
                           how="CUDAOptions.hash(): extern_libs by sha256 of their content "
                               "(backends/nvidia/compiler.py)")
 
-    def key_components(self, entry: CacheEntry, record: CompileRecord | None
+    def key_components(self, entry: CacheEntry, record: CompileRecord | None,
+                       env: Mapping[str, str] | None = None
                        ) -> tuple[list[KeyComponent], str | None, str]:
         parts = _key_parts(record)
         if parts is None:
@@ -230,10 +248,19 @@ class TritonPolicy(Policy):
         notes: list[str] = []
         backend = str(parts["backend"])
         ptxas = record.compiler.path if record is not None and record.compiler else None
-        version = ptxas_version_text(ptxas) if ptxas else None
+        # A path from a ledger runs only when the user's settings name it anyway, or for a
+        # record this user sealed, still the same binary.
+        now_env = os.environ if env is None else env
+        distrust = (compilers.recorded_distrust(record, now_env)
+                    if ptxas and record is not None and not _configured_ptxas(ptxas, now_env)
+                    else None)
+        version = ptxas_version_text(ptxas) if ptxas and distrust is None else None
         if parts.get("mock_ptx_version") is not None:
             notes.append("TRITON_MOCK_PTX_VERSION stood in for ptxas --version; backend part "
                          "taken as recorded")
+        elif distrust is not None:
+            notes.append(f"ptxas {ptxas} is not run ({distrust}); backend part taken as "
+                         "recorded")
         elif version is None:
             notes.append(f"ptxas {ptxas or '(unknown)'} cannot run now; backend part taken as "
                          "recorded")
@@ -273,12 +300,17 @@ class TritonPolicy(Policy):
         triton_key() and @jit source hash, and the environment the entry was compiled under
         (a different environment now only means a different key, a miss, not a stale hit).
         `env` is the environment a lookup would run under (the audit's, else this process's)."""
-        components, key, note = self.key_components(entry, record)
+        components, key, note = self.key_components(entry, record, env)
         now = invalidating_env(os.environ if env is None else env)
         if now != build_env(entry.meta):
             components.append(KeyComponent("cache-invalidating environment (now: a lookup now "
                                            "computes another key)", env_key_part(now)))
         return KeyCheck(key, tuple(components), note)
+
+    def compiler_variables(self, entry: CacheEntry, env: Mapping[str, str]) -> tuple[str, ...]:
+        """The ptxas settings: a recorded ptxas they name is the user's choice, which a scan
+        may ask its `--version` (docs/security.md)."""
+        return PTXAS_SETTINGS
 
     def compiler_change_in_key(self, recorded: CompilerIdentity,
                                current: CompilerIdentity) -> bool:
