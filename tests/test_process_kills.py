@@ -75,7 +75,8 @@ def processes_under(path: Path) -> list[str]:
         except OSError:
             continue
         try:
-            cwd = os.readlink(f"/proc/{pid}/cwd").encode()
+            # Bytes: another test's working directory may not be UTF-8.
+            cwd = os.readlink(os.fsencode(f"/proc/{pid}/cwd"))
         except OSError:
             cwd = b""
         if state != "Z" and (text in cmdline or text in cwd):
@@ -162,7 +163,7 @@ def _shim_group_kills(slow_shim, tmp_path: Path, kills: int) -> None:
     reliability_figure("kills", f"SIGKILL of the shim's process group during a dependency pass "
                                 f"({kills} kills)", kills=kills,
                        kills_while_a_pass_ran=during_a_pass, processes_left=0,
-                       temp_dirs_left_by_kills=len(left_after_kills), temp_dirs_left=0)
+                       temp_dirs_swept_by_next_run=len(left_after_kills), temp_dirs_left=0)
 
 
 @needs_gxx
