@@ -174,7 +174,7 @@ def report(
     color: ColorOption = "auto",
 ) -> None:
     """The recorded compiles with the four answers per kernel."""
-    from cacheaudit import output
+    from cacheaudit import documents
     from cacheaudit.ledger import open_existing
     from cacheaudit.render_records import records_lines
 
@@ -189,13 +189,13 @@ def report(
     if opened is None:
         typer.echo(f"no ledger at {location} yet: nothing has been recorded there", err=True)
         if chosen == "json":
-            sys.stdout.write(output.records_json([]) + "\n")
+            sys.stdout.write(documents.records_json([], total=0) + "\n")
         return
     with opened:
         records = opened.recent_records(kernel=kernel, runtime=runtime, limit=limit)
         total = opened.count_records(kernel=kernel, runtime=runtime)
     if chosen == "json":
-        sys.stdout.write(output.records_json(records, with_graph=graph) + "\n")
+        sys.stdout.write(documents.records_json(records, total=total, with_graph=graph) + "\n")
         return
     console = _console(color)
     _emit(records_lines(records, _view(chosen, console, False, quiet), total), console)
@@ -459,9 +459,7 @@ def evict(
     """Remove the entries a scan finds stale, so that the runtime compiles them afresh: each
     entry goes whole (renamed out of the way, then deleted), only inside recognised cache roots,
     logged in the ledger."""
-    import json
-
-    from cacheaudit import output
+    from cacheaudit import documents, output
     from cacheaudit.audit import AuditOptions
     from cacheaudit.audit.evict import EVICTED, WOULD_EVICT, EvictOptions
     from cacheaudit.audit.evict import evict as run_evict
@@ -490,7 +488,7 @@ def evict(
         result = run_evict(targets or settings.paths, os.environ, ledger=opened,
                            options=options, progress=advance)
     if json_output:
-        sys.stdout.write(json.dumps(output.evict_dict(result), indent=2) + "\n")
+        sys.stdout.write(documents.evict_json(result) + "\n")
     else:
         for line in output.evict_lines(result):
             typer.echo(line)
@@ -512,9 +510,7 @@ def stats(
 ) -> None:
     """Per runtime and cache root: entries, bytes, recorded compiles, disk and memory hits and
     the hit rate, stale and unverifiable entries, evictions, the oldest and newest entry."""
-    import json
-
-    from cacheaudit import output
+    from cacheaudit import documents, output
     from cacheaudit.audit.stats import stats as tally
     from cacheaudit.ledger import open_existing
 
@@ -527,7 +523,7 @@ def stats(
         result = tally(paths or settings.paths, os.environ, ledger=opened, judge=judge,
                        progress=advance)
     if json_output:
-        sys.stdout.write(json.dumps(output.stats_dict(result), indent=2) + "\n")
+        sys.stdout.write(documents.stats_json(result) + "\n")
     else:
         for line in output.stats_lines(result):
             typer.echo(line)
@@ -547,7 +543,7 @@ def explain(
 ) -> None:
     """One entry in full: the four answers, the key's labelled components, and what changed
     since the kernel's previous compile."""
-    from cacheaudit import output
+    from cacheaudit import documents
     from cacheaudit.explain import explain as build
     from cacheaudit.ledger import open_existing
     from cacheaudit.render_records import explanation_lines
@@ -564,7 +560,7 @@ def explain(
             stack.enter_context(opened)
         explanation = build(target, os.environ, opened)
         if chosen == "json":
-            sys.stdout.write(output.explanation_json(explanation) + "\n")
+            sys.stdout.write(documents.explanation_json(explanation) + "\n")
         else:
             console = _console(color)
             _emit(explanation_lines(explanation, _view(chosen, console, verbose, False)),
@@ -590,7 +586,7 @@ def run(
 ) -> None:
     """Run any command with the compiler shim and the in-process adapters active; print the
     report at exit. The exit status is the command's unless --fail-on says otherwise."""
-    from cacheaudit import audit, output, runner
+    from cacheaudit import audit, documents, runner
 
     chosen = _format(output_format, False)
     if chosen == "json":
@@ -616,8 +612,8 @@ def run(
 
         shown = list(redact_command(command))
         try:
-            write_output(str(report_json), (output.run_report_json(report, shown, outcome.status)
-                                            + "\n").encode("utf-8"))
+            document = documents.run_report_json(report, shown, outcome.status)
+            write_output(str(report_json), (document + "\n").encode("utf-8"))
         except OSError as exc:
             typer.echo(f"cacheaudit: warning: cannot write {report_json}: "
                        f"{exc.strerror or exc}", err=True)

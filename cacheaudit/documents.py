@@ -1,7 +1,8 @@
 """The JSON documents the commands print, each in the envelope of `cacheaudit.contract`.
 
-One function per kind of document (docs/json.md lists them with their fields); the human
-renderers live in `cacheaudit.output`, which re-exports these names. Times are integer
+One function per kind of document (docs/json.md lists them with their fields), and the only
+place a JSON payload is built: the audit layer returns results, the human renderers live in
+`cacheaudit.output` and `cacheaudit.render`. Times are integer
 nanoseconds (`*_ns`) beside UTC ISO 8601 with `Z`, never local time; digests are xxh3-128 hex.
 """
 
@@ -17,6 +18,8 @@ from cacheaudit.model import CompileRecord, CompilerIdentity, FileState, Finding
 
 if TYPE_CHECKING:
     from cacheaudit.audit import RunReport, ScanResult
+    from cacheaudit.audit.evict import EvictResult, Outcome
+    from cacheaudit.audit.stats import Stats, Tally
     from cacheaudit.audit.verify import VerifyResult
     from cacheaudit.explain import Explanation
 
@@ -100,10 +103,12 @@ def record_summary(record: CompileRecord, *, with_graph: bool = False) -> dict[s
     }
 
 
-def records_json(records: Iterable[CompileRecord], *, with_graph: bool = False,
-                 command: str = "report") -> str:
-    """`report --json`: the recorded compiles, newest last."""
+def records_json(records: Sequence[CompileRecord], *, total: int | None = None,
+                 with_graph: bool = False, command: str = "report") -> str:
+    """`report --json`: the recorded compiles, newest last, and `total`, how many the ledger
+    holds under the same filter (more than listed when `--limit` cut; all of them by default)."""
     return contract.dumps(contract.document("records", command, {
+        "total": len(records) if total is None else total,
         "records": [record_summary(r, with_graph=with_graph) for r in records]}))
 
 
@@ -217,3 +222,57 @@ def snapshot_diff_json(groups: Mapping[str, Sequence[Mapping[str, Any]]]) -> str
     """`diff --json`: the differences between two snapshots, by group."""
     return contract.dumps(contract.document("snapshot-diff", "diff", {
         "groups": {name: list(rows) for name, rows in groups.items()}}))
+
+
+# ------------------------------------------------------------------------------ evict, stats
+
+
+def _roots(roots: Iterable[tuple[str, str]]) -> list[dict[str, str]]:
+    return [{"layout": layout, "root": root} for layout, root in roots]
+
+
+def outcome_summary(outcome: Outcome) -> dict[str, Any]:
+    """One entry `evict` chose and what became of it; `built_ns` is its binary's mtime."""
+    entry = outcome.entry
+    return {"entry": entry.path, "root": entry.root, "runtime": entry.runtime,
+            "layout": entry.layout, "kernel": entry.kernel, "key": entry.key,
+            "built_ns": entry.built_ns, "built": _when(entry.built_ns),
+            "status": outcome.status, "paths": list(outcome.paths), "bytes": outcome.bytes,
+            "reason": outcome.reason, "codes": sorted({f.code for f in outcome.findings}),
+            "findings": [f.to_dict() for f in outcome.findings]}
+
+
+def evict_json(result: EvictResult) -> str:
+    """`evict --json` (and `--dry-run --json`): each chosen entry's outcome, and the summary
+    line with its numbers (`totals.bytes`: what went, or would go)."""
+    from cacheaudit.audit.evict import EVICTED, FAILED, SKIPPED, WOULD_EVICT
+
+    done = result.of(WOULD_EVICT if result.dry_run else EVICTED)
+    totals = {"roots": len(result.scan.roots), "entries": len(result.scan.entries),
+              "chosen": len(result.outcomes), "evicted": len(result.of(EVICTED)),
+              "would_evict": len(result.of(WOULD_EVICT)), "skipped": len(result.of(SKIPPED)),
+              "failed": len(result.of(FAILED)), "bytes": sum(o.bytes for o in done)}
+    return contract.dumps(contract.document("evict", "evict", {
+        "summary": result.summary(), "totals": totals, "dry_run": result.dry_run,
+        "audit_uuid": result.audit_uuid, "roots": _roots(result.scan.roots),
+        "entries": len(result.scan.entries),
+        "outcomes": [outcome_summary(o) for o in result.outcomes]}))
+
+
+def tally_summary(tally: Tally, *, total: bool = False) -> dict[str, Any]:
+    """One runtime in one root (`total`: every tally added up, runtime and root null)."""
+    return {"runtime": None if total else tally.runtime, "root": None if total else tally.root,
+            "entries": tally.entries, "bytes": tally.bytes, "compiles": tally.compiles,
+            "disk_hits": tally.disk_hits, "disk_hits_unrecorded": tally.disk_hits_unrecorded,
+            "memory_hits": tally.memory_hits, "hit_rate": tally.hit_rate,
+            "stale": tally.stale, "unverifiable": tally.unverifiable, "evicted": tally.evicted,
+            "oldest_ns": tally.oldest_ns, "oldest": _when(tally.oldest_ns),
+            "newest_ns": tally.newest_ns, "newest": _when(tally.newest_ns)}
+
+
+def stats_json(stats: Stats) -> str:
+    """`stats --json`: a tally per runtime and root, and their total."""
+    return contract.dumps(contract.document("stats", "stats", {
+        "judged": stats.judged, "ledger": stats.ledger, "roots": _roots(stats.roots),
+        "tallies": [tally_summary(t) for t in stats.tallies],
+        "total": tally_summary(stats.total(), total=True)}))

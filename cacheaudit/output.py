@@ -1,5 +1,6 @@
-"""Records, findings and explanations as JSON, and the snapshot diff's table. No decisions are
-made here. The human output of findings, records and explanations is `cacheaudit.render`'s.
+"""The summary line, the snapshot diff's table, and `evict`'s and `stats`' lines. No decisions
+are made here. The human output of findings, records and explanations is `cacheaudit.render`'s;
+every JSON document is `cacheaudit.documents`'s.
 
 Everything recorded (test ids, argv tokens, paths, messages) goes through `_e` before it meets
 rich markup: `test_k[fp16-128]` must keep its brackets and `-DTAG=[/x]` must not be read as a
@@ -13,15 +14,6 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cacheaudit.documents import (  # noqa: F401 - the JSON documents, named here as before
-    compiler_summary,
-    explanation_json,
-    findings_json,
-    injected_by_environment,
-    record_summary,
-    records_json,
-    run_report_json,
-)
 from cacheaudit.model import Finding
 
 if TYPE_CHECKING:
@@ -29,6 +21,7 @@ if TYPE_CHECKING:
 
     from cacheaudit.audit.evict import EvictResult
     from cacheaudit.audit.stats import Stats, Tally
+
 
 def escape_markup(value: object) -> str:
     """Recorded text as literal rich markup."""
@@ -38,8 +31,6 @@ def escape_markup(value: object) -> str:
 
 
 _e = escape_markup
-
-
 
 
 # ------------------------------------------------------------------------------------ findings
@@ -54,18 +45,6 @@ def summary_line(scanned: int, roots: int, matched: int, reconstructed: int,
             f"root{'' if roots == 1 else 's'} ({matched} tied to an observed compile, "
             f"{reconstructed} judged on inputs reconstructed after the build, {untied} "
             f"unverified): {verdict}")
-
-
-
-
-# ------------------------------------------------------------------------------------ explain
-
-
-
-
-# ------------------------------------------------------------------------------------ run
-
-
 
 
 # ------------------------------------------------------------------------------------ snapshots
@@ -125,19 +104,6 @@ def evict_lines(result: EvictResult) -> list[str]:
             lines.append(f"  why: {outcome.reason}")
     lines.append(result.summary())
     return lines
-
-
-def evict_dict(result: EvictResult) -> dict[str, Any]:
-    """`cacheaudit evict --json`: the plain value (wrapped in the JSON envelope by the caller)."""
-    return {"dry_run": result.dry_run, "audit_uuid": result.audit_uuid,
-            "roots": [{"layout": layout, "root": root} for layout, root in result.scan.roots],
-            "entries": len(result.scan.entries),
-            "outcomes": [o.to_dict() for o in result.outcomes], "summary": result.summary()}
-
-
-def stats_dict(stats: Stats) -> dict[str, Any]:
-    """`cacheaudit stats --json`: the plain value (wrapped in the JSON envelope by the caller)."""
-    return stats.to_dict()
 
 
 def stats_lines(stats: Stats) -> list[str]:

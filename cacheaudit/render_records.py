@@ -9,8 +9,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from cacheaudit.documents import injected_by_environment
 from cacheaudit.findings import ns_text
-from cacheaudit.output import injected_by_environment
 from cacheaudit.render import INDENT, Line, View, count_text, evidence, findings_lines, wrap
 
 # ------------------------------------------------------------------------------ records

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -247,3 +248,34 @@ def write_reliability_document(figures_dir: Path = FIGURES_DIR,
     temporary.write_text(text)
     os.replace(temporary, document)
     return True
+
+
+# ------------------------------------------------------------------------------ JSON contract
+
+
+@functools.cache
+def _schema_validator() -> Any:
+    import jsonschema
+
+    from cacheaudit import contract
+
+    return jsonschema.Draft202012Validator(contract.schema(),
+                                           format_checker=jsonschema.FormatChecker())
+
+
+def valid_document(data: bytes, kind: str) -> dict[str, Any]:
+    """`data` is one JSON document and nothing else, strict UTF-8, in the envelope of `kind`,
+    valid against the shipped schema (docs/json.md)."""
+    import json
+
+    from cacheaudit import contract
+
+    text = data.decode("utf-8")  # strict: a raw byte that is not UTF-8 fails here
+    document = json.loads(text)  # the whole of stdout: a hint after the JSON fails here
+    errors = [f"{list(e.absolute_path)}: {e.message}"
+              for e in _schema_validator().iter_errors(document)]
+    assert errors == [], errors[:5]
+    assert (document.get("format"), document.get("version")) == (
+        contract.format_name(kind), contract.VERSIONS.get(kind, "a kind VERSIONS names"))
+    assert document["generated"].endswith("Z")
+    return document

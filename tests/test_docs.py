@@ -43,3 +43,29 @@ def test_every_hint_is_for_a_known_code():
     from cacheaudit.model import FINDING_CODES
 
     assert set(HINTS) <= set(FINDING_CODES)
+
+
+def _schema_members(spec: object, found: set[str]) -> set[str]:
+    """Every member name an object of the schema lists, however deep."""
+    if isinstance(spec, dict):
+        found.update(spec.get("properties", {}))
+        for value in spec.values():
+            _schema_members(value, found)
+    elif isinstance(spec, list):
+        for value in spec:
+            _schema_members(value, found)
+    return found
+
+
+def test_json_doc_names_every_kind_and_every_member_the_schema_lists():
+    from cacheaudit import contract
+
+    text = (DOCS / "json.md").read_text()
+    for kind, version in contract.VERSIONS.items():
+        assert re.search(rf"\| `cacheaudit/{re.escape(kind)}` \| {version} \|", text), (
+            f"docs/json.md's table of kinds lacks cacheaudit/{kind} at version {version}")
+    prose = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    named = {word for code in re.findall(r"`([^`]+)`", prose)
+             for word in re.findall(r"[A-Za-z_][\w-]*", code)}
+    members = _schema_members(contract.schema()["$defs"], set())
+    assert sorted(members - named) == [], "members of the shipped schema docs/json.md never names"

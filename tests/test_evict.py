@@ -3,7 +3,8 @@
 
 Ground truth for evict: the runtime's next request after the eviction is a miss (it compiles),
 and its binary equals the same request's in a new process against an empty cache. Ground truth
-for stats: the entries and bytes counted on disk here, and the requests the test made.
+for stats: the entries and bytes counted on disk here, and the requests the test made. Every
+`--json` run's document is checked against the schema shipped in the package (docs/json.md).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from cacheaudit.evidence import utc_iso
 from cacheaudit.exceptions import ExitCode
 from cacheaudit.progress import ProgressLines
 
+from support import valid_document
 from truth_table import Project, _write
 
 HEALTHY = """\
@@ -44,6 +47,15 @@ def cacheaudit(project: Project, *args: str) -> subprocess.CompletedProcess[str]
     return subprocess.run([sys.executable, "-m", "cacheaudit", *args, "--ledger",
                            str(project.ledger)], capture_output=True, text=True,
                           env=project.env, cwd=project.root, timeout=300)
+
+
+def cacheaudit_json(project: Project, kind: str, *args: str
+                    ) -> tuple[subprocess.CompletedProcess[bytes], dict]:
+    """`cacheaudit ARGS --json`: the process, and its document, validated as a `kind`."""
+    done = subprocess.run([sys.executable, "-m", "cacheaudit", *args, "--json", "--ledger",
+                           str(project.ledger)], capture_output=True, env=project.env,
+                          cwd=project.root, timeout=300)
+    return done, valid_document(done.stdout, kind)
 
 
 def tree_digest(root: Path) -> dict[str, str]:
@@ -106,12 +118,21 @@ def test_evict_removes_the_stale_entry_and_the_next_request_compiles_what_a_fres
     plain_before = tree_digest(Path(plain["path"]))
     killed = Path(gemm["path"]).parent / ".cacheaudit-evicted-0123"  # a killed evict's trash
     _write(killed / "kernel.so", "half-deleted")
+    built_ns = Path(gemm["binary"]).stat().st_mtime_ns
 
-    done = cacheaudit(project, "evict", str(project.cache))
+    done, answer = cacheaudit_json(project, "evict", "evict", str(project.cache))
 
     assert done.returncode == ExitCode.CLEAN, done.stdout + done.stderr
-    assert f"evicted {gemm['path']}: CA101 " in done.stdout, done.stdout
-    assert "detail.h" in done.stdout.splitlines()[0], done.stdout
+    [outcome] = answer["outcomes"]
+    assert (outcome["entry"], outcome["status"], outcome["codes"]) == (
+        gemm["path"], "evicted", ["CA101"]), outcome
+    assert outcome["paths"] == [gemm["path"]] and outcome["root"] == str(project.cache)
+    assert [f["subject"] for f in outcome["findings"] if f["code"] == "CA101"] == [
+        str(project.root / "third" / "cutlite" / "detail.h")], outcome["findings"]
+    assert (outcome["built_ns"], outcome["built"]) == (built_ns, utc_iso(built_ns)), outcome
+    assert answer["totals"] == {"roots": 1, "entries": 2, "chosen": 1, "evicted": 1,
+                                "would_evict": 0, "skipped": 0, "failed": 0,
+                                "bytes": outcome["bytes"]}, answer["totals"]
     assert not os.path.lexists(gemm["path"]), f"the stale entry {gemm['path']} is still there"
     assert tree_digest(Path(plain["path"])) == plain_before, \
         f"the healthy entry {plain['path']} was touched"
@@ -127,7 +148,9 @@ def test_evict_removes_the_stale_entry_and_the_next_request_compiles_what_a_fres
     assert [(r["entry"], r["code"], r["outcome"]) for r in logged] == [
         (gemm["path"], "CA101", "evicted")], logged
     assert logged[0]["subject"].endswith("cutlite/detail.h"), logged[0]
-    assert logged[0]["bytes"] > 0 and logged[0]["runtime"] == "deepjit", logged[0]
+    assert logged[0]["bytes"] == outcome["bytes"] > 0 and logged[0]["runtime"] == "deepjit", \
+        logged[0]
+    assert logged[0]["audit_uuid"] == answer["audit_uuid"], (logged[0], answer["audit_uuid"])
     assert json.loads(logged[0]["codes"]) == ["CA101"], logged[0]
     conn = sqlite3.connect(project.ledger)
     try:
@@ -149,15 +172,22 @@ def test_dry_run_changes_nothing_and_says_what_would_go(project: Project):
     cacheaudit(project, "scan", str(project.cache), "--fail-on", "never")  # the ledger settles
     before = tree_digest(project.cache)
 
-    done = cacheaudit(project, "evict", str(project.cache), "--dry-run", "--json")
+    said = cacheaudit(project, "evict", str(project.cache), "--dry-run")
+    done, answer = cacheaudit_json(project, "evict", "evict", str(project.cache), "--dry-run")
 
-    assert done.returncode == ExitCode.CLEAN, done.stdout + done.stderr
+    assert said.returncode == done.returncode == ExitCode.CLEAN, said.stderr + str(done.stderr)
     assert tree_digest(project.cache) == before, "a dry run changed the cache"
-    answer = json.loads(done.stdout)
+    first = said.stdout.splitlines()[0]
+    assert first.startswith(f"would evict {gemm['path']}: CA101 ") and "detail.h" in first, \
+        said.stdout
     assert [(o["entry"], o["status"], o["codes"]) for o in answer["outcomes"]] == [
         (gemm["path"], "would-evict", ["CA101"])], answer["outcomes"]
-    assert answer["outcomes"][0]["bytes"] == sum(
-        p.stat().st_size for p in Path(gemm["path"]).rglob("*") if p.is_file())
+    size = sum(p.stat().st_size for p in Path(gemm["path"]).rglob("*") if p.is_file())
+    assert answer["outcomes"][0]["bytes"] == size
+    assert (answer["dry_run"], answer["audit_uuid"]) == (True, None)
+    assert (answer["totals"]["would_evict"], answer["totals"]["evicted"],
+            answer["totals"]["bytes"]) == (1, 0, size), answer["totals"]
+    assert answer["summary"] == said.stdout.splitlines()[-1]
     assert evictions(project) == []
     assert project.once()["event"] == "disk-hit", "the entry stopped serving after a dry run"
 
@@ -165,21 +195,21 @@ def test_dry_run_changes_nothing_and_says_what_would_go(project: Project):
 def test_severity_select_runtime_and_entry_choose_what_goes(project: Project):
     gemm, plain = stale_cache(project)
     # Warnings reach plain too (CPATH is set and envconst.h is untracked: CA201, CA102).
-    warned = json.loads(cacheaudit(project, "evict", str(project.cache), "--dry-run",
-                                   "--severity", "warning", "--json").stdout)
+    _, warned = cacheaudit_json(project, "evict", "evict", str(project.cache), "--dry-run",
+                                "--severity", "warning")
     assert {o["entry"] for o in warned["outcomes"]} == {gemm["path"], plain["path"]}
-    ignored = json.loads(cacheaudit(project, "evict", str(project.cache), "--dry-run",
-                                    "--ignore", "CA1", "--json").stdout)
+    _, ignored = cacheaudit_json(project, "evict", "evict", str(project.cache), "--dry-run",
+                                 "--ignore", "CA1")
     assert ignored["outcomes"] == [], ignored["outcomes"]
-    other = json.loads(cacheaudit(project, "evict", str(project.cache), "--dry-run",
-                                  "--runtime", "triton", "--json").stdout)
+    _, other = cacheaudit_json(project, "evict", "evict", str(project.cache), "--dry-run",
+                               "--runtime", "triton")
     assert other["outcomes"] == []
     mistyped = cacheaudit(project, "evict", str(project.cache), "--runtime", "tritn")
     assert mistyped.returncode == ExitCode.USAGE and "--runtime tritn" in mistyped.stderr
     assert os.path.isdir(gemm["path"]), "a refused option evicted something"
     # A root given whole beside an entry keeps every entry of the root.
-    both = json.loads(cacheaudit(project, "evict", str(project.cache), plain["path"],
-                                 "--dry-run", "--severity", "warning", "--json").stdout)
+    _, both = cacheaudit_json(project, "evict", "evict", str(project.cache), plain["path"],
+                              "--dry-run", "--severity", "warning")
     assert {o["entry"] for o in both["outcomes"]} == {gemm["path"], plain["path"]}
     # An entry named on the command line (a file in it) narrows the choice to that entry.
     only_plain = cacheaudit(project, "evict", str(Path(plain["path"]) / "kernel.cu"),
@@ -215,13 +245,15 @@ def test_an_entry_that_is_a_symlink_out_of_its_root_is_never_followed(project: P
     assert named.returncode == ExitCode.USAGE, named.stdout + named.stderr
     assert "leads out of its cache root" in named.stderr, named.stderr
 
-    whole = cacheaudit(project, "evict", str(project.cache), "--severity", "warning", "--json")
-    outcomes = {o["entry"]: o for o in json.loads(whole.stdout)["outcomes"]}
+    whole, answer = cacheaudit_json(project, "evict", "evict", str(project.cache), "--severity",
+                                    "warning")
+    outcomes = {o["entry"]: o for o in answer["outcomes"]}
     assert outcomes[str(link)]["status"] == "skipped", outcomes
     assert "leads out of the cache root" in outcomes[str(link)]["reason"]
     assert whole.returncode == ExitCode.FINDINGS, "a stale entry left in place must not pass"
     assert link.is_symlink() and tree_digest(elsewhere) == outside_before
     assert outcomes[gemm["path"]]["status"] == "evicted" and not os.path.lexists(gemm["path"])
+    assert (answer["totals"]["skipped"], answer["totals"]["evicted"]) == (1, len(outcomes) - 1)
 
 
 def test_a_reader_that_opened_the_entry_keeps_its_files(project: Project):
@@ -249,10 +281,9 @@ def test_stats_count_what_the_disk_and_the_requests_say(project: Project):
     on_disk = sum(p.stat().st_size for e in entries for p in e.rglob("*") if p.is_file())
     built = [(e / "kernel.so").stat().st_mtime_ns for e in entries]
 
-    done = cacheaudit(project, "stats", str(project.cache), "--json")
+    done, answer = cacheaudit_json(project, "stats", "stats", str(project.cache))
 
     assert done.returncode == ExitCode.CLEAN, done.stdout + done.stderr
-    answer = json.loads(done.stdout)
     rows = [t for t in answer["tallies"] if t["entries"]]
     assert len(rows) == 1, answer["tallies"]
     row = rows[0]
@@ -263,12 +294,17 @@ def test_stats_count_what_the_disk_and_the_requests_say(project: Project):
     assert row["hit_rate"] == pytest.approx(2 / 4)
     assert (row["stale"], row["unverifiable"]) == (1, 0), row
     assert (row["oldest_ns"], row["newest_ns"]) == (min(built), max(built))
+    assert (row["oldest"], row["newest"]) == (utc_iso(min(built)), utc_iso(max(built))), row
+    assert answer["judged"] is True and answer["ledger"] == str(project.ledger)
+    total = answer["total"]
+    assert (total["runtime"], total["root"], total["entries"], total["bytes"], total["stale"]) \
+        == (None, None, 2, on_disk, 1), total
 
     assert cacheaudit(project, "evict", str(project.cache)).returncode == ExitCode.CLEAN
-    counted = json.loads(cacheaudit(project, "stats", str(project.cache), "--no-scan",
-                                    "--json").stdout)
+    _, counted = cacheaudit_json(project, "stats", "stats", str(project.cache), "--no-scan")
     row = next(t for t in counted["tallies"] if t["entries"])
     assert (row["entries"], row["evicted"], row["stale"]) == (1, 1, None), row
+    assert counted["judged"] is False and counted["total"]["unverifiable"] is None
     table = cacheaudit(project, "stats", str(project.cache))
     assert f"deepjit {project.cache}" in table.stdout, table.stdout
     assert "hit rate" in table.stdout and "evicted 1" in table.stdout, table.stdout

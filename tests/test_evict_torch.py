@@ -5,7 +5,6 @@ a build directory whose lock a process holds is left alone."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,8 @@ from pathlib import Path
 from test_torch_ext import Project, needs_torch
 
 from cacheaudit.exceptions import ExitCode
+
+from support import valid_document
 
 
 def evict(project: Project, *args: str) -> subprocess.CompletedProcess[str]:
@@ -37,8 +38,8 @@ def test_evict_rebuilds_a_stale_extension_and_leaves_a_locked_one_alone(tmp_path
 
     counted = subprocess.run([sys.executable, "-m", "cacheaudit", "stats", str(project.ext),
                               "--json", "--ledger", str(project.ledger)], capture_output=True,
-                             text=True, env=project.env, cwd=project.root, timeout=300)
-    [row] = [t for t in json.loads(counted.stdout)["tallies"] if t["entries"]]
+                             env=project.env, cwd=project.root, timeout=300)
+    [row] = [t for t in valid_document(counted.stdout, "stats")["tallies"] if t["entries"]]
     on_disk = sum(p.lstat().st_size for p in project.build_dir.rglob("*") if not p.is_dir())
     assert (row["runtime"], row["entries"], row["bytes"]) == ("torch-ext", 1, on_disk), row
     assert (row["compiles"], row["disk_hits"], row["memory_hits"], row["stale"]) == (

@@ -4,7 +4,6 @@ compiles, and its cubin equals a compile into an empty cache."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -15,6 +14,8 @@ import pytest
 from test_triton import TARGET, TRITON_DIR, adapter, env, records, source, triton  # noqa: F401
 
 from cacheaudit.exceptions import ExitCode
+
+from support import valid_document
 
 # test_triton skips itself (at its import) where triton or torch is missing: import triton
 # through it.
@@ -54,8 +55,9 @@ def test_evict_removes_a_triton_entry_whose_ptxas_was_replaced_in_place(
     # leaves out; the stale one's compiler drifted (CA301).
     dry = subprocess.run([sys.executable, "-m", "cacheaudit", "evict", str(cache), "--dry-run",
                           "--json", "--ledger", str(env / "ledger.db")],
-                         capture_output=True, text=True, env=dict(os.environ), timeout=300)
-    chosen = {Path(o["entry"]).name: o["codes"] for o in json.loads(dry.stdout)["outcomes"]}
+                         capture_output=True, env=dict(os.environ), timeout=300)
+    chosen = {Path(o["entry"]).name: o["codes"]
+              for o in valid_document(dry.stdout, "evict")["outcomes"]}
     assert "CA301" in chosen[stale_dir_name] and chosen[healthy_dir_name] == ["CA202"], chosen
     done = subprocess.run([sys.executable, "-m", "cacheaudit", "evict", str(cache), "--runtime",
                            "triton", "--select", "CA3", "--ledger", str(env / "ledger.db")],

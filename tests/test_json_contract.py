@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +27,9 @@ from cacheaudit import contract
 from cacheaudit.exceptions import ExitCode
 from cacheaudit.model import content_digest
 
+from support import valid_document
 from truth_table import SOURCE, Project, _write
 
-VALIDATOR = jsonschema.Draft202012Validator(contract.schema(),
-                                            format_checker=jsonschema.FormatChecker())
 DETAIL_H = ("third", "cutlite", "detail.h")
 
 
@@ -38,19 +38,6 @@ def _run(env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedProc
     checked here and not papered over by a decoder."""
     return subprocess.run([sys.executable, "-m", "cacheaudit", *args], capture_output=True,
                           env=env, cwd=cwd, timeout=600)
-
-
-def valid_document(data: bytes, kind: str) -> dict[str, Any]:
-    """`data` is one JSON document and nothing else, strict UTF-8, in the envelope of `kind`,
-    valid against the shipped schema."""
-    text = data.decode("utf-8")  # strict: a raw byte that is not UTF-8 fails here
-    document = json.loads(text)  # the whole of stdout: a hint after the JSON fails here
-    errors = [f"{list(e.absolute_path)}: {e.message}" for e in VALIDATOR.iter_errors(document)]
-    assert errors == [], errors[:5]
-    assert (document["format"], document["version"]) == (contract.format_name(kind),
-                                                         contract.VERSIONS[kind])
-    assert document["generated"].endswith("Z")
-    return document
 
 
 @pytest.fixture
@@ -95,6 +82,17 @@ def test_every_json_command_prints_one_enveloped_document_that_validates(
     records = valid_document(_run(env, "report", "--json", "--graph", *ledger, cwd=cwd).stdout,
                              "records")
     assert {r["event"] for r in records["records"]} >= {"compile", "disk-hit"}
+    conn = sqlite3.connect(project.ledger)
+    try:
+        recorded = conn.execute("SELECT count(*) FROM records").fetchone()[0]
+    finally:
+        conn.close()
+    assert recorded >= 2 and records["total"] == len(records["records"]) == recorded
+    cut = valid_document(_run(env, "report", "--json", "--limit", "1", *ledger, cwd=cwd).stdout,
+                         "records")
+    assert len(cut["records"]) == 1 and cut["total"] == recorded, \
+        f"report --limit 1 of {recorded} records in {project.ledger} does not say how many"
+    assert cut["records"][0]["record_id"] == records["records"][-1]["record_id"]  # newest
     explained = valid_document(_run(env, "explain", served["path"], "--json", *ledger,
                                     cwd=cwd).stdout, "explanation")
     assert explained["entry"]["path"] == served["path"]
@@ -171,7 +169,8 @@ def test_a_stale_entry_under_a_name_that_is_not_utf8_is_valid_json_and_its_path_
     _write(project.root.joinpath(*DETAIL_H), "#pragma once\n#define DETAIL 4\n")
     served = project.once(DG_JIT_CACHE_DIR=cache)
     assert served["event"] == "disk-hit"
-    assert served["digest"] != project.fresh()  # a stale hit: the ground truth
+    fresh = project.fresh()
+    assert served["digest"] != fresh  # a stale hit: the ground truth
     entry_bytes = os.fsencode(served["path"])
     assert entry_bytes.startswith(moved + b"/cache/") and os.path.isdir(entry_bytes)
 
@@ -192,6 +191,30 @@ def test_a_stale_entry_under_a_name_that_is_not_utf8_is_valid_json_and_its_path_
                                   str(project.ledger), cwd=project.root).stdout, "records")
     hits = [r for r in records["records"] if r["event"] == "disk-hit"]
     assert [os.fsencode(contract.recover(r, "entry")) for r in hits] == [entry_bytes]
+
+    ledger = ("--ledger", str(project.ledger))
+    plan = valid_document(_run(project.env, "evict", cache, "--dry-run", "--json", "--no-progress",
+                               *ledger, cwd=project.root).stdout, "evict")
+    [would] = plan["outcomes"]
+    assert os.fsencode(contract.recover(would, "entry")) == entry_bytes, would
+    assert os.fsencode(contract.recover(would, "root")) == moved, would
+    assert [os.fsencode(contract.recover(would, "paths", i))
+            for i in range(len(would["paths"]))] == [entry_bytes], would
+    assert os.fsencode(contract.recover(plan["roots"][0], "root")) == moved
+    tallied = valid_document(_run(project.env, "stats", cache, "--json", "--no-progress",
+                                  *ledger, cwd=project.root).stdout, "stats")
+    [row] = [t for t in tallied["tallies"] if t["entries"]]
+    assert os.fsencode(contract.recover(row, "root")) == moved and row["stale"] == 1, row
+
+    done = _run(project.env, "evict", cache, "--json", "--no-progress", *ledger,
+                cwd=project.root)
+    evicted = valid_document(done.stdout, "evict")
+    assert done.returncode == ExitCode.CLEAN, done.stderr
+    assert [(os.fsencode(contract.recover(o, "entry")), o["status"])
+            for o in evicted["outcomes"]] == [(entry_bytes, "evicted")]
+    assert not os.path.lexists(entry_bytes), f"{entry_bytes!r} is still there"
+    after = project.once(DG_JIT_CACHE_DIR=cache)
+    assert (after["event"], after["digest"]) == ("compile", fresh), after
 
 
 def test_an_entry_directory_renamed_to_a_name_that_is_not_utf8_is_named_exactly(

@@ -72,13 +72,6 @@ class Outcome:
         """The finding that chose the entry: the most severe, the scan's first among equals."""
         return max(self.findings, key=lambda f: f.severity.rank)
 
-    def to_dict(self) -> dict[str, object]:
-        return {"entry": self.entry.path, "root": self.entry.root, "runtime": self.entry.runtime,
-                "kernel": self.entry.kernel, "key": self.entry.key, "status": self.status,
-                "paths": list(self.paths), "bytes": self.bytes, "reason": self.reason,
-                "codes": sorted({f.code for f in self.findings}),
-                "findings": [f.to_dict() for f in self.findings]}
-
 
 @dataclass
 class EvictResult:

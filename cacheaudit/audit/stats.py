@@ -12,7 +12,7 @@ evictions from the ledger's `evictions` table.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from cacheaudit.audit.evict import tree_bytes
 from cacheaudit.audit.options import AuditOptions
@@ -57,9 +57,6 @@ class Tally:
         lookups = hits + self.compiles
         return hits / lookups if lookups else None
 
-    def to_dict(self) -> dict[str, object]:
-        return dict(asdict(self), hit_rate=self.hit_rate)
-
 
 @dataclass
 class Stats:
@@ -81,11 +78,6 @@ class Stats:
             total.oldest_ns = _least(total.oldest_ns, tally.oldest_ns)
             total.newest_ns = _most(total.newest_ns, tally.newest_ns)
         return total
-
-    def to_dict(self) -> dict[str, object]:
-        return {"judged": self.judged, "ledger": self.ledger,
-                "roots": [{"layout": layout, "root": root} for layout, root in self.roots],
-                "tallies": [t.to_dict() for t in self.tallies], "total": self.total().to_dict()}
 
 
 def _least(a: int | None, b: int | None) -> int | None:
