@@ -296,6 +296,42 @@ def test_a_forced_include_that_is_no_regular_file_is_refused_before_any_compiler
 
 
 @needs_gxx
+def test_a_response_file_too_large_to_read_is_refused_unread(
+        built: tuple[Project, dict[str, Any], str]):
+    """A response file that is a sparse 100 GB file (no disk used): reading it would take the
+    memory of the machine. Response and options files are read only within 64 MiB for the whole
+    command, so it stays unread and the entry is refused with a CA501 that says why; the healthy
+    entry beside it is judged."""
+    p, served, _fresh = built
+    compiler = _real_compiler(p)
+    entry, _build = hostile_entry(
+        served, f"{compiler} -x c++ {{build}}/kernel.cu @{{entry}}/big.rsp -fPIC -shared "
+                "-o {build}/kernel.so")
+    with open(entry / "big.rsp", "wb") as sparse:
+        sparse.truncate(100 * 1024**3)
+
+    done = cacheaudit(p, "scan", "--no-progress", str(p.cache))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    [refusal] = refusals(report, entry)
+    assert refusal["subject"] == str(entry), refusal
+    message = refusal["message"]
+    assert f"an option of its command is refused: @{entry}/big.rsp: a response file that " \
+           "cannot be read" in message, refusal
+    assert "past the 67,108,864 bytes cacheaudit reads of them" in message, refusal
+    judged_healthy(p, report, served)
+
+    done = cacheaudit(p, "verify", "--yes", str(p.cache))
+    verdicts = json.loads(done.stdout)
+    [unverified] = refusals(verdicts, entry)
+    assert "past the 67,108,864 bytes" in unverified["message"], unverified
+    assert any(f["code"] == "CA403" and f["subject"] == served["path"]
+               for f in verdicts["findings"]), verdicts["findings"]
+    reliability_figure("faults", "a cache entry whose g++ command names a sparse 100 GB "
+                       "response file", scans=1, verifies=1, entries=2, healthy_judged=1)
+
+
+@needs_gxx
 def test_a_depfile_the_scan_cannot_read_is_a_ca501_for_that_entry(
         built: tuple[Project, dict[str, Any], str]):
     """A header whose directory has a line end in its name, in a directory no source shares:

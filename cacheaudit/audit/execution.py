@@ -195,7 +195,8 @@ def checked_options(kind: str, args: Sequence[str], cwd: str, env: Mapping[str, 
         origin = next((t.origin for t in expansion.tokens if t.text == option.split(" ")[0]
                        and t.origin.startswith("file:")), None)
         where = f" (from {origin[5:]})" if origin else ""
-        return Checked(None, f"{option}{where}: {why}")
+        unread = _unread_file_note(option, expansion.notes)
+        return Checked(None, f"{option}{where}: {why}" + (f" ({unread})" if unread else ""))
     out = list(screened.args)
     for value in screened.host_compilers:
         chosen, why = host_compiler(value, cwd, env)
@@ -203,6 +204,16 @@ def checked_options(kind: str, args: Sequence[str], cwd: str, env: Mapping[str, 
             return Checked(None, f"{why}: it would pick the program nvcc runs")
         out += ["--compiler-bindir", chosen]
     return Checked(out, "", screened.dropped)
+
+
+def _unread_file_note(option: str, notes: Sequence[str]) -> str:
+    """What the expansion said of the response or options file `option` names (why it stayed
+    unread: not a regular file, too large), or ""."""
+    name = option[1:] if option.startswith("@") else option.split("=", 1)[-1].split(" ")[-1]
+    if option.startswith("@") or option.split("=")[0].split(" ")[0] in ("-optf",
+                                                                       "--options-file"):
+        return next((note for note in notes if name and name in note), "")
+    return ""
 
 
 # ------------------------------------------------------------------ what the compiler reads
