@@ -239,6 +239,144 @@ def test_ccbin_runs_only_the_host_compiler_the_configuration_resolves(
                        markers_written=0, scans=2, entries=2)
 
 
+# ------------------------------------------------------------------ what the compiler would read
+
+
+FORCED_INCLUDE_CASES = {
+    # name: (the option in the entry's command, the file it names, words of the refusal)
+    "-include /dev/zero": ("-include /dev/zero", "/dev/zero",
+                           "-include /dev/zero is a character device, not a regular file"),
+    "-imacros a FIFO": ("-imacros {entry}/pipe.h", "{entry}/pipe.h",
+                        "-imacros {entry}/pipe.h is a FIFO, not a regular file"),
+    "-Wp, carrying -include of a FIFO": (
+        "-Wp,-include,{entry}/pipe.h", "{entry}/pipe.h",
+        "-include {entry}/pipe.h is a FIFO, not a regular file"),
+    "a relative -include found through -I": (
+        "-I {entry}/inc -include zero.h", "{entry}/inc/zero.h",
+        "-include zero.h is a character device, not a regular file"),
+}
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", list(FORCED_INCLUDE_CASES))
+def test_a_forced_include_that_is_no_regular_file_is_refused_before_any_compiler(
+        built: tuple[Project, dict[str, Any], str], case: str):
+    """`-include FILE` / `-imacros FILE` make the preprocessor read FILE before the source: a
+    device would feed it without end, a FIFO hang it. The scan and the oracle refuse the entry
+    before a compiler starts, as for its source, and judge the healthy entry beside it."""
+    p, served, _fresh = built
+    option, named, words = FORCED_INCLUDE_CASES[case]
+    compiler = _real_compiler(p)
+    entry, _build = hostile_entry(
+        served, f"{compiler} -x c++ {{build}}/kernel.cu {option} -fPIC -shared "
+                "-o {build}/kernel.so")
+    os.mkfifo(entry / "pipe.h")
+    (entry / "inc").mkdir()
+    os.symlink("/dev/zero", entry / "inc" / "zero.h")
+    named, words = named.format(entry=entry), words.format(entry=entry)
+
+    done = cacheaudit(p, "scan", "--no-progress", str(p.cache))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    [refusal] = refusals(report, entry)
+    assert refusal["subject"] == named, refusal
+    assert f"{words}: not compiled" in refusal["message"], refusal
+    assert not [f for f in refusals(report, served["path"]) if "not compiled" in f["message"]]
+    judged_healthy(p, report, served)
+
+    done = cacheaudit(p, "verify", "--yes", str(p.cache))
+    verdicts = json.loads(done.stdout)
+    [unverified] = refusals(verdicts, entry)
+    assert f"{words}: not compiled" in unverified["message"], unverified
+    assert any(f["code"] == "CA403" and f["subject"] == served["path"]
+               for f in verdicts["findings"]), verdicts["findings"]
+    reliability_figure("faults", f"a cache entry whose g++ command carries {case}",
+                       compilers_started_on_it=0, scans=1, verifies=1, entries=2,
+                       healthy_judged=1)
+
+
+@needs_gxx
+def test_a_response_file_too_large_to_read_is_refused_unread(
+        built: tuple[Project, dict[str, Any], str]):
+    """A response file that is a sparse 100 GB file (no disk used): reading it would take the
+    memory of the machine. Response and options files are read only within 64 MiB for the whole
+    command, so it stays unread and the entry is refused with a CA501 that says why; the healthy
+    entry beside it is judged."""
+    p, served, _fresh = built
+    compiler = _real_compiler(p)
+    entry, _build = hostile_entry(
+        served, f"{compiler} -x c++ {{build}}/kernel.cu @{{entry}}/big.rsp -fPIC -shared "
+                "-o {build}/kernel.so")
+    with open(entry / "big.rsp", "wb") as sparse:
+        sparse.truncate(100 * 1024**3)
+
+    done = cacheaudit(p, "scan", "--no-progress", str(p.cache))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    [refusal] = refusals(report, entry)
+    assert refusal["subject"] == str(entry), refusal
+    message = refusal["message"]
+    assert f"an option of its command is refused: @{entry}/big.rsp: a response file that " \
+           "cannot be read" in message, refusal
+    assert "past the 67,108,864 bytes cacheaudit reads of them" in message, refusal
+    judged_healthy(p, report, served)
+
+    done = cacheaudit(p, "verify", "--yes", str(p.cache))
+    verdicts = json.loads(done.stdout)
+    [unverified] = refusals(verdicts, entry)
+    assert "past the 67,108,864 bytes" in unverified["message"], unverified
+    assert any(f["code"] == "CA403" and f["subject"] == served["path"]
+               for f in verdicts["findings"]), verdicts["findings"]
+    reliability_figure("faults", "a cache entry whose g++ command names a sparse 100 GB "
+                       "response file", scans=1, verifies=1, entries=2, healthy_judged=1)
+
+
+@needs_gxx
+def test_a_depfile_the_scan_cannot_read_is_a_ca501_for_that_entry(
+        built: tuple[Project, dict[str, Any], str]):
+    """A header whose directory has a line end in its name, in a directory no source shares:
+    g++ writes the line end raw into the depfile, which then cannot be read as one. The entry
+    gets a CA501 saying so (not an internal error), and the healthy entry beside it is judged."""
+    p, served, _fresh = built
+    compiler = _real_compiler(p)
+    entry, _build = hostile_entry(
+        served, f"'{compiler}' '-x' 'c++' '{{build}}/kernel.cu' '-I{{entry}}/odd\ndir' "
+                "'-fPIC' '-shared' '-o' '{build}/kernel.so'")
+    _write(entry / "odd\ndir" / "odd.h", "#pragma once\n#define ODD 1\n")
+    (entry / "kernel.cu").write_text('#include "odd.h"\nint k() { return ODD; }\n')
+
+    done = cacheaudit(p, "scan", "--no-progress", str(p.cache))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    [refusal] = refusals(report, entry)
+    assert refusal["subject"] == str(entry), refusal
+    message = refusal["message"]
+    assert "the dependency pass over its recorded command wrote a depfile that cannot be " \
+           "read" in message, refusal
+    assert "no ':' in rule" in message and "internal error" not in refusal["how"], refusal
+    judged_healthy(p, report, served)
+    reliability_figure("faults", "a reconstruction whose depfile cannot be parsed (a header "
+                       "directory named with a line end)", scans=1, entries=2, healthy_judged=1)
+
+
+@pytest.mark.parametrize(("kind", "args", "forced"), [
+    ("gcc", ["-include", "a.h"], [("-include", "a.h")]),
+    ("gcc", ["-includea.h", "--include=b.h", "--imacros", "c.h"],
+     [("-include", "a.h"), ("-include", "b.h"), ("-imacros", "c.h")]),
+    ("gcc", ["-Xpreprocessor", "-imacros", "-Xpreprocessor", "m.h"], [("-imacros", "m.h")]),
+    ("clang", ["-include-pch", "p.pch"], [("-include-pch", "p.pch")]),
+    ("nvcc", ["--pre-include", "a.h,b.h", "-include=c.h"],
+     [("-include", "a.h"), ("-include", "b.h"), ("-include", "c.h")]),
+    ("nvcc", ["-Xcompiler", "-include,h.h", "--compiler-options=-imacros,/m.h"],
+     [("-include", "h.h"), ("-imacros", "/m.h")]),
+])
+def test_forced_includes_are_found_in_every_spelling(kind: str, args: list[str],
+                                                     forced: list[tuple[str, str]]):
+    from cacheaudit.compilers import parse_command
+
+    assert list(parse_command(kind, ["k.cu", *args]).forced_includes) == forced
+
+
 # ------------------------------------------------------------------------------ the allowlist
 
 

@@ -270,6 +270,30 @@ def test_unsealed_or_foreign_ledger_commands_run_only_with_yes(project: Project)
     assert "-DEXTRA=7" in stderr and [f["code"] for f in report["findings"]] == ["CA403"]
 
 
+def test_a_seal_key_others_can_read_is_no_secret(tmp_path: Path):
+    """The seal key is made 0600 in a 0700 directory under umask 022; once others can read it,
+    it vouches for nothing: no record is sealed with it and none checks out against it, so the
+    oracle asks (`--yes`) before running their commands."""
+    from cacheaudit import seal
+    from cacheaudit.model import CompileRecord
+
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "config"), "HOME": str(tmp_path / "home")}
+    record = CompileRecord(record_id="r" * 32, event="compile", started_ns=1,
+                           argv=("-c", "k.cpp"), cwd=str(tmp_path))
+    umask = os.umask(0o022)
+    try:
+        sealed = seal.sealed(record, env)  # the first recorded compile creates the key
+    finally:
+        os.umask(umask)
+    key = Path(seal.key_path(env))
+    assert key.stat().st_mode & 0o777 == 0o600 and key.parent.stat().st_mode & 0o777 == 0o700
+    assert seal.check(sealed, seal.user_key(env, create=False)).trusted
+    key.chmod(0o644)
+    assert seal.user_key(env) is None
+    assert not seal.check(sealed, seal.user_key(env, create=False)).trusted
+    assert not seal.sealed(record, env).seal
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
 def test_a_ledger_file_of_another_user_runs_only_with_yes(project: Project):
     p = project

@@ -10,6 +10,9 @@ seal chooses what cacheaudit executes (docs/security.md):
 - the command's options pass `checked_options`: response files expanded (so that what is
   checked is what runs), then the allowlist of `compilers.allowed`, by kind; nvcc's host
   compiler (`-ccbin`) only when it names the host compiler the configuration resolves anyway;
+- what the compiler would read first is fit to be read (`refuse_inputs`): the sources and
+  forced includes regular files of bounded size, the include directories directories outside
+  the device trees, so that no FIFO hangs a compiler and no device feeds it without end;
 - a compiler named by a ledger record is run (`--version`) only when the user's configuration
   resolves that same file now (`configured_program`), or the record is sealed by this user
   and the binary is still the one recorded (`identify_recorded_compiler`,
@@ -23,10 +26,11 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from cacheaudit import compilers, seal
+from cacheaudit import bounded, compilers, seal
 from cacheaudit.audit.context import AuditContext, CompilerNow
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity
 from cacheaudit.runtimes import policy_for
@@ -191,7 +195,8 @@ def checked_options(kind: str, args: Sequence[str], cwd: str, env: Mapping[str, 
         origin = next((t.origin for t in expansion.tokens if t.text == option.split(" ")[0]
                        and t.origin.startswith("file:")), None)
         where = f" (from {origin[5:]})" if origin else ""
-        return Checked(None, f"{option}{where}: {why}")
+        unread = _unread_file_note(option, expansion.notes)
+        return Checked(None, f"{option}{where}: {why}" + (f" ({unread})" if unread else ""))
     out = list(screened.args)
     for value in screened.host_compilers:
         chosen, why = host_compiler(value, cwd, env)
@@ -199,6 +204,98 @@ def checked_options(kind: str, args: Sequence[str], cwd: str, env: Mapping[str, 
             return Checked(None, f"{why}: it would pick the program nvcc runs")
         out += ["--compiler-bindir", chosen]
     return Checked(out, "", screened.dropped)
+
+
+def _unread_file_note(option: str, notes: Sequence[str]) -> str:
+    """What the expansion said of the response or options file `option` names (why it stayed
+    unread: not a regular file, too large), or ""."""
+    name = option[1:] if option.startswith("@") else option.split("=", 1)[-1].split(" ")[-1]
+    if option.startswith("@") or option.split("=")[0].split(" ")[0] in ("-optf",
+                                                                       "--options-file"):
+        return next((note for note in notes if name and name in note), "")
+    return ""
+
+
+# ------------------------------------------------------------------ what the compiler reads
+
+
+SOURCE_LIMIT = bounded.SOURCE_BYTES
+"""The largest source or forced include a compiler is run on: a generated kernel is kilobytes."""
+
+# Where no include directory of a real build lies, and where a header read never ends.
+_DEVICE_TREES = ("/dev", "/proc", "/sys")
+
+# The order a relative forced include is looked for after the working directory: gcc's
+# `#include "..."` chain (the system directories are the user's own, not the command's).
+_SEARCH_ORDER = ("-iquote", "-I", "-isystem", "-idirafter")
+
+
+def refuse_inputs(entry: CacheEntry, command: compilers.ParsedCommand,
+                  cwd: str) -> tuple[str, str] | None:
+    """(path, why) when what a command makes the compiler read first is not fit to be read,
+    else None: each source and each forced include (`-include`, `-imacros`, nvcc's
+    `--pre-include`, also through `-Xcompiler` or `-Wp,`) must be a regular file of at most
+    `SOURCE_LIMIT` bytes (a FIFO would hang the compiler, `/dev/zero` feed it without end),
+    and each include directory that exists must be a directory outside the device trees.
+    Asked by the scan's reconstruction and the rebuild oracle before any compiler runs."""
+    sources = [os.path.join(cwd, source) for source in command.sources]
+    if entry.source is not None and entry.source.path not in sources:
+        sources.append(entry.source.path)
+    for path in sources:
+        refused = _unfit_file(path, os.path.basename(path), "a source")
+        if refused is not None:
+            return path, refused
+    for _option, directory in command.include_dirs:
+        path = os.path.join(cwd, directory)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue  # compilers skip a missing include directory
+        except OSError as exc:
+            return path, f"include directory {directory} cannot be reached ({exc.strerror or exc})"
+        if not stat.S_ISDIR(st.st_mode):
+            return path, (f"include directory {directory} is {bounded.file_kind(st.st_mode)}, "
+                          "not a directory")
+        real = os.path.realpath(path)
+        if any(real == tree or real.startswith(tree + "/") for tree in _DEVICE_TREES):
+            return path, f"include directory {directory} lies in {real}, a device tree"
+    for option, name in command.forced_includes:
+        path = _forced_include_path(name, command, cwd)
+        refused = _unfit_file(path, f"{option} {name}", "a forced include")
+        if refused is not None:
+            return path, refused
+    return None
+
+
+def _unfit_file(path: str, shown: str, what: str) -> str | None:
+    """Why the file at `path` (`shown` in the message) is not fit for a compiler to read;
+    None when it is, or does not exist (the compiler then says so itself)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{shown} cannot be reached ({exc.strerror or exc})"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{shown} is {bounded.file_kind(st.st_mode)}, not a regular file"
+    if st.st_size > SOURCE_LIMIT:
+        return f"{shown} is {st.st_size:,} bytes, more than the {SOURCE_LIMIT:,} {what} may have"
+    return None
+
+
+def _forced_include_path(name: str, command: compilers.ParsedCommand, cwd: str) -> str:
+    """The file a forced include names, found as the preprocessor finds it: the working
+    directory first, then the command's quote and include directories in gcc's order; the
+    working directory's path when none holds it."""
+    first = os.path.join(cwd, name)
+    if os.path.isabs(name):
+        return first
+    directories = sorted(command.include_dirs, key=lambda d: _SEARCH_ORDER.index(d[0])
+                         if d[0] in _SEARCH_ORDER else len(_SEARCH_ORDER))
+    for candidate in (first, *(os.path.join(cwd, d, name) for _o, d in directories)):
+        if os.path.exists(candidate):
+            return candidate
+    return first
 
 
 # ------------------------------------------------------------------ compiler identities

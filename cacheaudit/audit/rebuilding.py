@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from cacheaudit import children
 from cacheaudit.audit.checks.rebuild import first_error_line
-from cacheaudit.audit.scan import SOURCE_LIMIT
+from cacheaudit.audit.execution import SOURCE_LIMIT
 from cacheaudit.digest import read_file
 from cacheaudit.model import CacheEntry, CompileRecord
 

@@ -15,12 +15,11 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import stat
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from cacheaudit import bounded, compilers, scratch, seal
+from cacheaudit import compilers, scratch, seal
 from cacheaudit.audit import execution
 from cacheaudit.audit.checks import (
     compiler_findings,
@@ -332,15 +331,15 @@ class Auditor:
             refuse(entry.path, f"an option of its command is refused: {checked.refused}")
             return None
         command_line = compilers.parse_command(kind, checked.args)
-        refused = refuse_inputs(entry, command_line, cwd)
+        refused = execution.refuse_inputs(entry, command_line, cwd)
         if refused is not None:
             subject, why = refused
             findings.append(make_finding(
                 "CA501", subject=subject, entry=entry,
                 message=f"the entry predates recording and its inputs cannot be reconstructed: "
                         f"{why}: not compiled",
-                how="the entry's source and include directories, checked before any "
-                    "dependency pass"))
+                how="the entry's sources, forced includes and include directories, checked "
+                    "before any dependency pass"))
             return None
         with scratch.temporary_directory("scan") as workdir:
             depfile = os.path.join(workdir, "deps.d")
@@ -354,8 +353,20 @@ class Auditor:
                         f"recorded command failed: {result.error or result.stderr.strip()[:300]}",
                 how="the compile command in the entry, run with -M"))
             return None
-        sources, include_graph = graph_module.graph_from_depfile(
-            result.depfile_text, cwd, [entry.source.path], self.cache, f"{kind} -M (reconstructed)")
+        try:
+            sources, include_graph = graph_module.graph_from_depfile(
+                result.depfile_text, cwd, [entry.source.path], self.cache,
+                f"{kind} -M (reconstructed)")
+        except graph_module.DepfileError as exc:
+            # What the compiler wrote over a cache's files is as untrusted as they are (a
+            # header named with a line end makes it unreadable): a finding for this entry.
+            findings.append(make_finding(
+                "CA501", subject=entry.path, entry=entry,
+                message=f"the entry predates recording and the dependency pass over its "
+                        f"recorded command wrote a depfile that cannot be read ({exc}): its "
+                        f"inputs are unknown",
+                how="the compile command in the entry, run with -M"))
+            return None
         sources, include_graph, unknown = dated(sources, include_graph, entry.built_ns)
         record = CompileRecord(
             record_id=new_record_id(), event="compile", started_ns=entry.built_ns or 0,
@@ -442,59 +453,13 @@ def dated(sources: tuple[FileState, ...], graph: IncludeGraph | None, built_ns: 
     return sources, graph, tuple(unknown)
 
 
-# ------------------------------------------------------------------ reconstruction guard
+# ------------------------------------------------------------------ reconstruction deadline
 
-
-SOURCE_LIMIT = bounded.SOURCE_BYTES
-"""The largest source a dependency pass is run on: a generated kernel is kilobytes."""
 
 RECONSTRUCTION_TIMEOUT_S = 60
 """The deadline of one entry's reconstruction pass (`-M`, the preprocessor only): nvcc 13.0 over
 the CUTLASS reference TU takes 2.5 s on a loaded two-core machine. Its memory is bounded by
 `children.PASS_LIMITS`."""
-
-# Where no include directory of a real build lies, and where a header read never ends.
-_DEVICE_TREES = ("/dev", "/proc", "/sys")
-
-
-def refuse_inputs(entry: CacheEntry, command: compilers.ParsedCommand,
-                  cwd: str) -> tuple[str, str] | None:
-    """(path, why) when the inputs of an entry's recorded command are not fit to be compiled,
-    else None: each source must be a regular file of at most `SOURCE_LIMIT` bytes (a FIFO would
-    hang the compiler, `/dev/urandom` would feed it without end), and each include directory
-    that exists must be a directory outside the device trees. Asked before any compiler runs:
-    whatever a cache holds, the scan stays bounded."""
-    sources = [os.path.join(cwd, source) for source in command.sources]
-    if entry.source is not None and entry.source.path not in sources:
-        sources.append(entry.source.path)
-    for path in sources:
-        name = os.path.basename(path)
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            continue  # the compiler says so itself, as the pass always did
-        except OSError as exc:
-            return path, f"{name} cannot be reached ({exc.strerror or exc})"
-        if not stat.S_ISREG(st.st_mode):
-            return path, f"{name} is {bounded.file_kind(st.st_mode)}, not a regular file"
-        if st.st_size > SOURCE_LIMIT:
-            return path, (f"{name} is {st.st_size:,} bytes, more than the {SOURCE_LIMIT:,} a "
-                          "source may have")
-    for _option, directory in command.include_dirs:
-        path = os.path.join(cwd, directory)
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            continue  # compilers skip a missing include directory
-        except OSError as exc:
-            return path, f"include directory {directory} cannot be reached ({exc.strerror or exc})"
-        if not stat.S_ISDIR(st.st_mode):
-            return path, (f"include directory {directory} is {bounded.file_kind(st.st_mode)}, "
-                          "not a directory")
-        real = os.path.realpath(path)
-        if any(real == tree or real.startswith(tree + "/") for tree in _DEVICE_TREES):
-            return path, f"include directory {directory} lies in {real}, a device tree"
-    return None
 
 
 # ------------------------------------------------------------------------------ scanning

@@ -55,9 +55,14 @@ from cacheaudit.audit.checks.rebuild import (
     unverified_finding,
 )
 from cacheaudit.audit.context import live_process
-from cacheaudit.audit.execution import checked_options, named_kind, resolve_compiler
+from cacheaudit.audit.execution import (
+    checked_options,
+    named_kind,
+    refuse_inputs,
+    resolve_compiler,
+)
 from cacheaudit.audit.rebuilding import BINARY_LIMIT, Processes, Rebuild, build
-from cacheaudit.audit.scan import Auditor, ScanResult, entry_at, policy_of, refuse_inputs
+from cacheaudit.audit.scan import Auditor, ScanResult, entry_at, policy_of
 from cacheaudit.digest import StateCache, read_file
 from cacheaudit.exceptions import CacheAuditError, ExitCode, UsageError
 from cacheaudit.ledger import Ledger

@@ -1,9 +1,10 @@
 """Argv parsing: what a compiler command line does, read from its effective argv.
 
-`parse_command` finds the sources, the other inputs, the output, the include directories and the
-intent (a compile, a link, a query or a listing to stdout); `output_paths` the files the command
-writes, the drivers' default names included; `ParsedCommand.dependency_argv` the same command as
-the compiler's own dependency pass (`dependency`).
+`parse_command` finds the sources, the other inputs, the output, the include directories, the
+forced includes and the intent (a compile, a link, a query or a listing to stdout);
+`output_paths` the files the command writes, the drivers' default names included;
+`ParsedCommand.dependency_argv` the same command as the compiler's own dependency pass
+(`dependency`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,36 @@ _INCLUDE_OPTIONS = {"-I": "-I", "-isystem": "-isystem", "-iquote": "-iquote",
                     "-isystem-after": "-idirafter"}
 
 
+# Options naming a file the preprocessor reads before the source, by their canonical names.
+_FORCED_INCLUDE_OPTIONS = ("-include", "-imacros", "-include-pch")
+
+
+def _forced_includes(kind: str, units: Sequence[ArgUnit]) -> list[tuple[str, str]]:
+    """(option, file) of every forced include `units` name, with those in the words passed on
+    to the host compiler (nvcc `-Xcompiler`) or the preprocessor (`-Wp,`, `-Xpreprocessor`),
+    which are read as a gcc command of their own."""
+    found: list[tuple[str, str]] = []
+    passed_on: list[str] = []
+    for unit in units:
+        name = unit.name
+        if name is None:
+            continue
+        if kind == "nvcc":
+            if name == "--pre-include":
+                found.extend(("-include", v) for v in _nvcc_values(unit))
+            elif name == "--compiler-options":
+                passed_on.extend(_nvcc_values(unit))
+        elif name in _FORCED_INCLUDE_OPTIONS and unit.value is not None:
+            found.append((name, unit.value))
+        elif name.startswith("-Wp,"):
+            passed_on.extend(part for part in name[4:].split(",") if part)
+        elif name == "-Xpreprocessor" and unit.value is not None:
+            passed_on.append(unit.value)
+    if passed_on:
+        found.extend(_forced_includes("gcc", split_units("gcc", passed_on)))
+    return found
+
+
 def _is_source_name(path: str) -> bool:
     return os.path.splitext(path)[1] in _SOURCE_SUFFIXES
 
@@ -57,6 +88,10 @@ class ParsedCommand:
     include_dirs: tuple[tuple[str, str], ...]
     is_compile: bool
     queries: tuple[str, ...] = ()
+    forced_includes: tuple[tuple[str, str], ...] = ()
+    """(option, file) of each file the preprocessor reads before the source: `-include`,
+    `-imacros`, clang's `-include-pch`, nvcc's `--pre-include`, also where `-Xcompiler`,
+    `-Wp,` or `-Xpreprocessor` pass them on; the file as written."""
 
     @property
     def is_link(self) -> bool:
@@ -102,7 +137,8 @@ _PHASE_NAMES = frozenset({
 
 
 def parse_command(kind: str, tokens: Sequence[str]) -> ParsedCommand:
-    """Sources, other inputs, output, include directories and intent of a command line.
+    """Sources, other inputs, output, include directories, forced includes and intent of a
+    command line.
 
     `tokens` are the effective argv texts. Sources are positional inputs with a source suffix,
     or any positional after `-x LANG` (gcc/clang: from there on until `-x none`; nvcc: `-x` with
@@ -156,7 +192,8 @@ def parse_command(kind: str, tokens: Sequence[str]) -> ParsedCommand:
     is_compile = bool(sources) and not queries and not listing_only
     return ParsedCommand(kind=kind, tokens=tokens, units=tuple(units), sources=tuple(sources),
                          objects=tuple(objects), output=output, include_dirs=tuple(includes),
-                         is_compile=is_compile, queries=tuple(queries))
+                         is_compile=is_compile, queries=tuple(queries),
+                         forced_includes=tuple(_forced_includes(kind, units)))
 
 
 _NVCC_DEFAULT_SUFFIX = (("--cubin", ".cubin"), ("--ptx", ".ptx"), ("--fatbin", ".fatbin"),

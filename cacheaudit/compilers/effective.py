@@ -4,15 +4,21 @@ nvcc splices `NVCC_PREPEND_FLAGS` and `NVCC_APPEND_FLAGS` around its argv and re
 `-optf` by its file's tokens; gcc and clang replace `@file` response files in place. Each token
 keeps its origin (`argv`, `env:NAME`, `file:PATH`), so that a finding can say which variable or
 file injected an option. Splitting follows the compilers' own rules (`tokenizers`).
+
+Response and options files may be data someone else wrote (a cache entry's command names
+them): only regular files are read, opened without waiting (a FIFO, `/dev/zero`), and all the
+files one command expands hold at most `EXPANSION_BYTES` together (a sparse file of 100 GB, or
+one file named 10,000 times, would otherwise be read into memory). A file past that stays a
+literal argument, with a note, as an unreadable one does.
 """
 
 from __future__ import annotations
 
 import os
-import stat as stat_module
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from cacheaudit import bounded
 from cacheaudit.compilers.tokenizers import (
     split_clang_response_file,
     split_gcc_response_file,
@@ -30,6 +36,10 @@ RAW_SUFFIX = "#raw"
 _OPTF_DEPTH = 16
 _GCC_AT_FILE_LIMIT = 2000  # libiberty's iteration_limit: gcc fails past it
 
+EXPANSION_BYTES = 64 * 1024 * 1024
+"""The most bytes of response and options files one command's expansion reads, all files
+together: real ones are kilobytes (a large link's a few megabytes)."""
+
 
 @dataclass(frozen=True)
 class ArgvExpansion:
@@ -39,13 +49,18 @@ class ArgvExpansion:
     notes: tuple[str, ...] = ()
 
 
-def _read_text(path: str) -> str:
-    # Only regular files, checked before opening: opening a FIFO blocks, and reading
-    # /dev/stdin would eat the compiler's input.
-    if not stat_module.S_ISREG(os.stat(path).st_mode):
-        raise OSError(f"{path} is not a regular file")
-    with open(path, "rb") as handle:
-        return handle.read().decode("utf-8", "surrogateescape")
+def _read_text(path: str, left: list[int]) -> str:
+    """A response or options file's text, within the `left[0]` bytes the expansion has still
+    to read (taken off it). Only a regular file, opened without waiting: opening a FIFO would
+    block, and reading /dev/stdin would eat the compiler's input. OSError for the rest."""
+    try:
+        data = bounded.read_bytes(path, max(left[0], 0))
+    except bounded.Refused as exc:
+        why = (f"would take the files this command names past the {EXPANSION_BYTES:,} bytes "
+               "cacheaudit reads of them" if exc.kind == "size" else exc.reason)
+        raise OSError(f"{path} {why}") from None
+    left[0] -= len(data)
+    return data.decode("utf-8", "surrogateescape")
 
 
 def _env_tokens(name: str, env: Mapping[str, str], notes: list[str]) -> list[ArgToken]:
@@ -74,7 +89,7 @@ def _optf_option(tokens: Sequence[ArgToken], index: int) -> tuple[ArgToken | Non
 
 
 def _expand_optf(tokens: Sequence[ArgToken], cwd: str, notes: list[str],
-                 ancestors: tuple[str, ...]) -> list[ArgToken]:
+                 ancestors: tuple[str, ...], left: list[int]) -> list[ArgToken]:
     out: list[ArgToken] = []
     index = 0
     while index < len(tokens):
@@ -101,7 +116,7 @@ def _expand_optf(tokens: Sequence[ArgToken], cwd: str, notes: list[str],
                 failed = True
                 break
             try:
-                text = _read_text(path)
+                text = _read_text(path, left)
             except OSError as exc:
                 notes.append(f"-optf {name}: cannot read {path}: {exc.strerror or exc} "
                              "(nvcc fails: could not open options file); kept literally")
@@ -114,13 +129,14 @@ def _expand_optf(tokens: Sequence[ArgToken], cwd: str, notes: list[str],
                 notes.append(f"-optf {path}: nvcc rejects this file ({exc}); "
                              "kept as one raw token")
                 file_tokens = [ArgToken(text, origin + RAW_SUFFIX)]
-            expanded.extend(_expand_optf(file_tokens, cwd, notes, (*ancestors, path)))
+            expanded.extend(_expand_optf(file_tokens, cwd, notes, (*ancestors, path), left))
         out.extend(literal if failed else expanded)
     return out
 
 
 def _expand_at_files(tokens: Sequence[ArgToken], cwd: str, kind: str, notes: list[str],
-                     ancestors: tuple[str, ...], budget: list[int]) -> list[ArgToken]:
+                     ancestors: tuple[str, ...], budget: list[int],
+                     left: list[int]) -> list[ArgToken]:
     split = split_clang_response_file if kind in ("clang", "hipcc") else split_gcc_response_file
     out: list[ArgToken] = []
     for token in tokens:
@@ -140,7 +156,7 @@ def _expand_at_files(tokens: Sequence[ArgToken], cwd: str, kind: str, notes: lis
             out.append(token)
             continue
         try:
-            text = _read_text(path)
+            text = _read_text(path, left)
         except OSError as exc:
             # A missing or unreadable @file stays a literal argument, as libiberty and LLVM do.
             if not isinstance(exc, FileNotFoundError):
@@ -150,7 +166,7 @@ def _expand_at_files(tokens: Sequence[ArgToken], cwd: str, kind: str, notes: lis
         budget[0] -= 1
         origin = f"file:{path}"
         inner = [ArgToken(t, origin) for t in split(text)]
-        out.extend(_expand_at_files(inner, cwd, kind, notes, (*ancestors, path), budget))
+        out.extend(_expand_at_files(inner, cwd, kind, notes, (*ancestors, path), budget, left))
     return out
 
 
@@ -170,9 +186,10 @@ def expand_argv(kind: str, argv: Sequence[str], env: Mapping[str, str],
     if kind == "nvcc":
         combined = (_env_tokens("NVCC_PREPEND_FLAGS", env, notes) + given
                     + _env_tokens("NVCC_APPEND_FLAGS", env, notes))
-        tokens = _expand_optf(combined, cwd, notes, ())
+        tokens = _expand_optf(combined, cwd, notes, (), [EXPANSION_BYTES])
     elif kind in ("gcc", "clang", "hipcc"):
-        tokens = _expand_at_files(given, cwd, kind, notes, (), [_GCC_AT_FILE_LIMIT])
+        tokens = _expand_at_files(given, cwd, kind, notes, (), [_GCC_AT_FILE_LIMIT],
+                                  [EXPANSION_BYTES])
     else:
         tokens = given
     return ArgvExpansion(tuple(tokens), tuple(notes))
