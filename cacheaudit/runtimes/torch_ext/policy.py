@@ -48,7 +48,7 @@ class TorchExtPolicy(Policy):
         if record is not None and record.tracked is not None:
             return TrackedSet(frozenset(record.tracked), how=TRACKED_HOW)
         from cacheaudit.graph import NinjaDepsLogError
-        from cacheaudit.runtimes.torch_ext.ninja import (
+        from cacheaudit.runtimes._ninja.build import (
             BUILD_FILE,
             NinjaSyntaxError,
             read_build_file,
@@ -70,7 +70,7 @@ class TorchExtPolicy(Policy):
         verdict. "No work to do" recomputes the same key (a hit would be served); work to do
         recomputes another (the next load() in a new process rebuilds). ninja runs in `env` (the
         audit's environment, else this process's), with the recorded build's PATH."""
-        from cacheaudit.runtimes.torch_ext.ninja import ninja_dry_run
+        from cacheaudit.runtimes._ninja.build import ninja_dry_run
 
         if entry.key is None:
             return KeyCheck(None, note="build.ninja cannot be read")
@@ -106,7 +106,7 @@ class TorchExtPolicy(Policy):
     def dependency_command(self, entry: CacheEntry) -> tuple[list[str], str] | None:
         """The first compile edge of build.ninja, with the compiler resolved on PATH (ninja runs
         it through the shell, in the build directory)."""
-        from cacheaudit.runtimes.torch_ext.ninja import strip_wrapper
+        from cacheaudit.runtimes._ninja.build import strip_wrapper
 
         for command in entry.meta.get("commands", []):
             if command.get("rule") not in ("compile", "cuda_compile"):
