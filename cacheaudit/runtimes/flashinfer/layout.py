@@ -52,8 +52,15 @@
 FlashInfer keeps no key on disk: `JitSpecNvcc.try_load` returns only AOT modules, so every
 `build_and_load` runs ninja (core.py:372-393, 577-640), and ninja alone decides, from
 build.ninja's command lines and the files' mtimes. The entry's key is, as for torch extensions,
-a digest of build.ninja's commands; its meta carries the parsed build file and the deps log, for
-the policy to rerun ninja's decision and the compile's dependency pass.
+a digest of build.ninja's commands; its meta carries the parsed build file (`library`: the
+`<name>.so` FlashInfer loads) and the deps log, for the policy to rerun ninja's decision and the
+compile's dependency pass.
+
+The entry's `source` is the first compile edge's source and its `binary` that edge's object,
+not the library: the object is what the compile of the source wrote, so its digest confirms
+which recorded compile (the shim's record of nvcc or c++) built the module, and a rebuild that
+changed it unties the older compile; the library is made by the link edge from all objects,
+and no compile ever writes it.
 """
 
 from __future__ import annotations
@@ -250,23 +257,28 @@ def read_module_dir(root: str, path: str, cache: StateCache) -> CacheEntry:
         problems.extend(f"{BUILD_FILE}: {p}" for p in build.problems)
 
     library = build.library if build is not None else None
-    binary: FileState | None = None
     if library is not None:
-        binary = cache.capture(build_path(library, real))
-        if not binary.exists:
+        state = cache.capture(build_path(library, real))
+        if not state.exists:
             problems.append(f"{BUILD_FILE} names {library}, which is missing: the last build "
                             "failed or was interrupted (the next build_and_load builds it)")
-        elif binary.digest is None:
-            problems.append(f"{library} cannot be read: {binary.error}")
+        elif state.digest is None:
+            problems.append(f"{library} cannot be read: {state.error}")
     elif build is not None:
         problems.append(f"{BUILD_FILE} names no library (no default target, no link edge)")
 
-    source = None
-    if build is not None and build.sources:
-        source = cache.capture(build.sources[0])
+    source: FileState | None = None
+    binary: FileState | None = None
+    first = _first_compile(build) if build is not None else None
+    if first is not None:
+        source_path, object_path = first
+        source = cache.capture(source_path)
         if not source.exists:
-            problems.append(f"the source {build.sources[0]} is gone: ninja fails on the next "
-                            "build")
+            problems.append(f"the source {source_path} is gone: ninja fails on the next build")
+        binary = cache.capture(object_path)
+        if not binary.exists:
+            problems.append(f"the object {object_path} is missing: ninja compiles it again on "
+                            "the next build")
 
     from cacheaudit.graph import NinjaDepsLogError
 
@@ -287,6 +299,15 @@ def read_module_dir(root: str, path: str, cache: StateCache) -> CacheEntry:
                       key=entry_key(build) if build is not None else None, binary=binary,
                       source=source, meta=meta, files=tuple(sorted(names)),
                       problems=tuple(problems))
+
+
+def _first_compile(build: BuildFile) -> tuple[str, str] | None:
+    """(source, object) of the module's first compile edge, both absolute."""
+    for edge in build.compile_edges:
+        if edge.inputs and edge.outputs:
+            return (build_path(edge.inputs[0], build.directory),
+                    build_path(edge.outputs[0], build.directory))
+    return None
 
 
 LAYOUT = FlashInferReader()
