@@ -14,8 +14,9 @@ Two kinds of build, judged the same way:
   FLASHINFER_EXTRA_LDFLAGS satisfies `-lcuda`).
 
 Ground truth: the value the served library computes against the value a build into an empty
-workspace computes (nvcc's libraries are not byte-reproducible across workspaces: measured, two
-fresh builds of the same inputs differ, so the value is the oracle, not the digest).
+workspace computes (nvcc's objects and libraries are not byte-reproducible: measured, the same
+module built three times, twice in one workspace, gave three digests; so the value is the
+oracle, not the digest).
 """
 
 from __future__ import annotations

@@ -11,4 +11,5 @@ SPEC = RuntimeSpec(
     compiler_settings=(CompilerSetting("FLASHINFER_NVCC", "nvcc", session_fills=True),),
     packages=("flashinfer-python", "flashinfer"),
     environment="environment",
+    docs="runtimes/flashinfer.md",
 )
