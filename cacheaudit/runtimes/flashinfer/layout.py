@@ -65,6 +65,7 @@ and no compile ever writes it.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from collections.abc import Iterator, Mapping
@@ -127,17 +128,23 @@ def _looks_like_version(name: str) -> bool:
     return bool(name) and name[0].isdigit() and "." in name
 
 
-def aot_library(name: str) -> str | None:
-    """The AOT library of module `name` beside the installed flashinfer package
-    (`FLASHINFER_AOT_DIR/<name>/<name>.so`, env.py:238, 298-300), which FlashInfer loads instead
-    of building; None when there is none or flashinfer is not installed. The package's location
-    comes from `importlib.util.find_spec`, which does not run flashinfer."""
+@functools.cache
+def _package_locations() -> tuple[str, ...]:
+    """Where the installed flashinfer package lives (`importlib.util.find_spec`, which does not
+    run flashinfer); empty when it is not installed. Once per process: a scan reads many
+    modules."""
     try:
         spec = importlib.util.find_spec("flashinfer")
     except (ImportError, ValueError):
-        return None
-    locations = list(spec.submodule_search_locations or ()) if spec else []
-    for location in locations:
+        return ()
+    return tuple(spec.submodule_search_locations or ()) if spec else ()
+
+
+def aot_library(name: str) -> str | None:
+    """The AOT library of module `name` beside the installed flashinfer package
+    (`FLASHINFER_AOT_DIR/<name>/<name>.so`, env.py:238, 298-300), which FlashInfer loads instead
+    of building; None when there is none or flashinfer is not installed."""
+    for location in _package_locations():
         candidate = os.path.join(location, "data", "aot", name, f"{name}.so")
         if os.path.isfile(candidate):
             return candidate
