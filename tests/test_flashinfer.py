@@ -404,3 +404,33 @@ def test_flashinfer_unchanged_module_is_a_clean_no_op(tmp_path: Path):
     assert first["value"] == again["value"] == 2
     assert "CA103" not in told
     assert not _codes(module.scan()) & {"CA101", "CA103", "CA104", "CA501"}
+
+
+def test_an_aot_library_beside_the_package_is_noted_as_what_flashinfer_loads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """try_load returns an AOT library before any build (core.py:577-611): the JIT module of
+    the same name is never loaded, and the entry says which library wins."""
+    import importlib
+
+    from cacheaudit.runtimes.flashinfer import layout as flashinfer_layout
+
+    package = tmp_path / "site" / "flashinfer"
+    aot = package / "data" / "aot" / "m" / "m.so"
+    aot.parent.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('never imported by a scan')\n")
+    aot.write_bytes(b"\x7fELF")
+    directory = tmp_path / "ws" / ".cache" / "flashinfer" / VERSION / "cached_ops" / "m"
+    directory.mkdir(parents=True)
+    (directory / "build.ninja").write_text(
+        "name = m\nrule link\n  command = c++ $in -o $out\n"
+        f"build {directory}/m.so: link {directory}/a.o\ndefault {directory}/m.so\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    flashinfer_layout._package_locations.cache_clear()
+    try:
+        entry = flashinfer_layout.read_module_dir(str(directory), str(directory), StateCache())
+    finally:
+        flashinfer_layout._package_locations.cache_clear()
+    assert entry.meta["aot_library"] == str(aot)
+    assert "flashinfer" not in sys.modules or sys.modules["flashinfer"].__file__ != str(
+        package / "__init__.py")
