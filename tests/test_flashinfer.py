@@ -273,6 +273,21 @@ def test_replica_header_reinstalled_with_an_older_mtime_is_ca103(replica: Replic
 
 
 @needs_ninja
+def test_replica_isystem_header_of_a_cpp_object_is_ca101(replica: Replica):
+    """A `.cpp` object's depfile comes from -MMD, which lists no -isystem header (and every
+    include root FlashInfer adds itself is -isystem): an edit with a new mtime goes unseen too.
+    The shim's include graph has the header; the scan names it."""
+    first, _ = replica.run()
+    replica.system_header.write_text("#define OFFSET 8\n")
+    served, told = replica.run()
+    assert (first, served, replica.fresh_value()) == (207, 207, 208)  # stale
+    assert str(replica.system_header) in told and "CA101" in told
+    [stale] = [f for f in replica.scan() if f.code == "CA101"]
+    assert stale.subject == str(replica.system_header)
+    assert stale.entry == str(module_dir(replica.base, "fi_scale"))
+
+
+@needs_ninja
 def test_replica_header_edited_with_a_new_mtime_is_rebuilt_and_clean(replica: Replica):
     """The control: an edit ninja sees (a newer mtime) rebuilds, and nothing is flagged."""
     first, _ = replica.run()
