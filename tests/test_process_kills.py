@@ -306,7 +306,6 @@ def _scan(env: dict[str, str], root: Path) -> subprocess.Popen:
 def test_a_signal_to_a_scan_during_reconstruction_leaves_no_process_or_temp_dir(
         tmp_path: Path, sig: int):
     env = clean_env(tmp_path)
-    tmpdir = Path(env["TMPDIR"])
     userbin = tmp_path / "userbin"
     compiler = slow_gxx(userbin)
     # The user's configuration names the wrapper too (PATH first), however the scan resolves
@@ -317,6 +316,15 @@ def test_a_signal_to_a_scan_during_reconstruction_leaves_no_process_or_temp_dir(
     env["SLOW_PASS"] = "30"
     process = _scan(env, root)
     assert wait_for(lambda: pass_running(str(root))), process.stderr.read1()
+    _signal_and_check(process, sig, tmp_path, env, "a scan", "during a reconstruction pass",
+                      "the killed scan's reconstruction directory")
+
+
+def _signal_and_check(process: subprocess.Popen, sig: int, tmp_path: Path, env: dict[str, str],
+                      what: str, when: str, killed_leaves: str) -> None:
+    """Send `sig` to a cacheaudit command (`what`) while its child runs, then check its exit
+    status, that no process is left, and that its temporary directories are gone (after a
+    SIGKILL: swept by the next command)."""
     time.sleep(0.2)
     os.kill(process.pid, sig)
     process.wait(timeout=30)
@@ -325,15 +333,17 @@ def test_a_signal_to_a_scan_during_reconstruction_leaves_no_process_or_temp_dir(
     expected = {signal.SIGINT: 130, signal.SIGTERM: 128 + signal.SIGTERM,
                 signal.SIGKILL: -signal.SIGKILL}[sig]
     assert process.returncode == expected, stderr
+    name = signal.Signals(sig).name
     left = settled(tmp_path)
-    assert left == [], f"left running after {signal.Signals(sig).name} of the scan: {left}"
+    assert left == [], f"left running after {name} of {what}: {left}"
+    tmpdir = Path(env["TMPDIR"])
     dirs = temp_dirs(tmpdir)
     if sig == signal.SIGKILL:
-        assert dirs, "the killed scan's reconstruction directory"  # swept next
+        assert dirs, killed_leaves  # swept next
         dirs = next_run_sweeps(tmpdir, env)
     assert dirs == [], f"temporary directories left: {dirs}"
-    reliability_figure("kills", f"{signal.Signals(sig).name} of a scan during a reconstruction "
-                                "pass", kills=1, processes_left=0, temp_dirs_left=0)
+    reliability_figure("kills", f"{name} of {what} {when}", kills=1, processes_left=0,
+                       temp_dirs_left=0)
 
 
 # ---------------------------------------------------------------------------- the rebuild oracle
@@ -359,23 +369,8 @@ def test_a_signal_to_verify_during_a_compile_leaves_no_process_or_temp_dir(
     process = _verify(env, entry)
     assert wait_for(lambda: any("kernel.so" in line and str(tmpdir) in line
                                 for line in processes_under(tmpdir))), process.stderr.read1()
-    time.sleep(0.2)
-    os.kill(process.pid, sig)
-    process.wait(timeout=30)
-    stderr = process.stderr.read().decode(errors="replace")
-    process.stderr.close()
-    expected = {signal.SIGINT: 130, signal.SIGTERM: 128 + signal.SIGTERM,
-                signal.SIGKILL: -signal.SIGKILL}[sig]
-    assert process.returncode == expected, stderr
-    left = settled(tmp_path)
-    assert left == [], f"left running after {signal.Signals(sig).name} of verify: {left}"
-    dirs = temp_dirs(tmpdir)
-    if sig == signal.SIGKILL:
-        assert dirs, "the killed oracle's private directory"  # swept next
-        dirs = next_run_sweeps(tmpdir, env)
-    assert dirs == [], f"temporary directories left: {dirs}"
-    reliability_figure("kills", f"{signal.Signals(sig).name} of verify during a compile",
-                       kills=1, processes_left=0, temp_dirs_left=0)
+    _signal_and_check(process, sig, tmp_path, env, "verify", "during a compile",
+                      "the killed oracle's private directory")
 
 
 @needs_gxx
