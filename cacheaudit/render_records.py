@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from cacheaudit.documents import injected_by_environment
+from cacheaudit.evidence import local_time_text
 from cacheaudit.findings import ns_text
 from cacheaudit.render import INDENT, Line, View, count_text, evidence, findings_lines, wrap
 
@@ -245,8 +246,8 @@ def stats_lines(stats: Stats, view: View) -> list[Line]:
         return [*head,
                 *evidence("entries", f"{tally.entries}, {count_text(tally.bytes, 'byte')}",
                           width),
-                *evidence("oldest", ns_text(tally.oldest_ns), width),
-                *evidence("newest", ns_text(tally.newest_ns), width),
+                *evidence("oldest", local_time_text(tally.oldest_ns), width),
+                *evidence("newest", local_time_text(tally.newest_ns), width),
                 *evidence("compiles", str(tally.compiles), width),
                 *evidence("hits", f"{tally.disk_hits} from disk{marked}, {tally.memory_hits} "
                           "in memory", width),

@@ -1,7 +1,8 @@
 """The human output as a person sees it: golden files of every format and command at 80 and 160
 columns, from real scans of the demo's minijit cache after the untracked edit (the reference
 runtime, a real compile through the shim, a real ledger), a cache of 400 stale entries, and a
-scan inside tmux at 80 columns.
+scan inside tmux at 80 columns; `evict` (`--dry-run` and a real one) and `stats` too (the pytest
+plugin's section is in test_pytest_plugin.py, from a real session).
 
 Regenerate the golden files with `CACHEAUDIT_UPDATE_GOLDEN=1 pytest tests/test_render_golden.py`
 and read the diff: temporary paths, times, durations, 32-digit keys and ids, and what depends on
