@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from cacheaudit import audit, render
+    from cacheaudit.audit import AuditOptions
     from cacheaudit.config import Settings
     from cacheaudit.ledger import Ledger
 
@@ -232,6 +233,43 @@ def _check_codes(codes: list[str], option: str) -> None:
                              f"(codes: {', '.join(sorted(FINDING_CODES))})")
 
 
+SelectOption = Annotated[list[str] | None, typer.Option(
+    help="Only these codes or code prefixes (CA101,CA2).")]
+IgnoreOption = Annotated[list[str] | None, typer.Option(
+    help="Leave out these codes or code prefixes.")]
+ReconstructOption = Annotated[bool | None, typer.Option(
+    "--reconstruct/--no-reconstruct",
+    help="Run the compiler's dependency pass for entries built before recording.")]
+VerifyKeysOption = Annotated[bool | None, typer.Option(
+    "--verify-keys/--no-verify-keys",
+    help="Recompute every entry's key, not only where a tracked input changed.")]
+IncludeDirOption = Annotated[list[str] | None, typer.Option(
+    "--include-dir", help="An installed library's include tree (or its package directory) "
+    "that entries built without recording were compiled against, where the scan cannot "
+    "find it on PYTHONPATH (a package's include/ directory); repeatable.")]
+
+
+def _audit_options(settings: Settings, select: list[str] | None, ignore: list[str] | None,
+                   reconstruct: bool | None, verify_keys: bool | None,
+                   include_dir: list[str] | None) -> AuditOptions:
+    """The scan's options for every command that scans (`scan`, `evict`, `stats`): each
+    command-line option beats `[tool.cacheaudit]`, include directories add up."""
+    from cacheaudit.audit import AuditOptions
+
+    selected = _codes(select) or _codes(settings.select)
+    ignored = _codes(ignore) or _codes(settings.ignore)
+    _check_codes(selected, "--select")
+    _check_codes(ignored, "--ignore")
+    checks.check_selection(selected, ignored)
+    checks.check_directories(include_dir or [], "--include-dir")
+    return AuditOptions(
+        select=frozenset(selected), ignore=frozenset(ignored),
+        reconstruct=settings.reconstruct if reconstruct is None else reconstruct,
+        verify_keys=settings.verify_keys if verify_keys is None else verify_keys,
+        include_dirs=tuple(os.path.abspath(os.path.expanduser(d)) for d in include_dir or ())
+        + tuple(settings.include_dirs))
+
+
 @app.command()
 def scan(
     paths: Annotated[list[str] | None, typer.Argument(
@@ -243,20 +281,11 @@ def scan(
     verbose: VerboseOption = False,
     color: ColorOption = "auto",
     fail_on: FailOnOption = None,
-    select: Annotated[list[str] | None, typer.Option(
-        help="Only these codes or code prefixes (CA101,CA2).")] = None,
-    ignore: Annotated[list[str] | None, typer.Option(
-        help="Leave out these codes or code prefixes.")] = None,
-    reconstruct: Annotated[bool | None, typer.Option(
-        "--reconstruct/--no-reconstruct",
-        help="Run the compiler's dependency pass for entries built before recording.")] = None,
-    verify_keys: Annotated[bool | None, typer.Option(
-        "--verify-keys/--no-verify-keys",
-        help="Recompute every entry's key, not only where a tracked input changed.")] = None,
-    include_dir: Annotated[list[str] | None, typer.Option(
-        "--include-dir", help="An installed library's include tree (or its package directory) "
-        "that entries built without recording were compiled against, where the scan cannot "
-        "find it on PYTHONPATH (a package's include/ directory); repeatable.")] = None,
+    select: SelectOption = None,
+    ignore: IgnoreOption = None,
+    reconstruct: ReconstructOption = None,
+    verify_keys: VerifyKeysOption = None,
+    include_dir: IncludeDirOption = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on long scans.")] = True,
     verify: Annotated[bool, typer.Option(
         "--verify", help="Then rebuild the entries whose verdict is only a warning or "
@@ -272,18 +301,7 @@ def scan(
     settings = _settings()
     fail_on = _fail_on(fail_on, settings)
     chosen = _format(output_format, json_output)
-    selected = _codes(select) or _codes(settings.select)
-    ignored = _codes(ignore) or _codes(settings.ignore)
-    _check_codes(selected, "--select")
-    _check_codes(ignored, "--ignore")
-    checks.check_selection(selected, ignored)
-    checks.check_directories(include_dir or [], "--include-dir")
-    options = audit.AuditOptions(
-        select=frozenset(selected), ignore=frozenset(ignored),
-        reconstruct=settings.reconstruct if reconstruct is None else reconstruct,
-        verify_keys=settings.verify_keys if verify_keys is None else verify_keys,
-        include_dirs=tuple(os.path.abspath(os.path.expanduser(d)) for d in include_dir or ())
-        + tuple(settings.include_dirs))
+    options = _audit_options(settings, select, ignore, reconstruct, verify_keys, include_dir)
     from cacheaudit.ledger import open_ledger
 
     console = _console(color)
@@ -449,6 +467,9 @@ def evict(
         help="Only findings of these codes or code prefixes (CA101,CA2) choose entries.")] = None,
     ignore: Annotated[list[str] | None, typer.Option(
         help="Findings of these codes or code prefixes choose no entry.")] = None,
+    reconstruct: ReconstructOption = None,
+    verify_keys: VerifyKeysOption = None,
+    include_dir: IncludeDirOption = None,
     severity: SeverityOption = "error",
     runtime: Annotated[list[str] | None, typer.Option(
         "--runtime", help="Only entries of this runtime (repeatable).")] = None,
@@ -459,8 +480,7 @@ def evict(
     """Remove the entries a scan finds stale, so that the runtime compiles them afresh: each
     entry goes whole (renamed out of the way, then deleted), only inside recognised cache roots,
     logged in the ledger."""
-    from cacheaudit import documents, output
-    from cacheaudit.audit import AuditOptions
+    from cacheaudit import documents
     from cacheaudit.audit.evict import EVICTED, WOULD_EVICT, EvictOptions
     from cacheaudit.audit.evict import evict as run_evict
     from cacheaudit.ledger import open_ledger
@@ -474,14 +494,8 @@ def evict(
         if name not in names():
             raise UsageError(f"--runtime {name}: no such runtime ({', '.join(names())})")
     settings = _settings()
-    selected = _codes(select) or _codes(settings.select)
-    ignored = _codes(ignore) or _codes(settings.ignore)
-    _check_codes(selected, "--select")
-    _check_codes(ignored, "--ignore")
     options = EvictOptions(
-        audit=AuditOptions(select=frozenset(selected), ignore=frozenset(ignored),
-                           reconstruct=settings.reconstruct, verify_keys=settings.verify_keys,
-                           include_dirs=tuple(settings.include_dirs)),
+        audit=_audit_options(settings, select, ignore, reconstruct, verify_keys, include_dir),
         severity=Severity(severity), runtimes=frozenset(runtime or ()), dry_run=dry_run)
     with open_ledger(_ledger_location(ledger, settings)) as opened, _progress(
             progress and not json_output) as advance:
@@ -490,8 +504,11 @@ def evict(
     if json_output:
         sys.stdout.write(documents.evict_json(result) + "\n")
     else:
-        for line in output.evict_lines(result):
-            typer.echo(line)
+        from cacheaudit.render import emit
+        from cacheaudit.render_records import evict_lines
+
+        console = _console()
+        emit(evict_lines(result, _view("full", console, False, False)), console)
     done = WOULD_EVICT if dry_run else EVICTED
     if any(o.status != done for o in result.outcomes):
         raise typer.Exit(ExitCode.FINDINGS)
@@ -506,27 +523,36 @@ def stats(
     judge: Annotated[bool, typer.Option(
         "--scan/--no-scan", help="Judge the entries to count the stale and unverifiable ones "
         "(--no-scan: only count, faster).")] = True,
+    select: SelectOption = None,
+    ignore: IgnoreOption = None,
+    reconstruct: ReconstructOption = None,
+    verify_keys: VerifyKeysOption = None,
+    include_dir: IncludeDirOption = None,
     progress: Annotated[bool, typer.Option(help="Show progress on long scans.")] = True,
 ) -> None:
     """Per runtime and cache root: entries, bytes, recorded compiles, disk and memory hits and
     the hit rate, stale and unverifiable entries, evictions, the oldest and newest entry."""
-    from cacheaudit import documents, output
+    from cacheaudit import documents
     from cacheaudit.audit.stats import stats as tally
     from cacheaudit.ledger import open_existing
 
     settings = _settings()
+    options = _audit_options(settings, select, ignore, reconstruct, verify_keys, include_dir)
     with contextlib.ExitStack() as stack:
         opened = open_existing(_ledger_location(ledger, settings))
         if opened is not None:
             stack.enter_context(opened)
         advance = stack.enter_context(_progress(progress and judge and not json_output))
         result = tally(paths or settings.paths, os.environ, ledger=opened, judge=judge,
-                       progress=advance)
+                       options=options, progress=advance)
     if json_output:
         sys.stdout.write(documents.stats_json(result) + "\n")
     else:
-        for line in output.stats_lines(result):
-            typer.echo(line)
+        from cacheaudit.render import emit
+        from cacheaudit.render_records import stats_lines
+
+        console = _console()
+        emit(stats_lines(result, _view("full", console, False, False)), console)
 
 
 @app.command()
