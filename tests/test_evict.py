@@ -326,12 +326,12 @@ def test_progress_lines_come_at_most_every_ten_seconds():
 
 
 def test_without_a_terminal_scans_report_progress_in_lines():
-    from cacheaudit import cli
+    from cacheaudit import cli_shared
 
     assert not sys.stderr.isatty()  # pytest captures stderr: no terminal, as in CI
-    with cli._progress(True) as advance:
+    with cli_shared.progress(True) as advance:
         assert isinstance(advance, ProgressLines), advance
-    with cli._progress(False) as advance:
+    with cli_shared.progress(False) as advance:
         assert advance is None, "--no-progress still reported progress"
 
 
