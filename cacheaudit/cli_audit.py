@@ -60,6 +60,7 @@ def scan(
 ) -> None:
     """Audit cache entries: every input that changed without the key noticing."""
     from cacheaudit import audit, output
+    from cacheaudit.audit import roots
 
     settings = shared.read_settings()
     fail_on = shared.fail_on(fail_on, settings)
@@ -75,7 +76,7 @@ def scan(
         result = audit.scan(paths or settings.paths, os.environ, ledger=opened, options=options,
                             progress=advance)
         if not allow_empty:
-            checks.refuse_nothing_scanned(result, _cache_variables())
+            checks.refuse_nothing_scanned(result, roots.cache_variables(os.environ))
         if verify:
             result = _verify_scan(result, opened, yes)
     for layout, root in result.empty_roots:
@@ -91,7 +92,7 @@ def scan(
 
         if not result.roots:
             typer.echo(f"cacheaudit: no cache roots found (give a path, or set "
-                       f"{', '.join(_cache_variables())})", err=True)
+                       f"{', '.join(roots.cache_variables(os.environ))})", err=True)
         totals = Totals(len(result.entries), len(result.roots), result.matched,
                         result.reconstructed)
         render(result.findings, [totals.text()], shared.view(chosen, console, verbose, quiet),
@@ -111,14 +112,6 @@ def _verify_scan(result: audit.ScanResult, ledger: Ledger, yes: bool) -> audit.S
     verified, _ = verify_scan(result, os.environ, ledger=ledger,
                               options=VerifyOptions(yes=yes), say=_say)
     return verified
-
-
-def _cache_variables() -> list[str]:
-    """The variables that name the runtimes' cache roots, from their specs, each once."""
-    from cacheaudit import runtimes
-
-    return list(dict.fromkeys(name for declared in runtimes.specs()
-                              for name in declared.cache_variables))
 
 
 def verify_command(
