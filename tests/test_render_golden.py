@@ -549,7 +549,7 @@ def test_evict_dry_run_golden(demo: Demo, columns: int):
     assert f"finding CA101 {header}" in " ".join(done.stdout.split())
     assert not _paths_whole(done.stdout, [str(demo.entry), str(header)])
     assert max(len(line) for line in done.stdout.splitlines()) <= columns, done.stdout
-    assert done.stdout.rstrip().splitlines()[-1].startswith("would evict 1 of 1 entry(ies)")
+    assert done.stdout.rstrip().splitlines()[-1].startswith("would evict 1 of 1 entry in 1 root")
     assert sorted(p.name for p in demo.entry.iterdir()) == before, "a dry run changed the entry"
     check_golden(f"evict-dry-run-{columns}", _sized(normalise(done.stdout, demo)))
 
