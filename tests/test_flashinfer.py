@@ -49,23 +49,38 @@ VERSION = "0.7.4"
 ARCHS = "90a"  # FLASHINFER_CUDA_ARCH_LIST=9.0 (env.py:382-391 through CompilationContext)
 
 
+def _cuda_home() -> Path | None:
+    """The toolkit FlashInfer compiles with: CUDA_HOME, else /usr/local/cuda, else the one above
+    nvcc, where it holds the runtime library the link edge names (-lcudart)."""
+    candidates = [os.environ.get("CUDA_HOME"), "/usr/local/cuda"]
+    if NVCC is not None:
+        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(NVCC))))
+    for candidate in candidates:
+        if candidate and (Path(candidate) / "lib64" / "libcudart.so").exists() and (
+                Path(candidate) / "bin" / "nvcc").exists():
+            return Path(candidate)
+    return None
+
+
+CUDA_HOME = _cuda_home()
+
+
 # ------------------------------------------------------------------------------ the replica
 
-# Runs in a new process, as a job would: writes the module's build.ninja when its text changed
-# (FlashInfer's write_if_different), runs ninja in the module's directory, loads the library
-# with ctypes and prints what `value()` returns.
+ROOT = Path(__file__).resolve().parents[1]
+REPLICA_PACKAGE = ROOT / "fixtures" / "flashinfer_replica"
+
+# Runs in a new process, as a job would: FlashInfer's own entry point (`build_and_load`: the AOT
+# library if the package has one, else build.ninja written when its text changed and ninja run
+# in cached_ops/<name>/), then what the library's `value()` returns. The replica package
+# (fixtures/flashinfer_replica, after flashinfer-python 0.7.4) stands in for flashinfer.
 REPLICA_DRIVER = r"""
-import ctypes, json, os, subprocess, sys
-spec = json.loads(sys.argv[1])
-os.makedirs(spec["dir"], exist_ok=True)
-path = os.path.join(spec["dir"], "build.ninja")
-old = open(path).read() if os.path.exists(path) else None
-if old != spec["text"]:
-    with open(path, "w") as handle:
-        handle.write(spec["text"])
-subprocess.run(["ninja", "-v", "-C", spec["dir"], "-f", path], check=True,
-               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-print(json.dumps({"value": ctypes.CDLL(spec["library"]).value()}))
+import json, sys
+from flashinfer.jit import core
+name, sources, includes, system = json.loads(sys.argv[1])
+spec = core.gen_jit_spec(name, sources, extra_include_paths=includes,
+                         system_include_paths=system)
+print(json.dumps({"value": spec.build_and_load().value(), "library": str(spec.jit_library_path)}))
 """
 
 
@@ -74,101 +89,88 @@ def module_dir(base: Path, name: str) -> Path:
     return base / ".cache" / "flashinfer" / VERSION / ARCHS / "cached_ops" / name
 
 
-def write_module(base: Path, name: str, sources: list[Path], include_dirs: list[Path],
-                 system_dirs: list[Path]) -> dict[str, str]:
-    """The build.ninja FlashInfer writes for a module of C++ sources (the variables, the
-    `compile` rule with -MMD, the `link` rule, one object per source named
-    <parent>_<stem>.o, the library as the default target, all outputs absolute), and where it
-    goes. `cxx` is `c++`, resolved on PATH by ninja's shell, as when $CXX is unset."""
-    directory = module_dir(base, name)
-    common = [f"-I{d}" for d in include_dirs] + [f"-isystem {d}" for d in system_dirs]
-    lines = [
-        "ninja_required_version = 1.3",
-        f"name = {name}",
-        "cuda_home = /usr/local/cuda",
-        "cxx = c++",
-        "nvcc = $cuda_home/bin/nvcc",
-        "cxx_launcher = ",
-        "nvcc_launcher = ",
-        "",
-        "common_cflags = " + " $\n    ".join(common),
-        "cflags = $common_cflags $\n    -fPIC $\n    -std=c++17 $\n    -O2",
-        "post_cflags =",
-        "ldflags = -shared",
-        "",
-        "rule compile",
-        "  command = $cxx_launcher $cxx -MMD -MF $out.d $cflags -c $in -o $out $post_cflags",
-        "  depfile = $out.d",
-        "  deps = gcc",
-        "",
-        "rule link",
-        "  command = $cxx $in $ldflags -o $out",
-        "",
-    ]
-    objects = []
-    for source in sources:
-        obj = directory / f"{source.parent.name}_{source.stem}.o"
-        objects.append(str(obj))
-        lines.append(f"build {obj}: compile {source}")
-    library = directory / f"{name}.so"
-    lines += ["", f"build {library}: link " + " ".join(objects), f"default {library}", ""]
-    return {"dir": str(directory), "text": "\n".join(lines), "library": str(library)}
-
-
 class Replica:
-    """A source including one `-I` header and one `-isystem` header, a workspace, a ledger."""
+    """A source including one `-I` header and one `-isystem` header (`.cpp`, or `.cu` for the
+    nvcc scenarios), a workspace, a ledger."""
 
-    def __init__(self, root: Path) -> None:
+    name = "fi_scale"
+
+    def __init__(self, root: Path, suffix: str = ".cpp") -> None:
         self.root = root
         self.base = root / "ws"
         self.ledger = root / "ledger.db"
         for sub in ("src", "inc", "sysinc", "ws"):
             (root / sub).mkdir(parents=True, exist_ok=True)
-        self.source = root / "src" / "scale.cpp"
+        self.source = root / "src" / f"scale{suffix}"
         self.header = root / "inc" / "scale.h"
         self.system_header = root / "sysinc" / "offset.h"
         self.source.write_text('#include "scale.h"\n#include <offset.h>\n'
-                               'extern "C" int value() { return SCALE * 100 + OFFSET; }\n')
+                               "#ifndef EXTRA\n#define EXTRA 0\n#endif\n"
+                               'extern "C" int value() { return SCALE * 100 + OFFSET + EXTRA; }\n')
         self.header.write_text("#define SCALE 2\n")
         self.system_header.write_text("#define OFFSET 7\n")
         aged(self.source, self.header, self.system_header)
         self.env = clean_env(root)
         self.env["PATH"] = os.pathsep.join([VENV_BIN, self.env.get("PATH", "")])
+        self.env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPLICA_PACKAGE), *filter(None, [os.environ.get("PYTHONPATH")])])
         self.env["FLASHINFER_WORKSPACE_BASE"] = str(self.base)
+        self.env["FLASHINFER_CUDA_ARCH_LIST"] = "9.0"
+        if suffix == ".cu" and CUDA_HOME is not None:
+            self.env["CUDA_HOME"] = str(CUDA_HOME)
+            self.env["LD_LIBRARY_PATH"] = str(CUDA_HOME / "lib64")
 
-    def spec(self, base: Path | None = None) -> dict[str, str]:
-        return write_module(base or self.base, "fi_scale", [self.source],
-                            [self.root / "inc"], [self.root / "sysinc"])
+    @property
+    def directory(self) -> Path:
+        return module_dir(self.base, self.name)
 
-    def run(self, *, recorded: bool = True) -> tuple[int, str]:
-        """One process asking for the module (under `cacheaudit run` when `recorded`): the
-        value its library computes and what cacheaudit printed."""
-        argv = [sys.executable, "-c", REPLICA_DRIVER, json.dumps(self.spec())]
+    def argv(self) -> list[str]:
+        return [sys.executable, "-c", REPLICA_DRIVER, json.dumps(
+            [self.name, [str(self.source)], [str(self.root / "inc")],
+             [str(self.root / "sysinc")]])]
+
+    def run(self, *, recorded: bool = True, env: dict[str, str] | None = None,
+            base: Path | None = None, report: Path | None = None) -> tuple[int, str]:
+        """One process asking for the module (under `cacheaudit run` when `recorded`, its JSON
+        report written to `report`): the value its library computes and what cacheaudit
+        printed."""
+        argv = self.argv()
         if recorded:
             argv = [sys.executable, "-m", "cacheaudit", "run", "--ledger", str(self.ledger),
-                    "--fail-on", "never", "--", *argv]
-        done = subprocess.run(argv, env=self.env, cwd=self.root, capture_output=True,
+                    "--fail-on", "never",
+                    *(("--report-json", str(report)) if report else ()), "--", *argv]
+        run_env = dict(env or self.env)
+        if base is not None:
+            run_env["FLASHINFER_WORKSPACE_BASE"] = str(base)
+        done = subprocess.run(argv, env=run_env, cwd=self.root, capture_output=True,
                               text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
+        assert done.returncode == 0, done.stdout + done.stderr
         line = next(x for x in done.stdout.splitlines() if x.startswith("{"))
         return json.loads(line)["value"], done.stdout + done.stderr
 
-    def fresh_value(self) -> int:
-        """Ground truth: the same module built into an empty workspace."""
+    def fresh_value(self, env: dict[str, str] | None = None) -> int:
+        """Ground truth: the same module built into an empty workspace, unrecorded."""
         base = self.root / "fresh"
         shutil.rmtree(base, ignore_errors=True)
-        spec = write_module(base, "fi_scale", [self.source], [self.root / "inc"],
-                            [self.root / "sysinc"])
-        done = subprocess.run([sys.executable, "-c", REPLICA_DRIVER, json.dumps(spec)],
-                              env=self.env, cwd=self.root, capture_output=True, text=True,
-                              timeout=300)
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout.splitlines()[-1])["value"]  # type: ignore[no-any-return]
+        return self.run(recorded=False, env=env, base=base)[0]
 
-    def scan(self) -> list[Finding]:
+    def scan(self, env: dict[str, str] | None = None) -> list[Finding]:
         with Ledger.open(str(self.ledger)) as ledger:
-            return scan([str(self.base / ".cache" / "flashinfer")], self.env,
+            return scan([str(self.base / ".cache" / "flashinfer")], env or self.env,
                         ledger=ledger).findings
+
+    def records(self) -> list[Any]:
+        with Ledger.open(str(self.ledger)) as ledger:
+            return list(ledger.records())
+
+    def scan_cli(self, env: dict[str, str] | None = None) -> tuple[int, list[dict[str, Any]]]:
+        """A later `cacheaudit scan` of the workspace, in its own process."""
+        done = subprocess.run([sys.executable, "-m", "cacheaudit", "scan", "--json",
+                               "--ledger", str(self.ledger), "--fail-on", "error",
+                               str(self.base / ".cache" / "flashinfer")],
+                              capture_output=True, text=True, env=env or self.env, timeout=300)
+        assert done.returncode in (0, 1), done.stderr
+        return done.returncode, json.loads(done.stdout)["findings"]
 
 
 def aged(*paths: Path, seconds: float = 3600.0) -> None:
@@ -199,7 +201,7 @@ def test_reader_reads_a_module_where_flashinfer_lays_it_out(replica: Replica):
     # generated sources, downloaded cubins. A module directory without build.ninja is a
     # leftover.
     jit_dir = cache_dir / VERSION / ARCHS / "cached_ops"
-    (jit_dir / "tmp").mkdir()
+    (jit_dir / "tmp").mkdir(exist_ok=True)  # the module's lock is there already
     (jit_dir / "tmp" / "fi_scale.lock").write_text("")
     (jit_dir / "tmp" / "flashinfer_jit.ninja").write_text(
         "ninja_required_version = 1.3\nsubninja x/build.ninja\n")
@@ -298,25 +300,180 @@ def test_replica_header_edited_with_a_new_mtime_is_rebuilt_and_clean(replica: Re
     assert not _codes(replica.scan()) & {"CA101", "CA103", "CA104", "CA501"}
 
 
+# ------------------------------------------------------------------------------ the adapter
+
+
+def _build_lines(path: Path) -> dict[str, str]:
+    """build.ninja's top-level variables (name = value)."""
+    lines = {}
+    for line in path.read_text().splitlines():
+        name, equals, value = line.partition(" = ")
+        if equals and not line.startswith(" "):
+            lines[name] = value
+    return lines
+
+
+@needs_ninja
+def test_the_adapter_records_builds_and_no_op_hits_with_the_module_name(replica: Replica):
+    """`JitSpecNvcc.build` wrapped: the first process's build is a compile of module fi_scale
+    with what it wrote, the second's ninja no-op a disk hit of the same module and entry; the
+    shim's record of the object's compile (with its include graph) stays the entry's build. The
+    launcher is the only line recording changes in build.ninja: the nvcc line, the compiler
+    path and the link edge are FlashInfer's own."""
+    assert replica.run()[0] == 207
+    recorded_build = _build_lines(replica.directory / "build.ninja")
+    assert replica.run()[0] == 207
+    ours = [r for r in replica.records() if r.runtime == "flashinfer" and r.kernel == "fi_scale"
+            and r.record_id and r.extra.get("module") == "fi_scale"]
+    assert [r.event for r in ours] == ["compile", "disk-hit"]
+    built, hit = ours
+    directory = str(replica.directory)
+    assert built.entry == hit.entry == directory
+    obj = str(replica.directory / "src_scale.o")
+    assert obj in built.extra["written"] and str(replica.directory / "fi_scale.so") in \
+        built.extra["written"]
+    assert str(replica.header) in (hit.tracked or ())  # ninja's deps log: the -I header
+    assert [o.path for o in built.outputs] == [str(replica.directory / "fi_scale.so")]
+    [shim] = [r for r in replica.records() if any(o.path == obj for o in r.outputs)]
+    assert shim.graph is not None and shim.entry == directory  # the scan tied it to the entry
+
+    # The launcher: build.ninja of an unrecorded build differs in that one line.
+    plain = replica.root / "plain"
+    assert replica.run(recorded=False, base=plain)[0] == 207
+    unrecorded = _build_lines(module_dir(plain, "fi_scale") / "build.ninja")
+    changed = {k for k in recorded_build.keys() | unrecorded.keys()
+               if recorded_build.get(k) != unrecorded.get(k)}
+    assert changed == {"nvcc_launcher"}, changed
+    assert recorded_build["nvcc"] == unrecorded["nvcc"] == "$cuda_home/bin/nvcc"
+    assert unrecorded["nvcc_launcher"] == ""
+    assert os.path.basename(recorded_build["nvcc_launcher"]) == "cacheaudit-shim"
+
+
+@needs_ninja
+def test_a_variable_on_the_command_line_rebuilds_and_stays_clean(replica: Replica):
+    """The control for the environment: FLASHINFER_EXTRA_CFLAGS is written onto build.ninja,
+    so a new value rebuilds (ninja compares command lines), and nothing is flagged."""
+    assert replica.run()[0] == 207
+    env = dict(replica.env, FLASHINFER_EXTRA_CFLAGS="-DEXTRA=3")
+    served, told = replica.run(env=env)
+    assert (served, replica.fresh_value(env)) == (210, 210)
+    assert "error" not in told.split("cacheaudit:")[-1].split("\n")[0], told
+    assert not _codes(replica.scan(env)) & {"CA101", "CA103", "CA201", "CA202", "CA301"}
+
+
+def _aot_package(root: Path, replica: Replica, value: int) -> Path:
+    """A copy of the replica package holding an AOT library of fi_scale (an older build: its
+    value is `value`), as a wheel with prebuilt modules ships it (data/aot/<name>/<name>.so)."""
+    copy = root / "site"
+    shutil.copytree(REPLICA_PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    aot = copy / "flashinfer" / "data" / "aot" / "fi_scale" / "fi_scale.so"
+    aot.parent.mkdir(parents=True)
+    source = root / "aot.cpp"
+    source.write_text(f'extern "C" int value() {{ return {value}; }}\n')
+    subprocess.run([GXX or "g++", "-shared", "-fPIC", "-o", str(aot), str(source)], check=True)
+    return copy
+
+
+@needs_ninja
+def test_an_aot_library_shadowing_a_jit_module_is_ca105(replica: Replica):
+    """An AOT library of the module's name beside the package is what `build_and_load`
+    returns, with no build and no check (core.py:577-611): the JIT module's sources compute
+    207, the process runs the AOT's 999. The run, a later scan and its JSON name the AOT
+    library on the module's entry."""
+    assert replica.run()[0] == 207
+    site = _aot_package(replica.root, replica, 999)
+    env = dict(replica.env, PYTHONPATH=os.pathsep.join(
+        [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    aot = site / "flashinfer" / "data" / "aot" / "fi_scale" / "fi_scale.so"
+    served, told = replica.run(env=env)
+    assert (served, replica.fresh_value()) == (999, 207)  # ground truth: the JIT sources' value
+    assert f"{aot}: CA105" in told, told
+    status, findings = replica.scan_cli(env)
+    assert status == 1
+    assert [(f["subject"], f["entry"]) for f in findings if f["code"] == "CA105"] == [
+        (str(aot), str(replica.directory))]
+    # Control: without the AOT library nothing shadows the module.
+    assert "CA105" not in {f["code"] for f in replica.scan_cli()[1]}
+
+
+# ------------------------------------------------------------------------------ nvcc
+
+
+def _nvcc_replica(root: Path) -> Replica:
+    replica = Replica(root, ".cu")
+    replica.env["LD_LIBRARY_PATH"] = str(CUDA_HOME / "lib64") if CUDA_HOME else ""
+    return replica
+
+
+needs_nvcc = pytest.mark.skipif(NVCC is None or CUDA_HOME is None or NINJA is None,
+                                reason="needs nvcc, a CUDA toolkit with libcudart and ninja")
+
+
+@needs_nvcc
+@pytest.mark.nvcc
+def test_nvcc_append_flags_is_served_stale_and_named(tmp_path: Path):
+    """NVCC_APPEND_FLAGS is read by nvcc itself, never written onto build.ninja: ninja's
+    no-op serves the library built without it. The run's disk hit (the adapter's) and a
+    later scan name the variable and its value."""
+    replica = _nvcc_replica(tmp_path)
+    assert replica.run()[0] == 207
+    env = dict(replica.env, NVCC_APPEND_FLAGS="-DEXTRA=1")
+    report = tmp_path / "run.json"
+    served, _ = replica.run(env=env, report=report)
+    assert (served, replica.fresh_value(env)) == (207, 208)  # stale
+    ran = json.loads(report.read_text())
+    assert (ran["activity"]["compiles"], ran["activity"]["disk_hits"]) == (0, 1)
+    [drift] = [f for f in ran["findings"] if f["code"] == "CA202"]
+    assert (drift["subject"], drift["entry"]) == ("NVCC_APPEND_FLAGS", str(replica.directory))
+    assert "-DEXTRA=1" in drift["current"]
+    findings = replica.scan(env)
+    assert ("NVCC_APPEND_FLAGS", "-DEXTRA=1") in {(f.subject, f.current) for f in findings
+                                                   if f.code in ("CA201", "CA202")}
+
+
+@needs_nvcc
+@pytest.mark.slow
+@pytest.mark.nvcc
+def test_cuda_home_symlink_retargeted_to_another_toolkit_is_ca301(tmp_path: Path):
+    """build.ninja holds `cuda_home` as text: a CUDA_HOME symlink moved to another toolkit keeps
+    the command lines, ninja's no-op serves the old toolkit's build. The shim recorded the
+    real binary behind $cuda_home/bin/nvcc; the run and a later scan name the compiler."""
+    assert CUDA_HOME is not None
+    replica = _nvcc_replica(tmp_path)
+    real = Path(os.path.realpath(CUDA_HOME))
+    # Another toolkit: the same tree, with an nvcc that predefines another value (as two
+    # releases' nvcc differ in what they define and generate).
+    other = tmp_path / "cuda-other"
+    (other / "bin").mkdir(parents=True)
+    for item in real.iterdir():
+        if item.name != "bin":
+            os.symlink(item, other / item.name)
+    for item in (real / "bin").iterdir():
+        if item.name != "nvcc":
+            os.symlink(item, other / "bin" / item.name)
+    nvcc = other / "bin" / "nvcc"
+    nvcc.write_text(f'#!/bin/sh\nexec {real}/bin/nvcc -DEXTRA=5 "$@"\n')
+    nvcc.chmod(0o755)
+    link = tmp_path / "cuda"
+    os.symlink(real, link)
+    replica.env["CUDA_HOME"] = str(link)
+    assert replica.run()[0] == 207
+    link.unlink()
+    os.symlink(other, link)
+    served, told = replica.run()
+    assert (served, replica.fresh_value()) == (207, 212)  # stale
+    compiler = str(link / "bin" / "nvcc")
+    assert f"{compiler}: CA301" in told, told
+    [drift] = [f for f in replica.scan() if f.code == "CA301"]
+    assert (drift.subject, drift.entry) == (compiler, str(replica.directory))
+    assert str(nvcc) in (drift.current or "")
+
+
 # ------------------------------------------------------------------------------ real FlashInfer
 
 HAVE_FLASHINFER = importlib.util.find_spec("flashinfer") is not None
 
 
-def _cuda_home() -> Path | None:
-    """The toolkit FlashInfer compiles with: CUDA_HOME, else /usr/local/cuda, else the one above
-    nvcc, where it holds the runtime library the link edge names (-lcudart)."""
-    candidates = [os.environ.get("CUDA_HOME"), "/usr/local/cuda"]
-    if NVCC is not None:
-        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(NVCC))))
-    for candidate in candidates:
-        if candidate and (Path(candidate) / "lib64" / "libcudart.so").exists() and (
-                Path(candidate) / "bin" / "nvcc").exists():
-            return Path(candidate)
-    return None
-
-
-CUDA_HOME = _cuda_home()
 needs_flashinfer = pytest.mark.skipif(
     not HAVE_FLASHINFER or CUDA_HOME is None or NINJA is None or GCC is None,
     reason="needs flashinfer (extra 'flashinfer'), a CUDA toolkit with libcudart and ninja")

@@ -24,7 +24,9 @@ variables nvcc and the host compiler read themselves (`NVCC_PREPEND_FLAGS`,
 
 from __future__ import annotations
 
-from cacheaudit.model import CacheEntry
+from collections.abc import Mapping, Sequence
+
+from cacheaudit.model import CacheEntry, Finding
 from cacheaudit.runtimes._ninja.policy import NinjaPolicy
 
 TRACKED_HOW = ("ninja's deps log (.cu objects: nvcc's depfile, -isystem headers included; .cpp "
@@ -43,6 +45,31 @@ class FlashInferPolicy(NinjaPolicy):
                 "FLASHINFER_EXTRA_CUDAFLAGS (or FLASHINFER_EXTRA_CFLAGS for .cpp sources), e.g. "
                 "-DDEPS_DIGEST=<digest>: ninja rebuilds when a command changes, never when "
                 "contents do")
+
+    def scan_findings(self, entries: Sequence[CacheEntry],
+                      env: Mapping[str, str]) -> list[Finding]:
+        """CA105 for each JIT module that an AOT library of the same name beside the installed
+        package shadows (the layout's `aot_library`): `try_load` returns that library before any
+        build, with no freshness check (core.py:577-611), so the module in the workspace, its
+        sources and headers are never what FlashInfer runs."""
+        from cacheaudit.findings import make_finding
+
+        findings = []
+        for entry in entries:
+            aot = entry.meta.get("aot_library")
+            if not aot:
+                continue
+            findings.append(make_finding(
+                "CA105", subject=str(aot), entry=entry,
+                message=f"FlashInfer loads the AOT library {aot} for module {entry.kernel}, "
+                        f"not this JIT build: try_load returns it before any build, and "
+                        f"nothing compares it with the module's sources",
+                current=str(aot),
+                how="the installed flashinfer package's data/aot/<name>/<name>.so, found "
+                    "without importing it (FlashInfer's load order: AOT first)",
+                hint="remove the AOT library (or reinstall the package built from these "
+                     "sources) to run the JIT module, or evict the module from the workspace"))
+        return findings
 
 
 POLICIES = {"flashinfer": FlashInferPolicy()}
