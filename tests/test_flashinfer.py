@@ -278,12 +278,32 @@ def test_replica_header_reinstalled_with_an_older_mtime_is_ca103(replica: Replic
 def test_replica_isystem_header_of_a_cpp_object_is_ca101(replica: Replica):
     """A `.cpp` object's depfile comes from -MMD, which lists no -isystem header (and every
     include root FlashInfer adds itself is -isystem): an edit with a new mtime goes unseen too.
-    The shim's include graph has the header; the scan names it."""
+    The shim's include graph has the header; `cacheaudit run`, `pytest --cacheaudit` and a
+    later scan name it."""
     first, _ = replica.run()
     replica.system_header.write_text("#define OFFSET 8\n")
     served, told = replica.run()
     assert (first, served, replica.fresh_value()) == (207, 207, 208)  # stale
-    assert str(replica.system_header) in told and "CA101" in told
+    assert f"{replica.system_header}: CA101" in told, told
+    # `pytest --cacheaudit` of a test served the same library in-process fails the session on
+    # the header (the adapter's disk hit, in the pytest process).
+    suite = replica.root / "suite"
+    suite.mkdir()
+    (suite / "test_served.py").write_text(
+        "import json, subprocess, sys\n"
+        f"ARGV = {replica.argv()!r}\n"
+        "from flashinfer.jit import core\n"
+        "def test_served():\n"
+        "    name, sources, includes, system = json.loads(ARGV[-1])\n"
+        "    spec = core.gen_jit_spec(name, sources, extra_include_paths=includes,\n"
+        "                             system_include_paths=system)\n"
+        "    assert spec.build_and_load().value() == 207\n")
+    plugin = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             "--cacheaudit", "--cacheaudit-fail-on=error", "test_served.py"],
+                            capture_output=True, text=True, cwd=suite, timeout=300,
+                            env=dict(replica.env, CACHEAUDIT_LEDGER=str(replica.ledger)))
+    assert plugin.returncode == 1, plugin.stdout[-3000:] + plugin.stderr[-3000:]
+    assert f"{replica.system_header}: CA101 error" in plugin.stdout, plugin.stdout[-3000:]
     [stale] = [f for f in replica.scan() if f.code == "CA101"]
     assert stale.subject == str(replica.system_header)
     assert stale.entry == str(module_dir(replica.base, "fi_scale"))
@@ -467,6 +487,32 @@ def test_cuda_home_symlink_retargeted_to_another_toolkit_is_ca301(tmp_path: Path
     [drift] = [f for f in replica.scan() if f.code == "CA301"]
     assert (drift.subject, drift.entry) == (compiler, str(replica.directory))
     assert str(nvcc) in (drift.current or "")
+
+
+# ------------------------------------------------------------------------------ the allowlist
+
+
+def test_flashinfer_nvcc_flags_pass_the_allowlist_and_fatbinary_options_stay_refused():
+    """FlashInfer's default nvcc flags (flashinfer-python 0.7.4 jit/core.py:775-805, with the
+    arch and include flags build.ninja adds) may reach an nvcc cacheaudit runs: `-Xfatbin=
+    -compress-all` only compresses what fatbinary packs. Any other fatbinary option stays
+    refused."""
+    from cacheaudit.compilers import screen_options
+
+    flags = ["--generate-dependencies-with-compile", "-MF", "m.cuda.o.d",
+             "-isystem", "/site/flashinfer/data/include", "-I/site/flashinfer/data/cccl",
+             "--compiler-options=-fPIC", "--expt-relaxed-constexpr", "-std=c++17",
+             "--threads=1", "-use_fast_math", "-Xfatbin=-compress-all", "--compress-mode=size",
+             "-DFLASHINFER_ENABLE_F16", "-DNDEBUG", "-O3",
+             "-gencode=arch=compute_90a,code=sm_90a", "-c", "m.cu", "-o", "m.cuda.o"]
+    for purpose in ("dependency", "compile"):
+        screened = screen_options("nvcc", flags, purpose)
+        assert screened.refused is None, (purpose, screened.refused)
+        assert "-Xfatbin=-compress-all" in screened.args
+    for other in ("-Xfatbin=-o/tmp/x", "-Xfatbin=-compress-all,-o/tmp/x",
+                  "--fatbin-options=--create=/tmp/x"):
+        refused = screen_options("nvcc", ["-c", "m.cu", other], "compile").refused
+        assert refused is not None and refused[0] == other, other
 
 
 # ------------------------------------------------------------------------------ real FlashInfer
