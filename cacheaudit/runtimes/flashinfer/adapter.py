@@ -72,16 +72,31 @@ def _stat_key(path: str) -> tuple[int, int, int] | None:
     return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def _outputs(build_dir: str) -> list[str]:
-    """Every output build.ninja names (objects and library), absolute; none before the first
-    build.ninja is written."""
-    from cacheaudit.runtimes._ninja.build import BUILD_FILE, build_path, read_build_file
+class _Parsed:
+    """build.ninja and the deps log of one module directory as last read, with the stat they
+    were read at: a no-op build leaves both as they were, and parsing them again on every hit
+    would cost more than FlashInfer's own hit path allows (benchmarks/bench_flashinfer.py)."""
 
-    try:
-        build = read_build_file(os.path.join(build_dir, BUILD_FILE))
-    except Exception:  # noqa: BLE001 - no build.ninja yet, or one we cannot read
-        return []
-    return [build_path(o, build_dir) for e in build.edges for o in e.outputs]
+    __slots__ = ("build", "build_stat", "deps_stat", "outputs", "tracked")
+
+    def __init__(self, build: BuildFile, build_stat: tuple[int, int, int] | None,
+                 outputs: list[str]) -> None:
+        self.build = build
+        self.build_stat = build_stat
+        self.outputs = outputs
+        self.deps_stat: tuple[int, int, int] | None = None
+        self.tracked: tuple[str, ...] | None = None
+
+
+class _LastHit:
+    """What the last recorded hit of a module directory showed: a hit showing the same (the
+    same tracked contents, under the same environment) is only counted."""
+
+    __slots__ = ("count", "signature")
+
+    def __init__(self, signature: tuple[Any, ...]) -> None:
+        self.signature = signature
+        self.count = 0
 
 
 class FlashInferAdapter(Adapter):
@@ -95,6 +110,10 @@ class FlashInferAdapter(Adapter):
     def __init__(self) -> None:
         super().__init__(label="flashinfer adapter")
         self._cache: StateCache | None = None
+        self._parsed: dict[str, _Parsed] = {}
+        self._real_dirs: dict[str, str] = {}
+        """Each module directory as FlashInfer names it -> its realpath (the entry)."""
+        self._last_hits: dict[str, _LastHit] = {}
         self._launcher_lock = threading.Lock()
         self._launcher_users = 0
 
@@ -106,6 +125,47 @@ class FlashInferAdapter(Adapter):
 
     def _uninstalled(self) -> None:
         self._cache = None
+        self._parsed.clear()
+        self._real_dirs.clear()
+        self._last_hits.clear()
+
+    def _after_fork_in_child(self) -> None:
+        self._last_hits.clear()  # the child's hits are its own records
+
+    def _build_file(self, build_dir: str) -> _Parsed | None:
+        """build.ninja of `build_dir`, parsed again only when its stat changed; None before the
+        first one is written."""
+        from cacheaudit.runtimes._ninja.build import BUILD_FILE, build_path, read_build_file
+
+        path = os.path.join(build_dir, BUILD_FILE)
+        stat = _stat_key(path)
+        if stat is None:
+            return None
+        parsed = self._parsed.get(build_dir)
+        if parsed is not None and parsed.build_stat == stat:
+            return parsed
+        build = read_build_file(path)
+        outputs = [build_path(o, build_dir) for e in build.edges for o in e.outputs]
+        parsed = self._parsed[build_dir] = _Parsed(build, stat, outputs)
+        return parsed
+
+    def _tracked(self, build_dir: str, parsed: _Parsed, notes: list[str]) -> tuple[str, ...]:
+        """What ninja tracks (sources plus the deps log), read again only when the deps log's
+        stat changed."""
+        from cacheaudit.graph import NinjaDepsLogError
+        from cacheaudit.runtimes._ninja.build import read_deps_log, tracked_paths
+
+        stat = _stat_key(os.path.join(build_dir, ".ninja_deps"))
+        if parsed.tracked is not None and parsed.deps_stat == stat:
+            return parsed.tracked
+        try:
+            deps = read_deps_log(build_dir)
+        except (OSError, NinjaDepsLogError) as exc:
+            notes.append(f"ninja's deps log is unreadable ({exc})")
+            deps = {}
+        parsed.deps_stat = stat
+        parsed.tracked = tuple(sorted(tracked_paths(parsed.build, deps)))
+        return parsed.tracked
 
     # ---------------------------------------------------------------- the wrapper
 
@@ -149,12 +209,18 @@ class FlashInferAdapter(Adapter):
             return None
 
     def _begin(self, spec: Any) -> _Call:
-        build_dir = os.path.realpath(os.fspath(spec.build_dir))
+        given = os.fspath(spec.build_dir)
+        build_dir = self._real_dirs.get(given)
+        if build_dir is None:
+            if len(self._real_dirs) > 256:
+                self._real_dirs.clear()
+            build_dir = self._real_dirs[given] = os.path.realpath(given)
         call = _Call(name=str(spec.name), build_dir=build_dir,
                      toolchain=str(getattr(spec, "toolchain", "nvcc")), started_ns=time.time_ns())
         # Outputs of the build.ninja there before the call; the build rewrites it only when its
         # text changed, and an output it adds is new anyway.
-        call.before = {path: _stat_key(path) for path in _outputs(build_dir)}
+        parsed = self._build_file(build_dir)
+        call.before = {path: _stat_key(path) for path in (parsed.outputs if parsed else ())}
         library = os.path.join(build_dir, f"{call.name}.so")
         call.before.setdefault(library, _stat_key(library))
         self._take_launcher(call)
@@ -215,22 +281,22 @@ class FlashInferAdapter(Adapter):
         return self._cache
 
     def _end(self, call: _Call, error: BaseException | None) -> None:
-        from cacheaudit.runtimes._ninja.build import BUILD_FILE, read_build_file
-
         if error is not None and not isinstance(error, Exception):
             return  # KeyboardInterrupt, SystemExit: the user wants out, not a record
         try:
-            build = read_build_file(os.path.join(call.build_dir, BUILD_FILE))
-        except Exception:  # the build failed before writing build.ninja
+            parsed = self._build_file(call.build_dir)
+        except Exception:  # the build failed before writing a readable build.ninja
             if error is None:
                 raise
             return
-        written = sorted(path for path in set(call.before) | set(_outputs(call.build_dir))
+        if parsed is None:
+            return
+        written = sorted(path for path in set(call.before) | set(parsed.outputs)
                          if _stat_key(path) != call.before.get(path))
         if error is None and not written:
-            self._record_build(call, build, "disk-hit", written, None)
+            self._record_build(call, parsed, "disk-hit", written, None)
         else:
-            self._record_build(call, build, "compile", written, error)
+            self._record_build(call, parsed, "compile", written, error)
 
     def _aot_loaded(self, spec: Any) -> None:
         """`try_load` returned an AOT library: FlashInfer builds nothing and checks nothing. A
@@ -257,32 +323,40 @@ class FlashInferAdapter(Adapter):
         if problem:
             self._problem(problem)
 
-    def _record_build(self, call: _Call, build: BuildFile, event: str, written: list[str],
+    def _record_build(self, call: _Call, parsed: _Parsed, event: str, written: list[str],
                       error: BaseException | None) -> None:
-        from cacheaudit.graph import NinjaDepsLogError
+        from cacheaudit.adapter import environ_snapshot
         from cacheaudit.recorder import record_event
-        from cacheaudit.runtimes._ninja.build import build_path, read_deps_log, tracked_paths
+        from cacheaudit.runtimes._ninja.build import build_path
         from cacheaudit.runtimes.flashinfer.layout import entry_key
 
+        build = parsed.build
         cache = self._state_cache()
         notes: list[str] = []
-        try:
-            deps = read_deps_log(call.build_dir)
-        except (OSError, NinjaDepsLogError) as exc:
-            notes.append(f"ninja's deps log is unreadable ({exc})")
-            deps = {}
-        tracked = tuple(sorted(tracked_paths(build, deps)))
+        tracked = self._tracked(call.build_dir, parsed, notes)
+        sources = tuple(cache.capture(p) for p in (tracked if event == "disk-hit"
+                                                   else build.sources))
+        extra: dict[str, Any] = {"module": call.name, "toolchain": call.toolchain}
+        if event == "disk-hit":
+            signature = (parsed.build_stat, tuple((s.path, s.digest) for s in sources),
+                         id(environ_snapshot()))
+            last = self._last_hits.get(call.build_dir)
+            if last is not None and last.signature == signature:
+                last.count += 1
+                return
+            if last is not None and last.count:
+                extra["hits_not_recorded"] = last.count
+            self._last_hits[call.build_dir] = _LastHit(signature)
+        else:
+            self._last_hits.pop(call.build_dir, None)
         library = build_path(build.library, call.build_dir) if build.library else None
         outputs = (cache.capture(library),) if library else ()
-        extra: dict[str, Any] = {"module": call.name, "toolchain": call.toolchain}
         if written:
             extra["written"] = written
         if call.launcher:
             extra["launcher"] = call.launcher
         if error is not None:
             notes.append(f"the build failed: {type(error).__name__}: {str(error)[:500]}")
-        sources = tuple(cache.capture(p) for p in (tracked if event == "disk-hit"
-                                                   else build.sources))
         problem = record_event(
             runtime=RUNTIME, observer=OBSERVER, kernel=call.name, event=event,
             key=entry_key(build), entry=call.build_dir, cwd=call.build_dir, sources=sources,

@@ -17,6 +17,9 @@ class FlashInferExtra(TypedDict, total=False):
     """Outputs the build wrote or changed (absolute paths)."""
     aot_library: str
     """The AOT library `try_load` returned instead of building (the first, when several)."""
+    hits_not_recorded: int
+    """Identical no-op builds of the module (same tracked contents, same environment) counted
+    since the previous recorded one, not written one by one."""
     launcher: str
     """The FLASHINFER_NVCC_LAUNCHER the adapter set for this build (the shim), when it set one."""
 
