@@ -610,6 +610,19 @@ def test_flashinfer_header_reinstalled_with_an_older_mtime_is_ca103(tmp_path: Pa
     # FLASHINFER_JIT_BUILD_LOG has a line per build, the no-op included (core.py:111-138).
     log = [json.loads(x) for x in (tmp_path / "builds.jsonl").read_text().splitlines()]
     assert [x["name"] for x in log] == ["fi_scale"] * 3
+    # The adapter saw both recorded builds of the real JitSpecNvcc.build with the module's
+    # name; nvcc ran through the launcher, build.ninja's nvcc line is FlashInfer's own.
+    with Ledger.open(str(module.ledger)) as ledger:
+        records = list(ledger.records())
+    assert [r.event for r in records if r.observer == "adapter:flashinfer"] == [
+        "compile", "disk-hit"]
+    assert {r.kernel for r in records if r.observer == "adapter:flashinfer"} == {"fi_scale"}
+    lines = _build_lines(served_library.parent / "build.ninja")
+    assert lines["nvcc"] == "$cuda_home/bin/nvcc"
+    assert os.path.basename(lines["nvcc_launcher"]) == "cacheaudit-shim"
+    [nvcc] = [r for r in records if r.observer.startswith("shim:") and r.compiler is not None
+              and r.compiler.kind == "nvcc"]
+    assert nvcc.compiler.path == str(CUDA_HOME / "bin" / "nvcc") and nvcc.graph is not None
 
 
 @needs_flashinfer
