@@ -208,3 +208,52 @@ def test_the_hook_still_records_into_the_session_ledger(tmp_path: Path, label: s
     shims, finders = json.loads(done.stdout)
     assert shims
     assert finders == (["_FirstImportTrigger"] if label == "inside" else ["_PostImportFinder"])
+
+
+def _cuda_core_problem() -> str | None:
+    try:
+        from cuda.core import Program  # noqa: F401
+        from cuda.core.utils import FileStreamProgramCache  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any failure means: no cuda.core here
+        return f"{type(exc).__name__}: {exc}"
+    return _NVRTC
+
+
+_CUDA_CORE = _cuda_core_problem()
+HITS_JOB = """
+    import os, sys
+    from cuda.core import Program, ProgramOptions
+    from cuda.core.utils import FileStreamProgramCache
+    program = Program('extern "C" __global__ void k(int* o) {{ o[0] = 9; }}\\n', "c++",
+                      options=ProgramOptions(arch="sm_90", name="nine"))
+    cache = FileStreamProgramCache(sys.argv[1])
+    for _ in range({calls}):
+        program.compile("cubin", cache=cache)
+    if sys.argv[2] == "exception":
+        raise RuntimeError("the job failed after its hits")
+"""
+
+
+@pytest.mark.skipif(_CUDA_CORE is not None, reason=f"cuda.core cannot compile: {_CUDA_CORE}")
+@pytest.mark.parametrize("ending", ["normal", "exception"])
+def test_buffered_hits_reach_the_ledger_when_the_process_ends(tmp_path: Path, ending: str):
+    """cuda.core's hits are counted in a buffer, not written one by one: at the end of a
+    process inside a session, whether it exits or dies of an exception, every one of them is in
+    the session's ledger file, as hits of the entry the compile wrote."""
+    session = _session(tmp_path)
+    calls = 40
+    try:
+        done = _python(HITS_JOB.format(calls=calls), session.env, str(tmp_path / "pc"), ending)
+    finally:
+        session.close()
+    assert done.returncode == (1 if ending == "exception" else 0), done.stderr
+    with Ledger.open(session.ledger) as opened:
+        records = [r for r in opened.records(where="runs.run_uuid = ?",
+                                             params=(session.run_uuid,))
+                   if r.runtime == "cuda-core"]
+    [built] = [r for r in records if r.event == "compile"]
+    hits = [r for r in records if r.event == "disk-hit"]
+    assert built.kernel == "nine" and built.entry and os.path.isfile(built.entry)
+    assert {r.entry for r in hits} == {built.entry}
+    assert {r.outputs[0].digest for r in hits} == {built.outputs[0].digest}
+    assert sum(r.extra["hits"] for r in hits) == calls - 1, [r.extra for r in hits]
