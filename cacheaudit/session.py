@@ -31,6 +31,7 @@ from cacheaudit.shim import (
 from cacheaudit.spec import CompilerSetting
 from cacheaudit.switches import (
     ACTIVE,
+    ADAPTER_IMPORTS,
     LEDGER,
     RUN_LABEL_VARIABLE,
     RUN_VARIABLE,
@@ -118,6 +119,9 @@ def prepare(env: Mapping[str, str], *, ledger: str, label: str,
     _pin_cuda_home(child, env, os.pathsep.join(path))
     _point_at_shims(child, env, shims)
     _keep_argv_setting(child)
+    from cacheaudit import runtimes
+
+    child[ADAPTER_IMPORTS] = runtimes.arming_text()
     return Session(run_uuid=run_uuid, ledger=os.path.abspath(ledger), shims=shims, env=child,
                    owns_shims=owns)
 

@@ -25,9 +25,13 @@ import atexit
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
 
+# Not `typing.TYPE_CHECKING`: importing `typing` would cost every Python process of a session
+# ~10 ms, most of them compiling nothing. Checkers read the name alone.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from cacheaudit.audit import RunReport
     from cacheaudit.session import Session
     from cacheaudit.watch import Observation, ScopeObserver
@@ -53,7 +57,17 @@ def process_startup() -> bool:
         return False
     _started = True
     try:
-        if not os.environ.get(switches.SHIMS):
+        if os.environ.get(switches.SHIMS):
+            # A process inside a session (`cacheaudit run`, the pytest plugin, a process the
+            # hook prepared one in): only the adapters, armed without reading a spec where the
+            # session said which imports arm them.
+            names = _arming_names(os.environ)
+            if names is not None:
+                from cacheaudit.importhooks import when_first_imported
+
+                when_first_imported(names, _activate_adapters)
+                return True
+        else:
             from cacheaudit import session
 
             prepared = session.prepare(os.environ, ledger=_ledger_setting(),
@@ -61,12 +75,28 @@ def process_startup() -> bool:
             os.environ.update(prepared.env)
             atexit.register(prepared.close)
             _watch(prepared)
-        from cacheaudit import runtimes
-
-        runtimes.activate()
+        _activate_adapters()
     except Exception as exc:  # noqa: BLE001 - a start-up hook never stops the program
         sys.stderr.write(f"cacheaudit: start-up hook failed: {type(exc).__name__}: {exc}\n")
     return True
+
+
+def _activate_adapters() -> None:
+    from cacheaudit import runtimes
+
+    runtimes.activate()
+
+
+def _arming_names(env: Mapping[str, str]) -> list[str] | None:
+    """The top-level modules whose first import arms the adapters, as the session above this
+    process wrote them (`cacheaudit.runtimes.arming_text`); None where it wrote none, or wrote
+    them for another `CACHEAUDIT_RUNTIMES` than this process has (then the specs are read)."""
+    from cacheaudit.switches import ADAPTER_IMPORTS, RUNTIMES
+
+    extra, separator, names = env.get(ADAPTER_IMPORTS, "").rpartition(";")
+    if not separator or extra != env.get(RUNTIMES, ""):
+        return None
+    return [name for name in names.split(":") if name]
 
 
 LABEL = "startup"

@@ -8,7 +8,10 @@ anything to do, and the shim reads them before it hands a compiler query over.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # `collections.abc` would cost every Python process of a session ~3 ms
+    from collections.abc import Mapping, Sequence
 
 ACTIVE = "CACHEAUDIT"
 """Set by `cacheaudit run` and the pytest plugin: the start-up hook arms the adapters."""
@@ -17,6 +20,11 @@ LEDGER = "CACHEAUDIT_LEDGER"
 SHIMS = "CACHEAUDIT_SHIMS"
 """The masquerade directory a session prepared; set once the environment is prepared."""
 DISABLE_VARIABLE = "CACHEAUDIT_DISABLE"
+RUNTIMES = "CACHEAUDIT_RUNTIMES"
+"""Runtime packages outside cacheaudit (`cacheaudit.spec.EXTRA_VARIABLE`, which reads them)."""
+ADAPTER_IMPORTS = "CACHEAUDIT_ADAPTER_IMPORTS"
+"""Set by a session for its child processes: the top-level modules whose first import arms the
+adapters (`cacheaudit.runtimes.arming_names`), so that their start-up hook reads no spec."""
 RUN_VARIABLE = "CACHEAUDIT_RUN"
 RUN_LABEL_VARIABLE = "CACHEAUDIT_RUN_LABEL"
 

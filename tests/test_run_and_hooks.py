@@ -138,7 +138,9 @@ def test_start_up_hook_is_installed_gated_and_idempotent(tmp_path: Path):
 
 
 def test_child_python_processes_inherit_the_hook(tmp_path: Path):
-    child = ("import sys, os, json; print(json.dumps(['cacheaudit.runtimes' in sys.modules, "
+    # Armed: the hook's finder waits on sys.meta_path for a runtime's first import.
+    child = ("import sys, os, json; print(json.dumps([any(type(f).__module__ == "
+             "'cacheaudit.importhooks' for f in sys.meta_path), "
              "os.environ.get('CACHEAUDIT_RUN')]))")
     parent = textwrap.dedent(f"""
         import os, subprocess, sys, json

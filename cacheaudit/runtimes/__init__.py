@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from cacheaudit.policy import Policy
     from cacheaudit.spec import RuntimeSpec
 
-__all__ = ["EXTRA_VARIABLE", "activate", "adapter", "available", "deactivate", "flush_all",
-           "layout_for", "layouts", "names", "policy_for", "reset", "spec", "specs"]
+__all__ = ["EXTRA_VARIABLE", "activate", "adapter", "arming_text", "available", "deactivate",
+           "flush_all", "layout_for", "layouts", "names", "policy_for", "reset", "spec", "specs"]
 
 
 def reset() -> None:
@@ -142,6 +142,18 @@ def activate(names: Sequence[str] | None = None) -> list[str]:
         when_imported(declared.adapter_imports, _installer(name))
         armed.append(name)
     return armed
+
+
+def arming_text() -> str:
+    """What a session tells its child processes (`CACHEAUDIT_ADAPTER_IMPORTS`) so that their
+    start-up hook arms the adapters without reading a spec: the `CACHEAUDIT_RUNTIMES` these
+    were read under, ";", then the top-level packages of the adapters' `adapter_imports`
+    joined by ":". The first import of one of them reads the specs and arms them all."""
+    import os
+
+    tops = sorted({declared.adapter_imports.split(".", 1)[0] for declared in _adapters().values()
+                   if declared.adapter_imports})
+    return f"{os.environ.get(EXTRA_VARIABLE, '')};{':'.join(tops)}"
 
 
 def _loaded_adapters() -> list[Adapter]:
