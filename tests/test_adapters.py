@@ -47,7 +47,8 @@ def test_the_runtime_table_names_each_adapters_runtime() -> None:
         if declared.adapter is not None:
             name = declared.package.rsplit(".", 1)[-1]
             assert runtimes.adapter(name).module == declared.adapter_imports
-    assert runtimes.available() == ["deepgemm", "torch_ext", "triton", "nvrtc", "cuda_core"]
+    assert runtimes.available() == ["deepgemm", "torch_ext", "triton", "nvrtc", "cuda_core",
+                                    "flashinfer"]
 
 
 def test_activation_imports_no_adapter_until_its_runtime_is_imported() -> None:
@@ -65,7 +66,8 @@ def test_activation_imports_no_adapter_until_its_runtime_is_imported() -> None:
     """)
     assert done.returncode == 0, done.stderr
     armed, before, still = json.loads(done.stdout)
-    assert armed == ["deepgemm", "torch_ext", "triton", "nvrtc", "cuda_core"]
+    assert armed == ["deepgemm", "torch_ext", "triton", "nvrtc", "cuda_core",
+                     "flashinfer"]
     assert before == still == []
 
 

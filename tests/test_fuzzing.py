@@ -461,7 +461,7 @@ def _ninja_texts(draw: st.DrawFn) -> str:
 
 
 def _build_file(text: str) -> None:
-    from cacheaudit.runtimes.torch_ext.ninja import NinjaSyntaxError, parse_build_file
+    from cacheaudit.runtimes._ninja.build import NinjaSyntaxError, parse_build_file
 
     try:
         build = parse_build_file(text, "/b/build.ninja")

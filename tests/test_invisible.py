@@ -28,6 +28,7 @@ from support import NVCC, needs_nvcc
 
 ROOT = Path(__file__).resolve().parent.parent
 REPLICA = ROOT / "fixtures" / "deepgemm_python"
+FLASHINFER_REPLICA = ROOT / "fixtures" / "flashinfer_replica"
 
 
 def _sha(data: bytes) -> str:
@@ -165,6 +166,29 @@ done({name: sha(open(os.path.join(root, name), "rb").read()) for name in os.list
 """
 
 
+# FlashInfer's JIT through its own entry point (`build_and_load`), the replica package standing
+# in for flashinfer-python 0.7.4 (fixtures/flashinfer_replica): under `cacheaudit run` the
+# adapter puts the shim on build.ninja's nvcc_launcher line; the entry is cached_ops/<name>/.
+FLASHINFER_JOB = _PRELUDE + """\
+os.environ["FLASHINFER_WORKSPACE_BASE"] = root
+os.environ["FLASHINFER_CUDA_ARCH_LIST"] = "9.0"
+suffix = os.environ.get("JOB_SUFFIX", ".cpp")
+source = os.path.join(sys.argv[2], "plain" + suffix)
+if not os.path.exists(source):  # a rewrite would be a newer mtime: ninja would rebuild
+    with open(source, "w") as handle:
+        handle.write('extern "C" int value() { return 42; }\\n')
+from flashinfer.jit import core
+spec = core.gen_jit_spec("fi_plain", [source])
+assert spec.build_and_load().value() == 42
+done({"fi_plain": sha(open(spec.jit_library_path, "rb").read())})
+"""
+_FLASHINFER_PATH = os.pathsep.join([str(ROOT), str(REPLICA), str(FLASHINFER_REPLICA)])
+_CUDA_HOME = next((home for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda",
+                                     NVCC and os.path.dirname(os.path.dirname(NVCC)))
+                   if home and os.path.exists(os.path.join(home, "lib64", "libcudart.so"))), "")
+_FLASHINFER_BINARIES = ".cache/flashinfer/*/*/cached_ops/*/*.so"
+
+
 def _parent(path: Path) -> str:
     return path.parent.name
 
@@ -216,6 +240,18 @@ CASES = [
     Case("torch-ext", TORCH_JOB, "*/*.so", "adapter:torch_ext",
          problem=_module_problem("torch", "torch-ext check skipped")
          or (None if shutil.which("g++") else "g++ is not installed"), slow=True),
+    Case("flashinfer-cpp", FLASHINFER_JOB, _FLASHINFER_BINARIES, "adapter:flashinfer",
+         env={"PYTHONPATH": _FLASHINFER_PATH},
+         problem=None if shutil.which("g++") and shutil.which("ninja") else
+         "g++ or ninja is not installed"),
+    # nvcc's objects are not byte-reproducible: the keys are compared. The shim launched as
+    # FLASHINFER_NVCC_LAUNCHER must record nvcc and change nothing served.
+    Case("flashinfer-cu", FLASHINFER_JOB, _FLASHINFER_BINARIES, "shim:",
+         env={"PYTHONPATH": _FLASHINFER_PATH, "JOB_SUFFIX": ".cu", "CUDA_HOME": _CUDA_HOME,
+              "LD_LIBRARY_PATH": os.path.join(_CUDA_HOME, "lib64")},
+         problem=None if NVCC and shutil.which("ninja") and os.path.exists(
+             os.path.join(_CUDA_HOME, "lib64", "libcudart.so")) else
+         "nvcc, ninja or libcudart is missing", slow=True, reproducible=False),
     Case("triton", TRITON_JOB, "*/*.cubin", "adapter:triton",
          problem=_module_problem("triton", "Triton check skipped")),
     Case("nvrtc", NVRTC_JOB, "", "adapter:nvrtc", problem=_nvrtc_problem()),

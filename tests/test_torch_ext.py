@@ -504,7 +504,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Project:
 @needs_torch
 def test_build_file_and_deps_log_parsers_agree_with_ninja(built: Project):
     from cacheaudit.graph import parse_ninja_deps
-    from cacheaudit.runtimes.torch_ext.ninja import read_build_file, read_deps_log
+    from cacheaudit.runtimes._ninja.build import read_build_file, read_deps_log
 
     build = read_build_file(str(built.build_dir / "build.ninja"))
     commands = subprocess.run([NINJA, "-t", "commands"], cwd=built.build_dir, check=True,
@@ -519,7 +519,7 @@ def test_build_file_and_deps_log_parsers_agree_with_ninja(built: Project):
 
 
 def test_build_file_parser_evaluates_ninja_escapes_and_scopes():
-    from cacheaudit.runtimes.torch_ext.ninja import parse_build_file, shell_escape
+    from cacheaudit.runtimes._ninja.build import parse_build_file, shell_escape
 
     text = ("cxx = c++\nflags = -I/a$ b -DX=$$HOME\n"
             "rule compile\n  command = $cxx $flags -c $in -o $out $extra\n  depfile = $out.d\n"

@@ -163,6 +163,12 @@ _NVCC_PREFIXES_KEPT = ("--expt-", "-expt-", "--extended-lambda", "-extended-lamb
                        "-no-compress", "--keep-device-functions", "-keep-device-functions",
                        "--dont-use-profile", "-noprof", "--disable-optimizer-constants",
                        "-disable-optimizer-consts", "--Wdeprecated-", "-Wno-deprecated-")
+# Options for a program nvcc starts, spelled out whole and kept because they change nothing a
+# program could be made to do: fatbinary compressing what it packs (FlashInfer's JIT passes it
+# on every .cu, flashinfer-python 0.7.4 jit/core.py:780). Any other value of -Xfatbin is
+# refused: fatbinary has options that read and write files.
+_NVCC_INERT = frozenset({"-Xfatbin=-compress-all", "--fatbin-options=-compress-all",
+                         "-Xfatbin=--compress-all", "--fatbin-options=--compress-all"})
 # Options for programs an nvcc dependency pass never starts.
 _NVCC_DOWNSTREAM = frozenset({"--ptxas-options", "--nvlink-options", "--linker-options",
                               "--archive-options"})
@@ -207,7 +213,7 @@ def _nvcc_option(unit: ArgUnit, purpose: str) -> tuple[str, str | None]:
                     return "refuse", (f"it passes {part} to the linker, which is not an option "
                                       "cacheaudit passes on (a linker loads plugins)")
         return "keep", None
-    if name in _NVCC_KEPT or name.startswith(_NVCC_PREFIXES_KEPT):
+    if name in _NVCC_KEPT or name.startswith(_NVCC_PREFIXES_KEPT) or name in _NVCC_INERT:
         return "keep", None
     return "refuse", "not an option of the families cacheaudit passes on (an allowlist)"
 

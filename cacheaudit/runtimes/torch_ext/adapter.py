@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from cacheaudit.digest import StateCache
     from cacheaudit.graph import DependencyPass
     from cacheaudit.model import FileState, IncludeGraph
-    from cacheaudit.runtimes.torch_ext.ninja import BuildFile, DryRun
+    from cacheaudit.runtimes._ninja.build import BuildFile, DryRun
 
 RUNTIME = "torch-ext"
 MODULE = "torch.utils.cpp_extension"
@@ -331,7 +331,7 @@ class TorchExtAdapter(Adapter):
         return call
 
     def _before_ninja(self, call: _Call) -> None:
-        from cacheaudit.runtimes.torch_ext.ninja import BUILD_FILE, ninja_dry_run, read_build_file
+        from cacheaudit.runtimes._ninja.build import BUILD_FILE, ninja_dry_run, read_build_file
 
         call.ninja = True
         build = call.build = read_build_file(os.path.join(call.build_dir, BUILD_FILE))
@@ -353,7 +353,7 @@ class TorchExtAdapter(Adapter):
         import shlex
 
         from cacheaudit import compilers, graph, scratch
-        from cacheaudit.runtimes.torch_ext.ninja import strip_wrapper
+        from cacheaudit.runtimes._ninja.build import strip_wrapper
 
         if call.workdir is None:
             call.workdir = scratch.make_directory("torch-ext")
@@ -434,7 +434,7 @@ class TorchExtAdapter(Adapter):
 
     def _tracked(self, build: BuildFile, call: _Call) -> tuple[str, ...]:
         from cacheaudit.graph import NinjaDepsLogError
-        from cacheaudit.runtimes.torch_ext.ninja import read_deps_log, tracked_paths
+        from cacheaudit.runtimes._ninja.build import read_deps_log, tracked_paths
 
         try:
             deps = read_deps_log(call.build_dir)
@@ -464,8 +464,8 @@ class TorchExtAdapter(Adapter):
     def _lookup(self, call: _Call, module: str, version: int | None, event: str,
                 build: BuildFile | None = None) -> None:
         """A disk hit: ninja found nothing to do (or another process built it)."""
+        from cacheaudit.runtimes._ninja.build import BUILD_FILE, read_build_file
         from cacheaudit.runtimes.torch_ext.layout import entry_key
-        from cacheaudit.runtimes.torch_ext.ninja import BUILD_FILE, read_build_file
 
         if build is None:
             build = read_build_file(os.path.join(call.build_dir, BUILD_FILE))
@@ -505,7 +505,7 @@ class TorchExtAdapter(Adapter):
                         for o in ([build.library] if build.library else []) + list(build.objects))
         first = next((p for p in call.passes if p.tokens), None)
         if first is None and build.compile_edges:
-            from cacheaudit.runtimes.torch_ext.ninja import strip_wrapper
+            from cacheaudit.runtimes._ninja.build import strip_wrapper
 
             tokens, _ = strip_wrapper(shlex.split(build.compile_edges[0].command))
         else:
@@ -589,8 +589,8 @@ class TorchExtAdapter(Adapter):
         """torch skipped ninja: record the hit with the tracked files as they are now, so that a
         header changed since the build in this process is on the record (CA106). A hit that
         shows nothing new since the last recorded one is only counted."""
+        from cacheaudit.runtimes._ninja.build import BUILD_FILE, read_build_file
         from cacheaudit.runtimes.torch_ext.layout import entry_key
-        from cacheaudit.runtimes.torch_ext.ninja import BUILD_FILE, read_build_file
 
         seen = self._seen.get(call.build_dir)
         notes = list(call.notes)

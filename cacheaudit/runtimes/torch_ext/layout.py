@@ -20,7 +20,7 @@
 #                                  build <src stem>[.cuda|.sycl].o: <rule> <abs source>
 #                                  build <name>[_vN].so: link <objects>
 #                                  default <name>[_vN].so
-#       .ninja_deps              binary deps log (its format: runtimes/torch_ext/ninja.py): for
+#       .ninja_deps              binary deps log (its format: runtimes/_ninja/build.py): for
 #                                each object, the headers the compiler's -MMD depfile listed,
 #                                i.e. no header reached through -isystem (torch's, Python's, the
 #                                user's) or C/CPLUS_INCLUDE_PATH; CPATH headers are listed
@@ -36,7 +36,7 @@
 #                                every later load() of the extension waits for it forever
 #                                (pytorch/pytorch#189245)
 #
-# build.ninja and .ninja_deps are read by `cacheaudit.runtimes.torch_ext.ninja` (shared with the
+# build.ninja and .ninja_deps are read by `cacheaudit.runtimes._ninja.build` (shared with the
 # torch-ext policy and adapter); this module reads the directories around them.
 """Reader for torch.utils.cpp_extension build directories: one CacheEntry per extension.
 
@@ -59,7 +59,7 @@ from typing import Any
 from cacheaudit.digest import StateCache
 from cacheaudit.layout import Layout, unlistable
 from cacheaudit.model import CacheEntry, CacheLeftover, FileState
-from cacheaudit.runtimes.torch_ext.ninja import (
+from cacheaudit.runtimes._ninja.build import (
     BUILD_FILE,
     BuildFile,
     NinjaSyntaxError,

@@ -23,103 +23,22 @@ tracked input the key did not see (CA103).
 
 from __future__ import annotations
 
-import os
-import shlex
-import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from cacheaudit import seal
 from cacheaudit.findings import file_evidence, make_finding
-from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
-from cacheaudit.policy import KeyCheck, KeyComponent, Policy, TrackedSet
+from cacheaudit.model import CompileRecord, Finding
+from cacheaudit.runtimes._ninja.policy import NinjaPolicy
 
 OBSERVER = "adapter:torch_ext"
 TRACKED_HOW = ("ninja's deps log (-MMD: no -isystem or C/CPLUS_INCLUDE_PATH header) plus the "
                "sources; build.ninja's commands")
 
 
-class TorchExtPolicy(Policy):
+class TorchExtPolicy(NinjaPolicy):
+    """torch's two keys (the module docstring); ninja's half is `NinjaPolicy`'s."""
+
     runtime = "torch-ext"
-    flavour: str | None = None  # torch reads no <PREFIX>_JIT_* family
-
-    def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
-        """The record's tracked set (what ninja's deps log held right after that build), else
-        the deps log and build.ninja in the entry now."""
-        if record is not None and record.tracked is not None:
-            return TrackedSet(frozenset(record.tracked), how=TRACKED_HOW)
-        from cacheaudit.graph import NinjaDepsLogError
-        from cacheaudit.runtimes.torch_ext.ninja import (
-            BUILD_FILE,
-            NinjaSyntaxError,
-            read_build_file,
-            read_deps_log,
-            tracked_paths,
-        )
-
-        try:
-            build = read_build_file(os.path.join(entry.path, BUILD_FILE))
-            deps = read_deps_log(entry.path)
-        except (OSError, NinjaSyntaxError, NinjaDepsLogError) as exc:
-            sources = {entry.source.path} if entry.source is not None else set()
-            return TrackedSet(frozenset(sources), error=str(exc), how=TRACKED_HOW)
-        return TrackedSet(tracked_paths(build, deps), how=TRACKED_HOW + " (read now)")
-
-    def check_key(self, entry: CacheEntry, record: CompileRecord | None = None,
-                  env: Mapping[str, str] | None = None) -> KeyCheck:
-        """The key as ninja would see it now: build.ninja's commands (the entry's key) and ninja's
-        verdict. "No work to do" recomputes the same key (a hit would be served); work to do
-        recomputes another (the next load() in a new process rebuilds). ninja runs in `env` (the
-        audit's environment, else this process's), with the recorded build's PATH."""
-        from cacheaudit.runtimes.torch_ext.ninja import ninja_dry_run
-
-        if entry.key is None:
-            return KeyCheck(None, note="build.ninja cannot be read")
-        # The ninja the build ran (torch runs `ninja` from PATH): another version may not read
-        # its logs (ninja 1.11 starts over on a 1.12+ build log) and would claim a rebuild.
-        # A PATH from a ledger picks which ninja runs: taken only from a record this user sealed.
-        run_env = dict(os.environ if env is None else env)
-        if record is not None and record.env.get("PATH") and seal.check(
-                record, seal.user_key(run_env, create=False)).trusted:
-            run_env["PATH"] = record.env["PATH"]
-        ninja = shutil.which("ninja", path=run_env.get("PATH", ""))
-        if ninja is None:
-            return KeyCheck(None, note="ninja is not on PATH: its decision cannot be asked")
-        dry = ninja_dry_run(entry.path, run_env)
-        commands = KeyComponent("build.ninja commands", f"{len(entry.meta.get('commands', []))} "
-                                f"edges", entry.key)
-        if dry.work is None:
-            return KeyCheck(None, (commands,), note=dry.error or "ninja -n failed")
-        if not dry.work:
-            verdict = KeyComponent(f"ninja's decision ({ninja} -n)", "no work to do")
-            return KeyCheck(entry.key, (commands, verdict))
-        reasons = "; ".join(dry.explain[:5]) or f"{len(dry.commands)} commands to run"
-        verdict = KeyComponent(f"ninja's decision ({ninja} -n)", f"would rebuild: {reasons}")
-        return KeyCheck(f"{entry.key}+rebuild", (commands, verdict))
-
-    def compiler_change_in_key(self, recorded: CompilerIdentity,
-                               current: CompilerIdentity) -> bool:
-        # build.ninja holds the compiler's name (CXX, or `c++`), so naming another one rebuilds;
-        # the binary behind an unchanged name and its version are in no part of the key, and the
-        # audit compares exactly that: the identity behind the recorded path.
-        return False
-
-    def dependency_command(self, entry: CacheEntry) -> tuple[list[str], str] | None:
-        """The first compile edge of build.ninja, with the compiler resolved on PATH (ninja runs
-        it through the shell, in the build directory)."""
-        from cacheaudit.runtimes.torch_ext.ninja import strip_wrapper
-
-        for command in entry.meta.get("commands", []):
-            if command.get("rule") not in ("compile", "cuda_compile"):
-                continue
-            try:
-                tokens, _ = strip_wrapper(shlex.split(command.get("command", "")))
-            except ValueError:
-                return None
-            if not tokens:
-                return None
-            found = tokens[0] if "/" in tokens[0] else shutil.which(tokens[0])
-            return [found or tokens[0], *tokens[1:]], entry.path
-        return None
+    tracked_how = TRACKED_HOW
 
     def record_findings(self, record: CompileRecord,
                         history: Sequence[CompileRecord]) -> list[Finding]:

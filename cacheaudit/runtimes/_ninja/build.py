@@ -1,7 +1,9 @@
 """ninja's side of a build directory: build.ninja parsed, the deps log read, the dry run asked.
 
-What a runtime that builds through ninja needs (torch.utils.cpp_extension today; FlashInfer's
-JIT, which also writes a build.ninja and runs ninja, later), and nothing of one runtime's layout:
+What a runtime that builds through ninja needs (torch.utils.cpp_extension, and FlashInfer's JIT,
+which writes a build.ninja of the same shape and runs ninja in the module's directory:
+flashinfer 0.7.4 `jit/cpp_ext.py` `generate_ninja_build_for_op`, lines 252-401, adapted from
+torch's `_write_ninja_file`), and nothing of one runtime's layout:
 
 - `parse_build_file` / `read_build_file`: the subset of the ninja language such runtimes write
   (variables, rules, builds, default), every edge's command evaluated as ninja would run it
@@ -58,7 +60,8 @@ __all__ = [
 BUILD_FILE = "build.ninja"
 DEPS_LOG = ".ninja_deps"
 COMPILE_RULES = ("compile", "cuda_compile", "sycl_compile")
-"""The rules that compile a translation unit, as torch names them; an edge with `deps` is one
+"""The rules that compile a translation unit, as torch names them (FlashInfer names its two the
+same: cpp_ext.py:311-319); an edge with `deps` is one
 whatever its rule is called."""
 WRAPPERS = ("ccache", "sccache")
 """Launchers put before the compiler (torch's `_wrap_compiler`, when they are on PATH)."""
@@ -82,7 +85,8 @@ class NinjaEdge(NamedTuple):
 
 
 class BuildFile(NamedTuple):
-    """A build.ninja (as torch writes it): its variables, rules, edges and default target."""
+    """A build.ninja (as torch and FlashInfer write it): its variables, rules, edges and default
+    target."""
 
     path: str
     digest: str
@@ -111,7 +115,7 @@ class BuildFile(NamedTuple):
 
     @property
     def sources(self) -> tuple[str, ...]:
-        """The compile edges' inputs, absolute (torch writes them absolute already)."""
+        """The compile edges' inputs, absolute (torch and FlashInfer write them so already)."""
         return tuple(build_path(i, self.directory) for e in self.compile_edges for i in e.inputs)
 
     @property
@@ -217,7 +221,7 @@ def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
 
 
 def parse_build_file(text: str, path: str, digest: str = "") -> BuildFile:
-    """Parse the subset of the ninja language torch writes (variables, rules, builds,
+    """Parse the subset of the ninja language torch and FlashInfer write (variables, rules, builds,
     default).
 
     Raises NinjaSyntaxError on anything else that would change the commands (`include`,
@@ -268,7 +272,8 @@ def parse_build_file(text: str, path: str, digest: str = "") -> BuildFile:
         elif keyword == "pool":
             block = {}
         elif keyword in ("include", "subninja"):
-            raise NinjaSyntaxError(f"line {number}: {keyword} is not written by torch")
+            raise NinjaSyntaxError(
+                f"line {number}: {keyword} is not written into a module's build.ninja")
         else:
             name, sep, value = stripped.partition("=")
             if not sep:
