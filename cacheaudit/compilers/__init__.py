@@ -18,7 +18,8 @@ One concern per module, lowest first:
 - `dependency`: a command rewritten into the compiler's own `-M` pass;
 - `allowed`: which options of a command someone else wrote may reach a compiler cacheaudit runs;
 - `command`: what a command line does (`parse_command`, `ParsedCommand`, `output_paths`);
-- `identity`: who compiles (`identify`, `host_compiler_path`, `IdentityMemo`, `DictMemo`).
+- `identity`: who compiles (`identify`, `host_compiler_path`, `IdentityMemo`, `DictMemo`);
+- `memo`: `FileMemo`, the identities the shim keeps in a file beside the ledger.
 
 Everything public is re-exported here, so callers import from `cacheaudit.compilers`. The PATH
 lookup itself lives in `cacheaudit.programs` (stdlib only, for the shim's query path) and is
@@ -46,6 +47,7 @@ from cacheaudit.compilers.identity import (
     recorded_distrust,
 )
 from cacheaudit.compilers.kinds import compiler_kind
+from cacheaudit.compilers.memo import FileMemo
 from cacheaudit.compilers.options import ArgUnit
 from cacheaudit.compilers.tokenizers import (
     quote_gcc_response_file,
@@ -64,6 +66,7 @@ __all__ = [
     "ArgUnit",
     "ArgvExpansion",
     "DictMemo",
+    "FileMemo",
     "IdentityMemo",
     "ParsedCommand",
     "Screened",
