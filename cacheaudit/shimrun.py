@@ -15,9 +15,10 @@ runs to its end: the shim exits as it exited.
 
 from __future__ import annotations
 
-import contextlib
+# `signal` without its enums: `signal` imports `enum`, which costs more than a fork, and the
+# compile starts after this import.
+import _signal as signal
 import os
-import signal
 import sys
 import time
 
@@ -85,8 +86,10 @@ class Compile:
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:  # once reaped, its pid may be another process's
-            with contextlib.suppress(ProcessLookupError):
+            try:
                 os.kill(self.pid, sig)
+            except ProcessLookupError:
+                return
 
 
 def compile_and_record(name: str, real: str, argv0: str, argv: Sequence[str],
@@ -98,7 +101,7 @@ def compile_and_record(name: str, real: str, argv0: str, argv: Sequence[str],
     # A signal our parent ignores (nohup's SIGHUP) stays ignored: the compiler inherits SIG_IGN
     # from us, as it would from the parent, whereas a handler of ours is reset by exec.
     previous = {sig: signal.signal(sig, forwarder.receive) for sig in _FORWARDED_SIGNALS
-                if signal.getsignal(sig) is not signal.SIG_IGN}
+                if signal.getsignal(sig) != signal.SIG_IGN}
     # The compile's end, noted when it happens: the recording may still be busy then.
     previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, forwarder.child_changed)
     started_ns = time.time_ns()
@@ -119,12 +122,13 @@ def compile_and_record(name: str, real: str, argv0: str, argv: Sequence[str],
         recorder = beside.recorder
         if recorder is not None:
             # Ctrl-C while the record is written: the compile's status stands, not a traceback.
-            with contextlib.suppress(BaseException):
-                forwarder.recording = True
-                try:
-                    recorder.finish(returncode, duration_ns)
-                finally:
-                    forwarder.recording = False
+            forwarder.recording = True
+            try:
+                recorder.finish(returncode, duration_ns)
+            except BaseException:  # noqa: BLE001 - the compile's status is all that counts
+                pass
+            finally:
+                forwarder.recording = False
     finally:
         _restore(previous)
         beside.close()
@@ -172,6 +176,8 @@ class _Beside:
         from cacheaudit import scratch
 
         scratch.remove(self.workdir)
+        import contextlib
+
         # What an earlier shim killed outright left behind (one shim in SWEEP_ONE_IN looks).
         with contextlib.suppress(BaseException):
             scratch.sweep_now_and_then()
