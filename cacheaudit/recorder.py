@@ -399,6 +399,11 @@ class ShimRecorder:
             self._early_inputs = graph.graph_from_depfile(
                 result.depfile_text, self.cwd, source_paths, self._states, self.method)
 
+    def ready_to_write(self) -> None:
+        """Import now, while the compile runs, what writing the record needs and nothing before
+        it did (the seal), so that the compile's end waits for none of it."""
+        from cacheaudit import seal  # noqa: F401
+
     def finish(self, returncode: int, duration_ns: int) -> None:
         """After the compile: hash inputs and outputs, write the record. Never raises."""
         try:

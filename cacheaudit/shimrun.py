@@ -165,6 +165,7 @@ class _Beside:
             self.workdir = scratch.make_directory("shim")
             recorder.start(child_env, started_ns, self.workdir)
             recorder.collect_inputs(lambda: child.running)
+            recorder.ready_to_write()
         except Exception as exc:  # noqa: BLE001 - the compile is running: never disturb it
             recorder.notes.append(f"recording setup failed: {type(exc).__name__}: {exc}")
 

@@ -29,7 +29,6 @@ re-exported too. Nothing here runs a subprocess at import time; only `identify` 
 
 from __future__ import annotations
 
-from cacheaudit.compilers.allowed import Screened, screen_options
 from cacheaudit.compilers.command import ParsedCommand, output_paths, parse_command
 from cacheaudit.compilers.effective import (
     RAW_SUFFIX,
@@ -60,6 +59,20 @@ from cacheaudit.compilers.tokenizers import (
 )
 from cacheaudit.compilers.wrappers import resolve_wrappers
 from cacheaudit.programs import find_program, is_executable_file
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from cacheaudit.compilers.allowed import Screened, screen_options
+
+
+def __getattr__(name: str) -> object:
+    """`allowed` on first use: the rebuild oracle screens commands, every shim compile imports
+    this package and screens nothing."""
+    if name in ("Screened", "screen_options"):
+        from cacheaudit.compilers import allowed
+
+        return getattr(allowed, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "RAW_SUFFIX",

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from cacheaudit import children, seal
+from cacheaudit import children
 from cacheaudit.compilers.command import parse_command
 from cacheaudit.compilers.effective import effective_argv
 from cacheaudit.compilers.kinds import compiler_kind
@@ -291,6 +291,8 @@ def recorded_distrust(record: CompileRecord, env: Mapping[str, str]) -> str | No
     recorded = record.compiler
     if recorded is None or not recorded.path:
         return "the record names no compiler"
+    from cacheaudit import seal  # not on the shim's path: only the rebuild oracle asks
+
     why = seal.compiler_trust(record, seal.user_key(env, create=False))
     if why is not None:
         return why
