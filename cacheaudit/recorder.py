@@ -336,6 +336,8 @@ class ShimRecorder:
     _early_inputs: tuple[tuple[FileState, ...], IncludeGraph] | None = field(default=None,
                                                                              repr=False)
     """(sources, graph) hashed while the compile ran (`collect_inputs`)."""
+    _environment: dict[str, str] | None = field(default=None, repr=False)
+    _run: RunInfo | None = field(default=None, repr=False)
 
     @classmethod
     def prepare(cls, name: str, real: str, argv: Sequence[str],
@@ -400,15 +402,20 @@ class ShimRecorder:
                 result.depfile_text, self.cwd, source_paths, self._states, self.method)
 
     def ready_to_write(self) -> None:
-        """Import now, while the compile runs, what writing the record needs and nothing before
-        it did (the seal), so that the compile's end waits for none of it."""
+        """While the compile runs: what the record needs that the compile cannot change (the
+        compile-affecting environment, which loads every runtime's table, and the run), and the
+        imports that writing it needs (the seal), so that the compile's end waits for none of
+        it."""
         from cacheaudit import seal  # noqa: F401
+
+        self._environment = envvars.compile_environment(self.env)
+        self._run = current_run(self.env)
 
     def finish(self, returncode: int, duration_ns: int) -> None:
         """After the compile: hash inputs and outputs, write the record. Never raises."""
         try:
             record = self._build(returncode, duration_ns)
-            run = current_run(self.env)
+            run = self._run or current_run(self.env)
         except Exception as exc:  # noqa: BLE001 - fail open
             report_problem(f"{type(exc).__name__}: {exc}")
             return
@@ -466,7 +473,8 @@ class ShimRecorder:
             runtime=self.env.get(RUNTIME_VARIABLE) or None,
             kernel=_kernel_name(self.command.sources or self.command.objects),
             compiler=self.compiler, argv=self.argv, effective_argv=self.effective,
-            cwd=self.cwd, env=envvars.compile_environment(self.env),
+            cwd=self.cwd, env=(self._environment if self._environment is not None
+                               else envvars.compile_environment(self.env)),
             sources=sources + objects, graph=include_graph, outputs=outputs,
             exit_code=None if signal_number else returncode, signal=signal_number,
             duration_ns=duration_ns, pid=os.getpid(), host=socket.gethostname(),
