@@ -33,10 +33,12 @@ def _runner(argv: list[str], env: dict[str, str], cwd: str) -> Callable[[], None
 
 
 def _queries(masq: str, env: dict[str, str], workdir: str, repeat: int) -> list[Ratio]:
+    """Each query through the shim against its floor, run as one baseline interleaved with it:
+    the bare query followed by `python -c pass` (and by `python -S -c pass`, for information),
+    so that drift in load hits the floor and the shim alike."""
     python = sys.executable
-    start_up, start_up_s = interleaved(_runner([python, "-c", "pass"], env, workdir),
-                                       _runner([python, "-S", "-c", "pass"], env, workdir),
-                                       repeat=repeat)
+    start_up = {flags: _runner([python, *flags, "-c", "pass"], env, workdir)
+                for flags in ((), ("-S",))}
     ratios = []
     for name, args in (("g++", ["--version"]), ("g++", ["-dumpmachine"]),
                        ("g++", ["-E", "-dM", "-x", "c++", os.devnull]),
@@ -44,14 +46,22 @@ def _queries(masq: str, env: dict[str, str], workdir: str, repeat: int) -> list[
         real = shutil.which(name)
         if real is None:
             continue
-        shim, bare = interleaved(_runner([os.path.join(masq, name), *args], env, workdir),
-                                 _runner([real, *args], env, workdir), repeat=repeat)
+        shim = _runner([os.path.join(masq, name), *args], env, workdir)
+        bare = _runner([real, *args], env, workdir)
         what = f"{name} {' '.join(args)}".replace(os.devnull, "/dev/null")
-        ratios.append(Ratio(f"shim {what} / bare + python -c pass", shim, bare + start_up,
-                            budget=1.2))
-        ratios.append(Ratio(f"shim {what} / bare + python -S -c pass", shim, bare + start_up_s,
-                            budget=None))
-        ratios.append(Ratio(f"shim {what} / bare", shim, bare, budget=None))
+        for flags, budget in (((), 1.2), (("-S",), None)):
+            floor = start_up[flags]
+
+            def bare_and_start_up(bare: Callable[[], None] = bare,
+                                  floor: Callable[[], None] = floor) -> None:
+                bare()
+                floor()
+
+            ours, baseline = interleaved(shim, bare_and_start_up, repeat=repeat)
+            ratios.append(Ratio(f"shim {what} / bare + python {' '.join(flags)} -c pass".replace(
+                "  ", " "), ours, baseline, budget=budget))
+        ours, baseline = interleaved(shim, bare, repeat=repeat)
+        ratios.append(Ratio(f"shim {what} / bare", ours, baseline, budget=None))
     return ratios
 
 
