@@ -5,19 +5,27 @@ cacheaudit (`compilers` re-exports these for everyone else)."""
 from __future__ import annotations
 
 import os
-import re
 import stat as stat_module
-from collections.abc import Callable
 
-_STAND_IN_RE = re.compile(r"^[0-9a-f]{10}-(?P<name>.+)$")
-"""A recording session's stand-in name for a compiler setting (`shim.stand_in_name`)."""
+# Annotations only: the query path imports neither `typing` nor `collections`.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+_STAND_IN_DIGITS = 10
+"""A recording session's stand-in name for a compiler setting (`shim.stand_in_name`): ten
+lower-case hex digits, a dash, the name."""
+_HEX = frozenset("0123456789abcdef")
 
 
 def compiler_name(name: str) -> str:
     """The compiler a masquerade name stands for: `ad4942f9e9-nvcc` (a session's stand-in for
     a compiler setting) is nvcc; a plain name is itself."""
-    stand_in = _STAND_IN_RE.match(name)
-    return stand_in.group("name") if stand_in else name
+    digits, dash, rest = name[:_STAND_IN_DIGITS], name[_STAND_IN_DIGITS:_STAND_IN_DIGITS + 1], \
+        name[_STAND_IN_DIGITS + 1:]
+    if dash == "-" and rest and len(digits) == _STAND_IN_DIGITS and _HEX.issuperset(digits):
+        return rest
+    return name
 
 
 def is_executable_file(path: str) -> bool:

@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -332,6 +332,12 @@ class ShimRecorder:
     dependency_pass: graph.DependencyPass | None = None
     depfile: str | None = None
     method: str = ""
+    _states: StateCache = field(default_factory=StateCache, repr=False)
+    _early_inputs: tuple[tuple[FileState, ...], IncludeGraph] | None = field(default=None,
+                                                                             repr=False)
+    """(sources, graph) hashed while the compile ran (`collect_inputs`)."""
+    _environment: dict[str, str] | None = field(default=None, repr=False)
+    _run: RunInfo | None = field(default=None, repr=False)
 
     @classmethod
     def prepare(cls, name: str, real: str, argv: Sequence[str],
@@ -350,7 +356,8 @@ class ShimRecorder:
                    notes=list(expansion.notes))
 
     def start(self, child_env: Mapping[str, str], started_ns: int, workdir: str) -> None:
-        """Runs while the compiler runs: the dependency pass, the identity, the environment."""
+        """Runs while the compiler runs: the dependency pass, then the identity (memoised per
+        binary in `identity_memo_path`: no `--version` run once a binary is known)."""
         from cacheaudit import compilers, graph
 
         self.started_ns = started_ns
@@ -369,13 +376,46 @@ class ShimRecorder:
         # come back into this shim through the masquerade directory.
         self.compiler = compilers.identify(self.name, env=child_env, skip=is_masquerade_dir,
                                            path=self.real,
-                                           argv=[t.text for t in self.effective])
+                                           argv=[t.text for t in self.effective],
+                                           memo=compilers.FileMemo(identity_memo_path(self.env)))
+
+    def collect_inputs(self, compiling: Callable[[], bool]) -> None:
+        """While the compile runs (`compiling()`): wait for the dependency pass, then hash every
+        file it lists, so that after the compile only the outputs are left to hash. Returns as
+        soon as the compile ends, whatever is left then being done after it, as before; what
+        was hashed here is checked then (`_build`)."""
+        from cacheaudit import graph
+
+        dependency_pass = self.dependency_pass
+        if dependency_pass is None:
+            return
+        while dependency_pass.running:
+            if not compiling():
+                return
+            time.sleep(_POLL_S)
+        result = dependency_pass.wait()
+        if not (result.ok and result.depfile_text is not None and compiling()):
+            return
+        source_paths = [normalise_path(s, self.cwd) for s in self.command.sources]
+        with contextlib.suppress(graph.DepfileError):  # `_build` notes it
+            self._early_inputs = graph.graph_from_depfile(
+                result.depfile_text, self.cwd, source_paths, self._states, self.method)
+
+    def ready_to_write(self) -> None:
+        """While the compile runs: what the record needs that the compile cannot change (the
+        compile-affecting environment, which loads every runtime's table, and the run), and the
+        imports that writing it needs (the seal), so that the compile's end waits for none of
+        it."""
+        from cacheaudit import seal  # noqa: F401
+
+        self._environment = envvars.compile_environment(self.env)
+        self._run = current_run(self.env)
 
     def finish(self, returncode: int, duration_ns: int) -> None:
         """After the compile: hash inputs and outputs, write the record. Never raises."""
         try:
             record = self._build(returncode, duration_ns)
-            run = current_run(self.env)
+            run = self._run or current_run(self.env)
         except Exception as exc:  # noqa: BLE001 - fail open
             report_problem(f"{type(exc).__name__}: {exc}")
             return
@@ -392,7 +432,7 @@ class ShimRecorder:
     def _build(self, returncode: int, duration_ns: int) -> CompileRecord:
         from cacheaudit import compilers, graph
 
-        cache = StateCache()
+        cache = self._states
         source_paths = [normalise_path(s, self.cwd) for s in self.command.sources]
         sources: tuple[FileState, ...] = ()
         include_graph: IncludeGraph | None = None
@@ -401,7 +441,9 @@ class ShimRecorder:
                 # Interrupted: whoever stopped the compile wants the process gone, not a graph.
                 self.dependency_pass.kill()
             result = self.dependency_pass.wait(timeout=_dependency_timeout(duration_ns))
-            if result.ok and result.depfile_text is not None:
+            if self._early_inputs is not None and result.ok:
+                sources, include_graph = _checked(*self._early_inputs, cache)
+            elif result.ok and result.depfile_text is not None:
                 try:
                     sources, include_graph = graph.graph_from_depfile(
                         result.depfile_text, self.cwd, source_paths, cache, self.method)
@@ -431,13 +473,38 @@ class ShimRecorder:
             runtime=self.env.get(RUNTIME_VARIABLE) or None,
             kernel=_kernel_name(self.command.sources or self.command.objects),
             compiler=self.compiler, argv=self.argv, effective_argv=self.effective,
-            cwd=self.cwd, env=envvars.compile_environment(self.env),
+            cwd=self.cwd, env=(self._environment if self._environment is not None
+                               else envvars.compile_environment(self.env)),
             sources=sources + objects, graph=include_graph, outputs=outputs,
             exit_code=None if signal_number else returncode, signal=signal_number,
             duration_ns=duration_ns, pid=os.getpid(), host=socket.gethostname(),
             test_id=test_id_from(self.env), observer=f"shim:{self.name}",
             notes=tuple(self.notes), runtime_process=runtime_process_id,
             modified_during_compile=tuple(s.path for s in late))
+
+
+_POLL_S = 0.005
+"""How often `collect_inputs` looks whether the dependency pass or the compile has ended."""
+
+
+def identity_memo_path(env: Mapping[str, str]) -> str:
+    """The compilers' identities file beside the ledger (`compilers.FileMemo`)."""
+    return default_ledger_path(env) + ".compilers.json"
+
+
+def _checked(sources: tuple[FileState, ...], include_graph: IncludeGraph, cache: StateCache
+             ) -> tuple[tuple[FileState, ...], IncludeGraph]:
+    """Inputs hashed while the compile ran, as they are after it: a state stands when it was
+    settled and its stat is unchanged; any other file is read again (`StateCache.verify`), as
+    if it had been hashed only now, so that a file changed during the compile is recorded as
+    it is afterwards and its timestamps flag it (`modified_since`)."""
+    checked_sources = tuple(cache.verify(s) for s in sources)
+    files = []
+    for graph_file in include_graph.files:
+        state = cache.verify(graph_file.state)
+        files.append(graph_file if state is graph_file.state
+                     else dataclasses.replace(graph_file, state=state))
+    return checked_sources, IncludeGraph(files=tuple(files), method=include_graph.method)
 
 
 def _dependency_timeout(compile_ns: int) -> float:

@@ -1,62 +1,160 @@
 """The compiler shim: stands in for nvcc, g++, gcc, c++, clang++, hipcc and records each compile.
 
 It is installed as a masquerade directory of symlinks (`cacheaudit shim install DIR`) or named
-directly in a runtime's compiler setting (`DG_JIT_NVCC_COMPILER=DIR/nvcc`). For each compile it
-starts the real compiler with the user's stdin, stdout and stderr untouched, runs the compiler's
-own dependency pass concurrently (measured on the CUTLASS reference TU: free in wall-clock on two
-cores, where `-MD` in the same invocation cost 18%; see docs/design.md), and while both run it
-works out the compiler identity, the effective argv and the environment. After the compile it
-hashes the include graph and the outputs and writes one record to the ledger.
+directly in a runtime's compiler setting (`DG_JIT_NVCC_COMPILER=DIR/nvcc`). The links lead to the
+directory's launcher (`LAUNCHER`), which runs this module in a Python without `site` (`-S`).
+
+This module is the shim's first step and imports nothing but `os`, `sys`, `cacheaudit.programs`
+and `cacheaudit.switches` (`tests/test_shim_fast.py` counts them): it finds the real compiler
+and hands over to it, by `exec`, every call that records nothing (a query such as `--version`,
+`-dumpversion`, `-print-*`, a preprocess to stdout; a disabled shim; a nested one). A compile is
+started at once, before anything else of cacheaudit is imported, and recorded beside it
+(`cacheaudit.shimrun`).
 
 Transparency is the first rule: the same bytes on stdout and stderr, the same exit status, the
-same death by signal, `--version` byte-identical (DeepJIT hashes it), and a compile that runs and
-succeeds even when recording fails; that failure is reported once on stderr.
+same death by signal, `--version` byte-identical (DeepJIT hashes it), the same argv[0] when the
+name the user gave leads to the same program (gcc prints it as COLLECT_GCC and finds its own
+files by it), and a compile that runs and succeeds even when recording fails; that failure is
+reported once on stderr.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
 
-from cacheaudit.switches import (
-    DISABLE_VARIABLE,
-    MARKER,
-    flag_set,
-    is_masquerade_dir,
-)
+from cacheaudit.programs import compiler_name, find_program
+from cacheaudit.switches import DISABLE_VARIABLE, MARKER, flag_set, is_masquerade_dir
 
+# Annotations only: `typing` and `collections` cost a query more than the rest of this module.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from cacheaudit.recorder import ShimRecorder
+    from collections.abc import Mapping, Sequence
+    from typing import NoReturn
 
-# What a masquerade directory holds: every name below, each a symlink to the shim, and a marker
-# file that tells any shim (and `cacheaudit shim install`) that the directory is ours.
+# What a masquerade directory holds: every name below, each a symlink to the directory's
+# launcher, the launcher, and a marker file that tells any shim (and `cacheaudit shim install`)
+# that the directory is ours.
 MASQUERADE_NAMES = ("nvcc", "gcc", "g++", "cc", "c++", "clang", "clang++", "hipcc")
+LAUNCHER = ".cacheaudit-shim-launcher"
 
 # Set in the real compiler's environment: a shim reached from inside a compile (nvcc calling
 # a masqueraded g++ by absolute path) hands straight through instead of recording twice.
 ACTIVE_VARIABLE = "CACHEAUDIT_SHIM_ACTIVE"
 
-# Calls that compile nothing: handed straight to the compiler before any of cacheaudit is imported
-# (torch runs `c++ -dumpversion`-style probes, DeepJIT hashes `nvcc --version`).
+_MAX_DEPTH = 8
+
+# ---------------------------------------------------------------------------------- queries
+
+# Calls that compile nothing, alone or together, for any compiler (DeepJIT hashes `nvcc
+# --version`, torch runs `c++ -dumpversion`-style probes).
 _QUERY_FLAGS = frozenset({"--version", "-V", "-v", "-dumpversion", "-dumpfullversion",
                           "-dumpmachine", "--help", "-h", "--list-gpu-arch", "--list-gpu-code"})
 
-_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
-                      signal.SIGUSR1, signal.SIGUSR2)
-_MAX_DEPTH = 8
+# Options that make the driver answer and compile nothing, whatever else the command holds
+# (`compilers.parse_command` reads them so too).
+_GCC_ASKS = frozenset({"--version", "-dumpversion", "-dumpfullversion", "-dumpmachine",
+                       "-dumpspecs", "--help", "-###", "--target-help"})
+_GCC_ASK_PREFIXES = ("-print-", "--print-", "--help=")
+_NVCC_ASKS = frozenset({"--version", "-V", "--help", "-h", "--dryrun", "-dryrun",
+                        "--list-gpu-arch", "-arch-ls", "--list-gpu-code", "-code-ls"})
+# Preprocessing or a dependency listing, to stdout when nothing names an output.
+_GCC_TO_STDOUT = frozenset({"-E", "-M", "-MM"})
+_NVCC_TO_STDOUT = frozenset({"-E", "--preprocess", "-M", "--generate-dependencies", "-MM",
+                             "--generate-nonsystem-dependencies"})
+# Options that steer what is asked or preprocessed and write nothing: exact tokens, prefixes
+# of one-token spellings, and options whose value is the next token. Anything else (an output,
+# a depfile, `-Wp,`, `-Xclang`, a response file, a spec file) sends the command the long way,
+# where the full parser decides.
+_GCC_STEERING = frozenset({"-v", "-w", "-P", "-C", "-CC", "-H", "-undef", "-pthread",
+                           "-nostdinc", "-nostdinc++", "-dM", "-dD", "-dN", "-dI", "-dU"})
+_GCC_STEERING_PREFIXES = ("-m", "-f", "-O", "-std=", "--std=", "--target=", "-W", "-g", "-D",
+                          "-U", "-I", "-x", "-isystem", "-iquote", "-idirafter")
+_GCC_NOT_STEERING = ("-fdump", "-fplugin", "-Wp,", "-Wa,", "-Wl,", "-mllvm")
+_GCC_STEERING_WITH_VALUE = frozenset({"-x", "-I", "-D", "-U", "-isystem", "-iquote",
+                                      "-idirafter", "-include", "-imacros", "-target"})
+_NVCC_STEERING = frozenset({"-w", "--disable-warnings", "-m64", "--m64"})
+_NVCC_STEERING_PREFIXES = ("-D", "-U", "-I", "-std=", "--std=", "-arch=", "--gpu-architecture=",
+                           "--x=", "-x=", "--define-macro=", "--undefine-macro=",
+                           "--include-path=")
+_NVCC_STEERING_WITH_VALUE = frozenset({
+    "-x", "--x", "-I", "--include-path", "-D", "--define-macro", "-U", "--undefine-macro",
+    "-arch", "--gpu-architecture", "-std", "--std", "-isystem", "--system-include",
+    "-include", "--pre-include"})
 
 
-def is_query(argv: Sequence[str]) -> bool:
-    """Only version/help queries: nothing to record."""
-    return bool(argv) and all(token in _QUERY_FLAGS for token in argv)
+def driver_family(name: str) -> str:
+    """`compilers.compiler_kind` without `re` (a test holds them equal): "nvcc", "gcc",
+    "clang", "hipcc" or "unknown", from the basename."""
+    base = os.path.basename(name)
+    for suffix in (".exe", ".pl", ".bin"):
+        if base.endswith(suffix):
+            base = base[:-len(suffix)]
+            break
+    head, dash, version = base.rpartition("-")
+    if dash and head and version and all(part.isdigit() and part.isascii()
+                                         for part in version.split(".")):
+        base = head
+    for family, kind in (("clang++", "clang"), ("clang", "clang"), ("nvcc", "nvcc"),
+                         ("hipcc", "hipcc"), ("g++", "gcc"), ("gcc", "gcc"), ("c++", "gcc"),
+                         ("cc", "gcc")):
+        if base == family or base.endswith("-" + family):
+            return kind
+    return "unknown"
+
+
+def is_query(argv: Sequence[str], kind: str | None = None,
+             env: Mapping[str, str] | None = None) -> bool:
+    """Whether a call asks and compiles nothing, so that there is nothing to record.
+
+    Without `kind`: only version and help flags. With it ("gcc", "clang", "nvcc"), also a
+    command holding a query (`-dumpmachine`, `-print-file-name=X`, `-###`, nvcc `-dryrun`) with
+    options that only steer it, and a preprocess or dependency listing to stdout (`-E`, `-M`
+    with inputs, include directories, macros and language options, no output, no depfile, no
+    response file). Conservative: what it does not know takes the long way, where
+    `compilers.parse_command` decides (it agrees on everything this calls a query).
+    """
+    if not argv:
+        return False
+    if all(token in _QUERY_FLAGS for token in argv):
+        return True
+    if kind == "nvcc":
+        if env is not None and (env.get("NVCC_PREPEND_FLAGS") or env.get("NVCC_APPEND_FLAGS")):
+            return False
+        asks, ask_prefixes, to_stdout = _NVCC_ASKS, (), _NVCC_TO_STDOUT
+        steering, prefixes, not_steering = _NVCC_STEERING, _NVCC_STEERING_PREFIXES, ()
+        with_value = _NVCC_STEERING_WITH_VALUE
+    elif kind in ("gcc", "clang"):
+        asks, ask_prefixes, to_stdout = _GCC_ASKS, _GCC_ASK_PREFIXES, _GCC_TO_STDOUT
+        steering, prefixes, not_steering = _GCC_STEERING, _GCC_STEERING_PREFIXES, \
+            _GCC_NOT_STEERING
+        with_value = _GCC_STEERING_WITH_VALUE
+    else:
+        return False
+    asked = listed = inputs = False
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        index += 1
+        if token in asks or (ask_prefixes and token.startswith(ask_prefixes)):
+            asked = True
+        elif token in to_stdout:
+            listed = True
+        elif token in with_value:
+            if index == len(argv):
+                return False
+            index += 1
+        elif token == "-" or not token.startswith(("-", "@")):
+            inputs = True
+        elif token in steering or (token.startswith(prefixes)
+                                    and not token.startswith(not_steering)):
+            continue
+        else:
+            return False
+    return (asked and not inputs) or (listed and not asked)
+
+
+# ------------------------------------------------------------------------ the real compiler
 
 
 class ShimError(Exception):
@@ -76,18 +174,14 @@ def strip_masquerade_dirs(path_value: str) -> str:
     return os.pathsep.join(d for d in path_value.split(os.pathsep) if not is_masquerade_dir(d))
 
 
-
-
 def stand_in_name(value: str, family: str) -> str:
     """The masquerade name for a compiler setting that names something other than a bare
     family name: unique to the value, and ending in a name the shim can tell the kind of."""
     import xxhash
 
-    from cacheaudit.compilers import compiler_kind
-
     base = os.path.basename(value)
     digest = xxhash.xxh64_hexdigest(value.encode("utf-8", "surrogateescape"))[:10]
-    return f"{digest}-{base if compiler_kind(base) != 'unknown' else family}"
+    return f"{digest}-{base if driver_family(base) != 'unknown' else family}"
 
 
 def real_variable(name: str) -> str:
@@ -105,8 +199,6 @@ def lookup_variable(name: str) -> str:
 def resolve_lookup(order: Sequence[str], env: Mapping[str, str]) -> str | None:
     """The compiler a runtime would take by `order` (`CompilerSetting.default`'s rules) in `env`,
     never one of ours; None when no candidate applies."""
-    from cacheaudit.programs import find_program
-
     path_value = env.get("PATH", os.defpath)
     for candidate in order:
         if candidate.startswith("$"):
@@ -127,8 +219,6 @@ def find_real_compiler(name: str, env: Mapping[str, str]) -> str:
     """The compiler this shim stands in for: CACHEAUDIT_REAL_<NAME>; else, for a setting the
     session filled in, the runtime's own lookup order (CACHEAUDIT_LOOKUP_<NAME>) in this
     compile's environment; else `name` on PATH past us."""
-    from cacheaudit.programs import compiler_name, find_program
-
     own = _shim_targets()
     explicit = env.get(real_variable(name))
     lookup = None if explicit else env.get(lookup_variable(name))
@@ -154,34 +244,61 @@ def find_real_compiler(name: str, env: Mapping[str, str]) -> str:
     raise ShimError(f"cannot find the real {name} (looked in {where}, skipping shim directories)")
 
 
-@dataclass(frozen=True)
+def program_name(name: str, real: str, env: Mapping[str, str],
+                 child_env: Mapping[str, str]) -> str:
+    """The argv[0] the real compiler gets: the name the user gave (the link's name, or what
+    CACHEAUDIT_REAL_<NAME> says as written) when it leads, on the compiler's own PATH, to the
+    same program as `real`, as a bare run of that name would see it; else `real`.
+
+    gcc prints argv[0] as COLLECT_GCC (`g++ -v`) and finds its own files by it, and torch
+    Inductor keys its ISA probes and precompiled headers on that output.
+    """
+    given = env.get(real_variable(name)) or (
+        None if env.get(lookup_variable(name)) else compiler_name(name))
+    if not given or given == real:
+        return real
+    found = find_program(given, child_env.get("PATH", os.defpath))
+    try:
+        if found is not None and os.path.samefile(found, real):
+            return given
+    except OSError:
+        pass
+    return real
+
+
 class Invocation:
-    name: str
-    argv: tuple[str, ...]
+    """The compiler name the shim runs as, and the arguments for it."""
+
+    __slots__ = ("argv", "name")
+
+    def __init__(self, name: str, argv: tuple[str, ...]) -> None:
+        self.name = name
+        self.argv = argv
 
 
 def _invocation(argv: Sequence[str]) -> Invocation:
     """`nvcc ARGS` through a masquerade symlink, or `cacheaudit-shim nvcc ARGS` called directly."""
     name = os.path.basename(argv[0]) if argv else "cacheaudit-shim"
     rest = tuple(argv[1:])
-    if name.startswith("cacheaudit-shim") or name.startswith("shim.py"):
+    if name.startswith(("cacheaudit-shim", "shim.py", LAUNCHER)):
         if not rest:
             raise ShimError("usage: cacheaudit-shim COMPILER [ARGS...]")
         return Invocation(rest[0], rest[1:])
     return Invocation(name, rest)
 
 
-def cannot_run_status(exc: OSError) -> int:
-    """A shell's status for a program it could not start: 127 when there is none by that name,
-    126 when there is one that cannot be executed (no permission, not an executable format, a
-    directory, ...)."""
-    return 127 if isinstance(exc, (FileNotFoundError, NotADirectoryError)) else 126
+def _exec(real: str, argv0: str, argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:
+    # Python ignores SIGPIPE and SIGXFSZ at start-up and exec keeps what is ignored; a compiler
+    # started by a shell has them at their default (`_signal`: `signal` would import `enum`).
+    import _signal
 
-
-def _exec(real: str, argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:
+    for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):
+        _signal.signal(sig, _signal.SIG_DFL)
     try:
-        os.execve(real, [real, *argv], dict(env))
+        os.execve(real, [argv0, *argv], env)
     except OSError as exc:
+        from cacheaudit.shimrun import cannot_run_status
+
         sys.stderr.write(f"cacheaudit-shim: cannot run {real}: {exc.strerror}\n")
         sys.exit(cannot_run_status(exc))
 
@@ -216,150 +333,86 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"cacheaudit-shim: {exc}\n")
         return 127
     child_env = compiler_env(env)
-    if _depth(env) or flag_set(env, DISABLE_VARIABLE) or is_query(invocation.argv):
-        _exec(real, invocation.argv, child_env)
-    try:
-        from cacheaudit.recorder import ShimRecorder  # imported late: queries never pay for it
+    argv0 = program_name(invocation.name, real, env, child_env)
+    if (_depth(env) or flag_set(env, DISABLE_VARIABLE)
+            or is_query(invocation.argv, driver_family(compiler_name(invocation.name)), env)):
+        _exec(real, argv0, invocation.argv, child_env)
+    # Imported only now: a query never pays for it, and a compile starts before the rest.
+    from cacheaudit.shimrun import compile_and_record
 
-        recorder = ShimRecorder.prepare(invocation.name, real, invocation.argv, env)
-    except Exception as exc:  # noqa: BLE001 - a bug of ours must not cost the user a compile
-        sys.stderr.write(f"cacheaudit: recording failed, the compile is unaffected: "
-                         f"{type(exc).__name__}: {exc}\n")
-        recorder = None
-    if recorder is None:
-        _exec(real, invocation.argv, child_env)
-    return run_and_record(recorder, real, invocation.argv, child_env)
+    return compile_and_record(invocation.name, real, argv0, invocation.argv, env, child_env)
 
 
-def run_and_record(recorder: ShimRecorder, real: str, argv: Sequence[str],
-                   child_env: Mapping[str, str]) -> int:
-    """Run the compile transparently while the recorder works beside it; exit as it exited."""
-    from cacheaudit import children, scratch
-
-    # Handlers go in before the compiler starts: a signal that arrives in between is held and
-    # handed to the compiler as soon as it exists, never taken by the shim alone.
-    forwarder = _Forwarder(children.kill_all)
-    # A signal our parent ignores (nohup's SIGHUP) stays ignored: the compiler inherits SIG_IGN
-    # from us, as it would from the parent, whereas a handler of ours would be reset by exec.
-    previous = {sig: signal.signal(sig, forwarder.receive) for sig in _FORWARDED_SIGNALS
-                if signal.getsignal(sig) is not signal.SIG_IGN}
-    # The compile's end, noted when it happens: the identity probe may still be running then.
-    previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, forwarder.child_changed)
-    started_ns = time.time_ns()
-    recorder.started_ns = started_ns
-    started = time.perf_counter()
-    try:
-        child = subprocess.Popen([real, *argv], env=child_env)
-    except OSError as exc:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        sys.stderr.write(f"cacheaudit-shim: cannot run {real}: {exc.strerror}\n")
-        return cannot_run_status(exc)
-    forwarder.attach(child)
-    workdir: str | None = None
-    try:
-        try:
-            workdir = scratch.make_directory("shim")
-            recorder.start(child_env, started_ns, workdir)
-        except Exception as exc:  # noqa: BLE001 - the compile is running: never disturb it
-            recorder.notes.append(f"recording setup failed: {type(exc).__name__}: {exc}")
-        returncode = _wait(child)
-        duration_ns = int(((forwarder.exited_at or time.perf_counter()) - started) * 1e9)
-        # Ctrl-C while the record is written: the compile's status stands, not a traceback.
-        with contextlib.suppress(BaseException):
-            forwarder.recording = True
-            try:
-                recorder.finish(returncode, duration_ns)
-            finally:
-                forwarder.recording = False
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if recorder.dependency_pass is not None:
-            recorder.dependency_pass.kill()
-        scratch.remove(workdir)
-        # What an earlier shim killed outright left behind (one shim in SWEEP_ONE_IN looks).
-        with contextlib.suppress(BaseException):
-            scratch.sweep_now_and_then()
-    if returncode < 0:
-        _die_like(-returncode)
-    return returncode
-
-
-_TERMINATING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
-
-
-class _Interrupted(BaseException):
-    """A terminating signal after the compile ended: the recording stops, the status stands.
-    A BaseException, as KeyboardInterrupt: the recorder's fail-open handlers (`except
-    Exception`: spool the record, report a problem) must not take it for a failure."""
-
-
-class _Forwarder:
-    """Signals sent to the shim, passed on to the compiler; a terminating one also ends
-    cacheaudit's own children (the dependency pass, a hanging `--version` probe) at once."""
-
-    def __init__(self, kill_helpers: Callable[[], None]) -> None:
-        self.child: subprocess.Popen[bytes] | None = None
-        self.pending: list[int] = []
-        self.kill_helpers = kill_helpers
-        self.exited_at: float | None = None
-        self.recording = False
-        """The compile has ended and its record is being written: a terminating signal ends
-        that (`_Interrupted`), as Ctrl-C would."""
-
-    def receive(self, sig: int, _frame: object) -> None:
-        if sig in _TERMINATING:
-            self.kill_helpers()
-        if self.child is None:
-            self.pending.append(sig)
-            return
-        with contextlib.suppress(ProcessLookupError):
-            self.child.send_signal(sig)
-        if self.recording and sig in _TERMINATING:
-            raise _Interrupted(f"signal {sig} while the record was written")
-
-    def child_changed(self, _sig: int, _frame: object) -> None:
-        """SIGCHLD: when the compile has ended, note the time (it is reaped here; `wait` then
-        returns its status at once). Only the compile's pid is asked: no other child is reaped."""
-        if self.child is not None and self.exited_at is None and self.child.poll() is not None:
-            self.exited_at = time.perf_counter()
-
-    def attach(self, child: subprocess.Popen[bytes]) -> None:
-        self.child = child
-        for sig in self.pending:
-            self.receive(sig, None)
-        self.pending.clear()
-
-
-def _wait(child: subprocess.Popen[bytes]) -> int:
-    while True:
-        try:
-            return child.wait()
-        except InterruptedError:  # pragma: no cover - PEP 475 retries for us
-            continue
-
-
-def _die_like(sig: int) -> None:
-    """End this process by the signal that ended the compiler, as the bare compiler would."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    signal.signal(sig, signal.SIG_DFL)
-    os.kill(os.getpid(), sig)
-    # A signal whose default action is not to terminate (or one blocked by our parent): fall
-    # back to the shell convention.
-    sys.exit(128 + sig)
+# ------------------------------------------------------------------- the masquerade directory
 
 
 def shim_executable() -> str:
-    """The `cacheaudit-shim` script of this installation, for masquerade symlinks to point at."""
+    """The `cacheaudit-shim` script of this installation: what a masquerade directory's links
+    lead to where no launcher can be written beside them, and what names the installation."""
     beside_python = os.path.join(os.path.dirname(sys.executable), "cacheaudit-shim")
     if os.access(beside_python, os.X_OK):
         return beside_python
+    import shutil
+
     found = shutil.which("cacheaudit-shim")
     if found is None:
         raise ShimError("the cacheaudit-shim script is not installed (reinstall cacheaudit)")
     return os.path.abspath(found)
+
+
+_SHEBANG_LIMIT = 127
+"""Bytes of a `#!` line every Linux kernel reads (5.1 and later read 255)."""
+
+
+def launcher_text(python: str, root: str) -> str:
+    """The launcher a masquerade directory's links lead to: this installation's shim in
+    `python` without `site` (-S: 6 ms of a query's 13 on the machine of docs/shim.md), with the
+    directory that holds the cacheaudit package, `root`, last on its path (PYTHONPATH still goes
+    first). The recording path loads `site` itself (`shimrun`); an installation that moved
+    since is found through `site` too."""
+    body = ("# cacheaudit's compiler shim, as the masquerade links beside it run it: Python\n"
+            "# without `site`, so that a compiler query is handed over before anything else is\n"
+            "# imported. Written by `cacheaudit shim install`.\n"
+            "import sys\n"
+            f"sys.path.append({root!r})\n"
+            "try:\n"
+            "    from cacheaudit.shim import main\n"
+            "except ImportError:\n"
+            "    import site\n"
+            "    site.main()\n"
+            "    from cacheaudit.shim import main\n"
+            "sys.exit(main())\n")
+    shebang = f"#!{python} -S"
+    if len(shebang.encode()) <= _SHEBANG_LIMIT and not any(c.isspace() for c in python):
+        return f"{shebang}\n{body}"
+    # Too long for the kernel, or a path with a blank: sh finds the interpreter (pip does so).
+    import shlex
+
+    return ("#!/bin/sh\n"
+            f"'''exec' {shlex.quote(python)} -S \"$0\" \"$@\"\n"
+            "' '''\n" + body)
+
+
+def write_launcher(directory: str) -> str:
+    """`directory/LAUNCHER` for this interpreter and installation, rewritten atomically when
+    it says anything else; returns its path. Raises OSError."""
+    import cacheaudit
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(cacheaudit.__file__)))
+    text = launcher_text(sys.executable, root)
+    launcher = os.path.join(directory, LAUNCHER)
+    try:
+        with open(launcher, encoding="utf-8") as handle:
+            if handle.read() == text and os.access(launcher, os.X_OK):
+                return launcher
+    except (OSError, UnicodeDecodeError):
+        pass
+    staging = f"{launcher}.{os.getpid()}.tmp"
+    with open(staging, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(staging, 0o755)
+    os.replace(staging, launcher)
+    return launcher
 
 
 def install_masquerade(directory: str, names: Sequence[str] | None = None,
@@ -385,7 +438,7 @@ def install_masquerade(directory: str, names: Sequence[str] | None = None,
             link_to_shim(directory, name, target)
         except OSError as exc:
             raise UsageError(f"cannot write {link}: {exc.strerror or exc}") from exc
-        done.append(f"{link} -> {target}")
+        done.append(f"{link} -> {os.readlink(link)}")
     mark_masquerade_dir(directory)
     return done
 
@@ -405,19 +458,36 @@ def _make_masquerade_dir(directory: str) -> None:
 
 
 def is_link_to(link: str, target: str) -> bool:
-    return os.path.islink(link) and os.path.realpath(link) == os.path.realpath(target)
+    """Whether `link` is a link of ours: to the `target` script, or to its directory's
+    launcher."""
+    if not os.path.islink(link):
+        return False
+    real = os.path.realpath(link)
+    return real in (os.path.realpath(target),
+                    os.path.realpath(os.path.join(os.path.dirname(link), LAUNCHER)))
 
 
 def link_to_shim(directory: str, name: str, target: str) -> str:
-    """`directory/name` -> the shim, replaced atomically: a compile running through the old link
-    in another session never sees the name missing."""
+    """`directory/name` -> the directory's launcher (written or refreshed here), or to `target`,
+    the `cacheaudit-shim` script, where no launcher can be written; replaced atomically: a
+    compile running through the old link in another session never sees the name missing."""
     link = os.path.join(directory, name)
-    if is_link_to(link, target):
-        return link
+    try:
+        write_launcher(directory)
+        leads_to = LAUNCHER
+    except OSError:
+        leads_to = target
+    try:
+        if os.readlink(link) == leads_to:
+            return link
+    except OSError:
+        pass
+    import contextlib
+
     staging = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
     with contextlib.suppress(FileNotFoundError):
         os.remove(staging)
-    os.symlink(target, staging)
+    os.symlink(leads_to, staging)
     os.replace(staging, link)
     return link
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 
+# Annotations only: `collections.abc` would cost every Python process of a session (and the
+# shim's query path) more than all of this module.
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # `collections.abc` would cost every Python process of a session ~3 ms
+if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
 ACTIVE = "CACHEAUDIT"
@@ -48,9 +50,18 @@ def is_masquerade_dir(directory: str) -> bool:
     return os.path.isfile(os.path.join(directory or ".", MARKER))
 
 
+# Interpreter options a script's `#!` line may carry before the script (the masquerade
+# directory's launcher runs `python -S`).
+_INTERPRETER_FLAGS = frozenset({"-S", "-s", "-E", "-I", "-B", "-u", "-P", "-O", "-OO"})
+
+
 def in_shim_process(argv: Sequence[str]) -> bool:
     """Whether this interpreter runs the shim: its script is a masquerade link (or the
-    `cacheaudit-shim` script itself). The start-up hook stays out of such processes."""
-    script = argv[1] if len(argv) > 1 else ""
+    `cacheaudit-shim` script itself). The start-up hook stays out of such processes.
+    `argv` is `sys.orig_argv`: the interpreter, its options, then the script."""
+    index = 1
+    while index < len(argv) and argv[index] in _INTERPRETER_FLAGS:
+        index += 1
+    script = argv[index] if index < len(argv) else ""
     return (os.path.basename(script).startswith("cacheaudit-shim")
             or is_masquerade_dir(os.path.dirname(script)))

@@ -223,11 +223,14 @@ def test_sigterm_during_a_hanging_version_probe_ends_the_shim_at_once_with_the_t
     src.mkdir()
     (src / "k.cpp").write_text("int k() { return 1; }\n")
     env = dict(shim_env.env)
-    env["CACHEAUDIT_REAL_GXX"] = str(slow_gxx(tmp_path / "userbin", seconds="${SLOW:-5}",
-                                              version_hang=True))
+    wrapper = slow_gxx(tmp_path / "userbin", seconds="${SLOW:-5}", version_hang=True)
+    env["CACHEAUDIT_REAL_GXX"] = str(wrapper)
     # A first compile, without the hang, makes the ledger: the one under test only adds to it.
     assert _shim_compile(shim_env, src, dict(env, SLOW="0", SLOW_PASS="0")).wait(60) == 0
     env["HANG"] = "1"
+    # The wrapper touched: the compile under test cannot take its identity from the memo the
+    # first one left, and runs `--version` again.
+    os.utime(wrapper)
     started = time.monotonic()
     process = _shim_compile(shim_env, src, env)
     assert wait_for(lambda: any("--version" in line for line in processes_under(tmp_path)))

@@ -18,7 +18,8 @@ One concern per module, lowest first:
 - `dependency`: a command rewritten into the compiler's own `-M` pass;
 - `allowed`: which options of a command someone else wrote may reach a compiler cacheaudit runs;
 - `command`: what a command line does (`parse_command`, `ParsedCommand`, `output_paths`);
-- `identity`: who compiles (`identify`, `host_compiler_path`, `IdentityMemo`, `DictMemo`).
+- `identity`: who compiles (`identify`, `host_compiler_path`, `IdentityMemo`, `DictMemo`);
+- `memo`: `FileMemo`, the identities the shim keeps in a file beside the ledger.
 
 Everything public is re-exported here, so callers import from `cacheaudit.compilers`. The PATH
 lookup itself lives in `cacheaudit.programs` (stdlib only, for the shim's query path) and is
@@ -28,7 +29,6 @@ re-exported too. Nothing here runs a subprocess at import time; only `identify` 
 
 from __future__ import annotations
 
-from cacheaudit.compilers.allowed import Screened, screen_options
 from cacheaudit.compilers.command import ParsedCommand, output_paths, parse_command
 from cacheaudit.compilers.effective import (
     RAW_SUFFIX,
@@ -46,6 +46,7 @@ from cacheaudit.compilers.identity import (
     recorded_distrust,
 )
 from cacheaudit.compilers.kinds import compiler_kind
+from cacheaudit.compilers.memo import FileMemo
 from cacheaudit.compilers.options import ArgUnit
 from cacheaudit.compilers.tokenizers import (
     quote_gcc_response_file,
@@ -59,11 +60,26 @@ from cacheaudit.compilers.tokenizers import (
 from cacheaudit.compilers.wrappers import resolve_wrappers
 from cacheaudit.programs import find_program, is_executable_file
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from cacheaudit.compilers.allowed import Screened, screen_options
+
+
+def __getattr__(name: str) -> object:
+    """`allowed` on first use: the rebuild oracle screens commands, every shim compile imports
+    this package and screens nothing."""
+    if name in ("Screened", "screen_options"):
+        from cacheaudit.compilers import allowed
+
+        return getattr(allowed, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "RAW_SUFFIX",
     "ArgUnit",
     "ArgvExpansion",
     "DictMemo",
+    "FileMemo",
     "IdentityMemo",
     "ParsedCommand",
     "Screened",

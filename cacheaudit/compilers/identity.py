@@ -3,8 +3,8 @@
 A path is not an identity: `identify` follows the PATH lookup and the wrappers (`wrappers`) to the
 binary that runs, hashes it, keeps its full `--version` text (run with the caller's environment, so
 that wrappers are honoured) and, for nvcc, identifies the host compiler chosen by `-ccbin`,
-`NVCC_CCBIN` or PATH. `--version` results are memoised across processes (`IdentityMemo`) under a
-key of the files' stat along the whole chain.
+`NVCC_CCBIN` or PATH. `--version` results are memoised across processes (`IdentityMemo`; the shim
+keeps one in a file, `memo.FileMemo`) under a key of the files' stat along the whole chain.
 
 Nothing here runs a subprocess at import time; only `identify` runs one (`--version`).
 """
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from cacheaudit import children, seal
+from cacheaudit import children
 from cacheaudit.compilers.command import parse_command
 from cacheaudit.compilers.effective import effective_argv
 from cacheaudit.compilers.kinds import compiler_kind
@@ -77,11 +77,11 @@ def identity_cache_key(path: str, resolved: str, wrappers: Sequence[str],
     """A key under which a compiler's `--version` text and digest may be reused, or None.
 
     It covers the path run (drivers print their own name: `g++ (Debian ...)`), every hop and the
-    resolved binary with (size, mtime_ns, ctime_ns, inode), and the locale variables (gcc
+    resolved binary with (device, inode, size, mtime_ns, ctime_ns), and the locale variables (gcc
     translates `--version`). None when a file cannot be stat'ed or the binary changed within the
     timestamp-granularity window (`digest.is_settled`), when a stat match proves nothing.
     """
-    parts: list[object] = ["cacheaudit-compiler-identity-v1", path, resolved]
+    parts: list[object] = ["cacheaudit-compiler-identity-v2", path, resolved]
     now = time.time_ns()
     for hop in (*wrappers, resolved):
         try:
@@ -90,7 +90,7 @@ def identity_cache_key(path: str, resolved: str, wrappers: Sequence[str],
             return None
         if not is_settled(st, now):
             return None
-        parts.append((hop, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+        parts.append((hop, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
     parts.append(tuple((name, env.get(name)) for name in _LOCALE_VARIABLES))
     return json_digest(parts)
 
@@ -291,6 +291,8 @@ def recorded_distrust(record: CompileRecord, env: Mapping[str, str]) -> str | No
     recorded = record.compiler
     if recorded is None or not recorded.path:
         return "the record names no compiler"
+    from cacheaudit import seal  # not on the shim's path: only the rebuild oracle asks
+
     why = seal.compiler_trust(record, seal.user_key(env, create=False))
     if why is not None:
         return why
