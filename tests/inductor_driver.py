@@ -1,0 +1,41 @@
+"""A job for the Inductor scenarios: torch's own C++ code cache (`CppCodeCache.load`, the path
+every CPU kernel of torch.compile takes) loads one kernel and calls it; prints one JSON line.
+
+Run as `python inductor_driver.py kernel SOURCE_FILE` (the library's key and path, and what its
+`scaled(3)` returns), or `python inductor_driver.py compile` (a real torch.compile of a small
+function on CPU: its result and torch's own cache counters).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+
+
+def kernel(source_file: str) -> dict[str, object]:
+    from torch._inductor.codecache import CppCodeCache
+
+    with open(source_file) as handle:
+        source = handle.read()
+    # No vector ISA: the probes it would compile first cost seconds and add nothing here.
+    library = CppCodeCache.load(source, needs_vec_isa=False)
+    library.scaled.restype = ctypes.c_int
+    return {"key": library.key, "library": library._name, "value": library.scaled(3)}
+
+
+def compiled() -> dict[str, object]:
+    import torch
+    from torch._dynamo.utils import counters
+
+    def function(x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x) * 2 + x.cos()
+
+    result = torch.compile(function)(torch.arange(16, dtype=torch.float32))
+    return {"result": [round(float(v), 6) for v in result[:4]],
+            "inductor": dict(counters["inductor"]), "aot_autograd": dict(counters["aot_autograd"])}
+
+
+if __name__ == "__main__":
+    done = kernel(sys.argv[2]) if sys.argv[1] == "kernel" else compiled()
+    print(json.dumps(done))

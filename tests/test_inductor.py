@@ -1,0 +1,244 @@
+"""Inductor (torch.compile's C++ layer on CPU), against the real torch 2.13.0: its own
+`CppCodeCache.load` builds and serves each kernel in a process of its own
+(tests/inductor_driver.py), with a TORCHINDUCTOR_CACHE_DIR per test.
+
+Ground truth is the value the served library returns and the value a compile into an empty
+cache returns: a stale hit is a second process served the old value under the same key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cacheaudit.digest import StateCache
+from cacheaudit.model import CacheEntry, CacheLeftover
+
+pytest.importorskip("torch")
+
+TESTS = Path(__file__).parent
+DRIVER = TESTS / "inductor_driver.py"
+KERNEL = '#include <tile.h>\nextern "C" int scaled(int x) { return x * TILE; }\n'
+GXX = shutil.which("g++")
+
+pytestmark = pytest.mark.skipif(GXX is None, reason="Inductor compiles CPU kernels with g++")
+
+
+def _env(tmp: Path, cache: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TORCHINDUCTOR_", "CACHEAUDIT_")) and k != "CPATH"}
+    env.update({"TORCHINDUCTOR_CACHE_DIR": str(cache), "XDG_CACHE_HOME": str(tmp / "xdg"),
+                "CACHEAUDIT_LEDGER": str(tmp / "ledger.db"),
+                # precompiled headers live under $TMPDIR/torchinductor_<user>: kept per test
+                "TMPDIR": str(tmp / "tmp"),
+                "PYTHONPATH": os.pathsep.join(
+                    p for p in (str(TESTS.parent), os.environ.get("PYTHONPATH", "")) if p)})
+    (tmp / "tmp").mkdir(exist_ok=True)
+    env.update(extra)
+    return env
+
+
+def _kernel(env: dict[str, str], source: Path, *, recorded: bool = False) -> dict[str, object]:
+    job = [sys.executable, str(DRIVER), "kernel", str(source)]
+    argv = [sys.executable, "-m", "cacheaudit", "run", "--", *job] if recorded else job
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[0])
+
+
+def _scan(env: dict[str, str], root: Path) -> tuple[int, list[dict[str, object]]]:
+    done = subprocess.run([sys.executable, "-m", "cacheaudit", "scan", "--json", "--fail-on",
+                           "error", str(root)], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode in (0, 1), done.stderr
+    return done.returncode, json.loads(done.stdout)["findings"]
+
+
+def test_a_header_cpath_supplies_is_served_stale_and_scan_names_it(tmp_path: Path) -> None:
+    """CPATH puts a header before the system's; Inductor's kernel key is the source and the
+    command line as text, so an edit of that header is served stale by the next process, and
+    a later scan names the header (CA101). Before the edit the scan raises no error (control),
+    and recording did not change the key: a plain compile into another empty cache computes
+    the same one."""
+    include = tmp_path / "include"
+    include.mkdir()
+    header = include / "tile.h"
+    header.write_text("#define TILE 4\n")
+    source = tmp_path / "kernel.cpp"
+    source.write_text(KERNEL)
+    cache = tmp_path / "cache"
+    env = _env(tmp_path, cache, CPATH=str(include))
+
+    built = _kernel(env, source, recorded=True)
+    assert built["value"] == 12
+    plain = _kernel(dict(env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "plain")), source)
+    assert plain["key"] == built["key"], "recording changed Inductor's kernel key"
+
+    status, findings = _scan(env, cache)
+    assert status == 0, [f for f in findings if f["severity"] == "error"]
+    assert any(f["code"] == "CA102" and str(f["entry"]).endswith(".main.so") for f in findings)
+
+    time.sleep(0.05)
+    header.write_text("#define TILE 8\n")
+    served = _kernel(env, source)
+    fresh = _kernel(dict(env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "empty")), source)
+    assert (served["key"], served["library"]) == (built["key"], built["library"])
+    assert (served["value"], fresh["value"]) == (12, 24)  # ground truth: the hit is stale
+
+    status, findings = _scan(env, cache)
+    assert status == 1
+    stale = [(f["code"], f["subject"], f["entry"]) for f in findings if f["code"] == "CA101"]
+    assert stale == [("CA101", str(header), built["library"])], findings
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="needs a Policy hook: the compiler the runtime would "
+                                       "resolve now (PATH), not the one at the recorded path; "
+                                       "docs/runtimes/inductor.md, 'Not yet'")
+def test_a_compiler_earlier_on_path_is_served_stale_and_scan_names_it(tmp_path: Path) -> None:
+    """`g++` is looked up on PATH and only its name is keyed: another g++ earlier on PATH gets
+    the old library. Ground truth: an empty cache under the new PATH gives the new value."""
+    source = tmp_path / "kernel.cpp"
+    source.write_text('extern "C" int scaled(int x) { return x * SCALE; }\n')
+    compilers = {}
+    for name, scale in (("old", 2), ("new", 5)):
+        directory = tmp_path / name
+        directory.mkdir()
+        wrapper = directory / "g++"
+        wrapper.write_text(f"#!/bin/sh\nexec {GXX} -DSCALE={scale} \"$@\"\n")
+        wrapper.chmod(0o755)
+        compilers[name] = f"{directory}{os.pathsep}{os.environ['PATH']}"
+    cache = tmp_path / "cache"
+    env = _env(tmp_path, cache)
+    built = _kernel(dict(env, PATH=compilers["old"]), source, recorded=True)
+    served = _kernel(dict(env, PATH=compilers["new"]), source)
+    fresh = _kernel(dict(env, PATH=compilers["new"], TORCHINDUCTOR_CACHE_DIR=str(
+        tmp_path / "empty")), source)
+    assert (served["key"], served["value"], fresh["value"]) == (built["key"], 6, 15)
+
+    status, findings = _scan(dict(env, PATH=compilers["new"]), cache)
+    assert status == 1
+    assert any(f["code"] in ("CA301", "CA202") and "g++" in str(f["subject"])
+               for f in findings), findings
+
+
+class _Runs:
+    """A pickle payload that would create a file if anything unpickled it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_the_reader_names_every_entry_kind_and_never_unpickles(tmp_path: Path) -> None:
+    """The layout on a cache of every kind (built by hand in Inductor's grammar: a kernel pair,
+    a probe pair, a source whose library is missing, a dead build directory, FX graph and
+    AOTAutograd pickles, a precompiled header): the pickles are entries by name and digest,
+    and reading them, or scanning them, runs nothing they name."""
+    from cacheaudit.runtimes.inductor.layout import LAYOUT
+
+    root = tmp_path / "cache"
+    key = "c" + "a" * 51
+    shard = root / key[1:3]
+    shard.mkdir(parents=True)
+    (shard / f"{key}.main.cpp").write_text(KERNEL)
+    (shard / f"{key}.main.so").write_bytes(b"\x7fELF")
+    probe = "c" + "b" * 51
+    (root / probe[1:3]).mkdir()
+    (root / probe[1:3] / f"{probe}.cpp").write_text("// probe\n")
+    (root / probe[1:3] / f"{probe}.so").write_bytes(b"\x7fELF")
+    orphan = "c" + "d" * 51
+    (shard / f"{orphan}.main.cpp").write_text(KERNEL)
+    (shard / f"{orphan}_CxxBuild").mkdir()
+    marker = tmp_path / "unpickled"
+    fx = root / "fxgraph" / "ee" / ("f" + "e" * 51)
+    fx.mkdir(parents=True)
+    (fx / "guards1").write_bytes(pickle.dumps(_Runs(marker)))
+    aot = root / "aotautograd" / ("a" + "f" * 51)
+    aot.mkdir(parents=True)
+    (aot / "guards2").write_bytes(pickle.dumps(_Runs(marker)))
+    headers = root / "precompiled_headers"
+    headers.mkdir()
+    header = "c" + "g" * 51
+    (headers / f"{header}.h").write_text("#include <torch/csrc/inductor/cpp_prefix.h>\n")
+    (headers / f"{header}.h.gch").write_bytes(b"gpch")
+    (root / "locks").mkdir()
+
+    assert LAYOUT.is_root(str(root))
+    found = list(LAYOUT.read(str(root), StateCache()))
+    entries = {(e.meta["kind"], e.key, os.path.relpath(e.path, root))
+               for e in found if isinstance(e, CacheEntry)}
+    assert entries == {
+        ("kernel", key, f"aa/{key}.main.so"), ("cpp", probe, f"bb/{probe}.so"),
+        ("fxgraph", fx.name, f"fxgraph/ee/{fx.name}/guards1"),
+        ("aotautograd", aot.name, f"aotautograd/{aot.name}/guards2"),
+        ("precompiled_header", header, f"precompiled_headers/{header}.h.gch")}
+    leftovers = {os.path.relpath(e.path, root) for e in found if isinstance(e, CacheLeftover)}
+    assert leftovers == {f"aa/{orphan}.main.cpp", f"aa/{orphan}_CxxBuild"}
+
+    env = _env(tmp_path, root)
+    _scan(env, root)
+    assert not marker.exists(), "a pickle in the cache was unpickled"
+
+
+def test_the_default_roots_follow_torch(tmp_path: Path) -> None:
+    """cache_dir() then default_cache_dir() (runtime/cache_dir_utils.py:14, :24): the second
+    holds the precompiled headers whatever TORCHINDUCTOR_CACHE_DIR says."""
+    from cacheaudit.runtimes.inductor.layout import LAYOUT
+
+    env = {"TMPDIR": str(tmp_path), "USER": "a/b", "TORCHINDUCTOR_CACHE_DIR": "rel"}
+    assert LAYOUT.default_roots(env) == [os.path.abspath("rel"),
+                                         str(tmp_path / "torchinductor_a_b")]
+    assert LAYOUT.default_roots({"TMPDIR": str(tmp_path), "USER": "u"}) == [
+        str(tmp_path / "torchinductor_u")]
+
+
+@pytest.mark.slow
+def test_a_real_torch_compile_cache_is_read_whole_and_its_kernels_tied_to_their_compiles(
+        tmp_path: Path) -> None:
+    """torch.compile of a small function on CPU under `cacheaudit run`, then again in a new
+    process: torch's own counters say the second was an FX graph and AOTAutograd hit with the
+    same result. The scan reads every entry kind Inductor wrote (kernels, ISA probes, FX graph
+    and AOTAutograd entries, the precompiled header under $TMPDIR) and ties every C++ entry to
+    the g++ compile the shim recorded; nothing in the cache raises an error."""
+    cache = tmp_path / "cache"
+    env = _env(tmp_path, cache)
+    job = [sys.executable, str(DRIVER), "compile"]
+    first = subprocess.run([sys.executable, "-m", "cacheaudit", "run", "--", *job],
+                           capture_output=True, text=True, env=env, timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    built = json.loads(first.stdout.splitlines()[0])
+    assert built["inductor"].get("fxgraph_cache_miss") == 1, built
+    again = subprocess.run(job, capture_output=True, text=True, env=env, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    served = json.loads(again.stdout.splitlines()[0])
+    assert served["inductor"].get("fxgraph_cache_hit") == 1, served
+    assert served["aot_autograd"].get("autograd_cache_hit") == 1, served
+    assert served["result"] == built["result"]
+
+    from cacheaudit.runtimes.inductor.layout import LAYOUT, default_cache_dir
+
+    headers_root = default_cache_dir(env)
+    assert LAYOUT.default_roots(env) == [str(cache), headers_root]
+    kinds = {e.meta["kind"] for root in (cache, headers_root)
+             for e in LAYOUT.read(str(root), StateCache()) if isinstance(e, CacheEntry)}
+    assert kinds == {"kernel", "cpp", "fxgraph", "aotautograd", "precompiled_header"}, kinds
+
+    done = subprocess.run([sys.executable, "-m", "cacheaudit", "scan", "--json", "--fail-on",
+                           "error"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    findings = json.loads(done.stdout)["findings"]
+    unrecorded = {os.path.basename(os.path.dirname(str(f["entry"]))) for f in findings
+                  if f["code"] == "CA501" and "no recorded compile" in f["message"]}
+    # Only the pickled entries lack a compile: every kernel, probe and header was recorded.
+    assert all(name.startswith(("f", "a")) for name in unrecorded), unrecorded
