@@ -114,6 +114,17 @@ class Policy:
         Default: the recipe is not reproducible."""
         return KeyCheck(None, note=f"{self.runtime}'s key is not recomputed")
 
+    def compiler_now(self, entry: CacheEntry, record: CompileRecord,
+                     env: Mapping[str, str]) -> str | None:
+        """The compiler this runtime would run for `entry` now under `env`, as a path, for a
+        runtime that looks its compiler up again in every process (a bare name on PATH) while
+        its key holds only the name: the audit then judges that compiler against the recorded
+        one (CA301), so that another binary earlier on PATH is seen. Only a compiler the
+        user's configuration resolves may be named (the audit runs its `--version`). Default:
+        None, the recorded compiler's own path is judged (a runtime that runs the compiler
+        its configuration names by path, or keys the binary)."""
+        return None
+
     def compiler_change_in_key(self, recorded: CompilerIdentity,
                                current: CompilerIdentity) -> bool:
         """Whether this compiler change alters the runtime's key (so a hit is impossible).

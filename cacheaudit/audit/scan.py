@@ -279,9 +279,15 @@ class Auditor:
         if registry_problem is None:
             findings += environment_findings(context, entry, record, policy)
         findings += configuration_findings(context, entry, record, policy)
+        current = None
         if record.compiler is not None and not record.reconstructed:
             execution.identify_recorded_compiler(context, entry, record, self._seal_key())
-        findings += compiler_findings(context, entry, record, policy)
+            current = policy.compiler_now(entry, record, self.env)
+            if current is not None and current != record.compiler.path:
+                execution.identify_compiler(context, current)
+            else:
+                current = None
+        findings += compiler_findings(context, entry, record, policy, current)
         findings += modified_during_compile(record, entry)
         return findings
 

@@ -23,10 +23,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from cacheaudit.model import CacheEntry, CompileRecord
 from cacheaudit.policy import KeyCheck, KeyComponent, Policy, TrackedSet
+from cacheaudit.programs import find_program
+from cacheaudit.switches import is_masquerade_dir
 
 RUNTIME = "inductor"
 
@@ -66,6 +69,21 @@ class InductorPolicy(Policy):
         return KeyCheck(None, (KeyComponent("source text (hashed)", source),),
                         note="the hashable command line (CppBuilder for name 'o', source 'i') "
                              "is computed in the process and not stored; not recomputed")
+
+    def compiler_now(self, entry: CacheEntry, record: CompileRecord,
+                     env: Mapping[str, str]) -> str | None:
+        """The g++ Inductor would run now: it runs the compiler by the name `config.cpp.cxx`
+        holds (`$CXX`, else `g++`; cpp_builder.py `get_cpp_compiler`, :372, and
+        `cpp_compiler_search`, :83, which returns the name as given), which `subprocess` looks
+        up on PATH in every process, and keys only that name. A compiler recorded as invoked by
+        a path (a `CXX` given by full path, which is keyed) is judged at that path."""
+        recorded = record.compiler
+        if recorded is None or "/" in recorded.invoked:
+            return None
+        name = env.get("CXX") or recorded.invoked
+        if "/" in name:
+            return None  # a CXX given by path now: another command line, another key
+        return find_program(name, env.get("PATH", os.defpath), skip=is_masquerade_dir)
 
     def reconstruction_problem(self, entry: CacheEntry) -> str | None:
         kind = str(entry.meta.get("kind", ""))
