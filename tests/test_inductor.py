@@ -46,9 +46,13 @@ def _env(tmp: Path, cache: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _kernel(env: dict[str, str], source: Path, *, recorded: bool = False) -> dict[str, object]:
+def _kernel(env: dict[str, str], source: Path, *, recorded: bool = False,
+            report: Path | None = None) -> dict[str, object]:
+    """The driver's answer for `source`, in a process of its own (under `cacheaudit run` when
+    `recorded`, its report written to `report`)."""
     job = [sys.executable, str(DRIVER), "kernel", str(source)]
-    argv = [sys.executable, "-m", "cacheaudit", "run", "--", *job] if recorded else job
+    run = ["run", *(("--report-json", str(report)) if report else ()), "--"]
+    argv = [sys.executable, "-m", "cacheaudit", *run, *job] if recorded else job
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[0])
@@ -64,10 +68,11 @@ def _scan(env: dict[str, str], root: Path) -> tuple[int, list[dict[str, object]]
 
 def test_a_header_cpath_supplies_is_served_stale_and_scan_names_it(tmp_path: Path) -> None:
     """CPATH puts a header before the system's; Inductor's kernel key is the source and the
-    command line as text, so an edit of that header is served stale by the next process, and
-    a later scan names the header (CA101). Before the edit the scan raises no error (control),
-    and recording did not change the key: a plain compile into another empty cache computes
-    the same one."""
+    command line as text, so an edit of that header is served stale by the next process.
+    `cacheaudit run` of that process, `pytest --cacheaudit` of a test served it, and a later
+    scan name the header (CA101). Before the edit the scan raises no error (control), and
+    recording did not change the key: a plain compile into another empty cache computes the
+    same one."""
     include = tmp_path / "include"
     include.mkdir()
     header = include / "tile.h"
@@ -88,10 +93,32 @@ def test_a_header_cpath_supplies_is_served_stale_and_scan_names_it(tmp_path: Pat
 
     time.sleep(0.05)
     header.write_text("#define TILE 8\n")
-    served = _kernel(env, source)
+    report = tmp_path / "run.json"
+    served = _kernel(env, source, recorded=True, report=report)
     fresh = _kernel(dict(env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "empty")), source)
     assert (served["key"], served["library"]) == (built["key"], built["library"])
     assert (served["value"], fresh["value"]) == (12, 24)  # ground truth: the hit is stale
+
+    # `cacheaudit run` of the process that was served: a disk hit (seen by its opens; no
+    # compiler ran), and the header named on it.
+    ran = json.loads(report.read_text())
+    assert (ran["activity"]["compiles"], ran["activity"]["disk_hits"]) == (0, 1), ran["activity"]
+    assert [(f["code"], f["subject"], f["entry"]) for f in ran["findings"]
+            if f["severity"] == "error"] == [("CA101", str(header), built["library"])]
+
+    # `pytest --cacheaudit` of a test served the same library fails the session on it.
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_served.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(TESTS)!r})\n"
+        "from inductor_driver import kernel\n"
+        f"def test_served():\n    assert kernel({str(source)!r})['value'] == 12\n")
+    plugin = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             "--cacheaudit", "--cacheaudit-fail-on=error", "test_served.py"],
+                            capture_output=True, text=True, env=env, cwd=suite, timeout=600)
+    assert plugin.returncode == 1, plugin.stdout[-3000:] + plugin.stderr[-3000:]
+    assert f"{header}: CA101 error" in plugin.stdout, plugin.stdout[-3000:]
 
     status, findings = _scan(env, cache)
     assert status == 1
