@@ -70,6 +70,17 @@ def check_new_directory(directory: Path) -> None:
                          "path)")
 
 
+def check_writable(path: Path) -> None:
+    """Refuse an output file that cannot be written before any work is done for it."""
+    directory = path.resolve().parent
+    if path.is_dir():
+        raise UsageError(f"cannot write {path}: it is a directory")
+    if not directory.is_dir():
+        raise UsageError(f"cannot write {path}: no directory {directory}")
+    if not os.access(directory, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"cannot write {path}: permission denied")
+
+
 def refuse_nothing_scanned(result: ScanResult, variables: list[str]) -> None:
     """A guard that scanned nothing must not pass: a cache variable naming no directory, or no
     root at all, is a usage error unless `--allow-empty`."""

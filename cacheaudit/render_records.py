@@ -1,17 +1,23 @@
-"""The human output of recorded compiles (`cacheaudit report`) and of one entry in full
-(`cacheaudit explain`), in the block style of `cacheaudit.render`: a headline naming the entry
-(or the source), then indented evidence lines that wrap between words, never inside a path.
+"""The human output of recorded compiles (`cacheaudit report`), of one entry in full
+(`cacheaudit explain`), of what `cacheaudit evict` did and of what `cacheaudit stats` counted, in
+the block style of `cacheaudit.render`: a headline naming the entry (the source, the root), then
+indented evidence lines that wrap between words, never inside a path.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cacheaudit.documents import injected_by_environment
+from cacheaudit.evidence import local_time_text
 from cacheaudit.findings import ns_text
 from cacheaudit.render import INDENT, Line, View, count_text, evidence, findings_lines, wrap
+
+if TYPE_CHECKING:
+    from cacheaudit.audit.evict import EvictResult
+    from cacheaudit.audit.stats import Stats, Tally
 
 # ------------------------------------------------------------------------------ records
 
@@ -196,3 +202,68 @@ def explanation_lines(explanation: Any, view: View) -> list[Line]:
             lines += evidence("", "nothing", width)
         lines.append(Line(""))
     return lines + findings_lines(explanation.findings, (), view)
+
+
+# ------------------------------------------------------------------------------ evict, stats
+
+
+def evict_lines(result: EvictResult, view: View) -> list[Line]:
+    """`cacheaudit evict`: a block per chosen entry (`ENTRY: what happened`, then the findings
+    that chose it, its size, and why it was skipped or failed), then the summary."""
+    width = view.width
+    lines: list[Line] = [] if result.scan.roots else [Line("no cache roots found")]
+    for outcome in result.outcomes:
+        deciding = outcome.deciding
+        verb = outcome.status.replace("-", " ")
+        head = f"{outcome.entry.path}: {verb} ({deciding.code} {deciding.severity.value})"
+        lines += [Line(t, ((0, len(outcome.entry.path), "bold"),) if i == 0 else ())
+                  for i, t in enumerate(wrap(head, width, "", INDENT))]
+        shown = sorted({(f.code, f.subject) for f in outcome.findings},
+                       key=lambda pair: (pair != (deciding.code, deciding.subject), pair))
+        for number, (code, subject) in enumerate(shown):
+            lines += evidence("finding" if number == 0 else "", f"{code} {subject}", width)
+        if outcome.bytes:
+            lines += evidence("size", count_text(outcome.bytes, "byte"), width)
+        if outcome.reason:
+            lines += evidence("why", outcome.reason, width)
+        lines.append(Line(""))
+    return lines + [Line(t) for t in wrap(result.summary(), width, "", INDENT)]
+
+
+def stats_lines(stats: Stats, view: View) -> list[Line]:
+    """`cacheaudit stats`: a block per runtime and root (`ROOT: runtime`, then a fact a line),
+    then the total where there are several."""
+    width = view.width
+
+    def block(tally: Tally, where: str, what: str) -> list[Line]:
+        head = [Line(t, ((0, len(where), "bold"),) if i == 0 else ())
+                for i, t in enumerate(wrap(f"{where}: {what}", width, "", INDENT))]
+        rate = "-" if tally.hit_rate is None else f"{tally.hit_rate:.1%}"
+        marked = (f" ({tally.disk_hits_unrecorded} seen by a hit marker)"
+                  if tally.disk_hits_unrecorded else "")
+        judged = (f"{tally.stale}, unverifiable {tally.unverifiable}"
+                  if tally.stale is not None else "not judged (--no-scan)")
+        return [*head,
+                *evidence("entries", f"{tally.entries}, {count_text(tally.bytes, 'byte')}",
+                          width),
+                *evidence("oldest", local_time_text(tally.oldest_ns), width),
+                *evidence("newest", local_time_text(tally.newest_ns), width),
+                *evidence("compiles", str(tally.compiles), width),
+                *evidence("hits", f"{tally.disk_hits} from disk{marked}, {tally.memory_hits} "
+                          "in memory", width),
+                *evidence("hit rate", rate, width),
+                *evidence("stale", judged, width),
+                *evidence("evicted", str(tally.evicted), width),
+                Line("")]
+
+    lines: list[Line] = []
+    for tally in stats.tallies:
+        lines += block(tally, tally.root, tally.runtime)
+    if not stats.tallies:
+        lines.append(Line("no cache roots found"))
+    if len(stats.tallies) > 1:
+        lines += block(stats.total(), "total",
+                       count_text(len(stats.tallies), "runtime root"))
+    while lines and not lines[-1].text:
+        lines.pop()
+    return lines

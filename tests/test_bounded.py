@@ -27,7 +27,7 @@ from cacheaudit import bounded
 from cacheaudit.ledger import Ledger, RunInfo, new_record_id, spool_dir, spool_record
 from cacheaudit.model import CompileRecord, FileState
 
-from support import GXX, clean_env
+from support import GXX, clean_env, reliability_figure
 
 DEEP = 100_000
 DEEP_JSON = "[" * DEEP + "]" * DEEP
@@ -137,6 +137,56 @@ def test_an_include_directory_that_is_a_fifo_is_refused(tmp_path: Path, env: dic
     bad = deepjit_entry(root, BAD, meta=meta)
     report = scan_json(env, root)
     assert ("CA501", str(tmp_path / "pipe")) in findings_of(report, bad)
+
+
+@needs_gxx
+def test_a_root_of_every_hostile_entry_at_once_is_judged_within_30_s_and_1_gib(
+        tmp_path: Path, env: dict[str, str]):
+    """The issue's bound, measured on one root holding every hostile entry beside a healthy
+    one: the whole scan (cacheaudit and every process it started) under 30 s and 1 GiB."""
+    root = tmp_path / "dj"
+    good = deepjit_entry(root, GOOD)
+    fifo = deepjit_entry(root, "fifo." + "2" * 32, source=None)
+    os.mkfifo(fifo / "kernel.cu")
+    urandom = deepjit_entry(root, "urandom." + "3" * 32, source=None)
+    os.symlink("/dev/urandom", urandom / "kernel.cu")
+    deep = deepjit_entry(root, "deep." + "4" * 32, meta=DEEP_JSON)
+    loop = root / "cache" / ("loop." + "5" * 32)
+    os.symlink(loop.name, loop)
+    # The peak resident size of the scan and of every descendant it waited for.
+    measure = ("import json, resource, subprocess, sys, time\n"
+               "started = time.monotonic()\n"
+               "done = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+               "print(json.dumps({'seconds': time.monotonic() - started, 'stdout': done.stdout,"
+               " 'rc': done.returncode,"
+               " 'peak_kib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))\n")
+    measured = subprocess.run(
+        [sys.executable, "-c", measure, sys.executable, "-m", "cacheaudit", "scan", "--json",
+         "--fail-on", "never", str(root)], capture_output=True, text=True, env=env,
+        timeout=SCAN_LIMIT_S * 2)
+    outcome = json.loads(measured.stdout)
+    assert outcome["rc"] == 0, measured.stderr
+    report = json.loads(outcome["stdout"])
+    said = {name: {(f["code"], f["message"]) for f in report["findings"]
+                   if f["entry"] == str(entry)}
+            for name, entry in (("fifo", fifo), ("urandom", urandom), ("deep", deep),
+                                ("loop", loop))}
+    expected = {"fifo": ("CA501", "kernel.cu is a FIFO, not a regular file: not compiled"),
+                "urandom": ("CA501", "kernel.cu is a character device, not a regular file"),
+                "deep": ("CA402", "meta.json nests more than 64 levels deep"),
+                "loop": ("CA402", "Too many levels of symbolic links")}
+    for name, (code, words) in expected.items():
+        assert any(c == code and words in m for c, m in said[name]), (name, said[name])
+    assert report["reconstructed"] == 1 and findings_of(report, good)
+    peak_mib = outcome["peak_kib"] / 1024
+    assert outcome["seconds"] < SCAN_LIMIT_S, outcome["seconds"]
+    assert peak_mib < 1024, f"peak resident size {peak_mib:.0f} MiB"
+    left = _processes_naming(str(root))
+    assert left == []
+    reliability_figure("faults", "one root of a FIFO, /dev/urandom, 100,000-deep meta.json and "
+                       "symlink-loop entry beside a healthy one", entries=5,
+                       seconds=round(outcome["seconds"], 1), peak_mib=round(peak_mib),
+                       processes_left=len(left))
 
 
 def test_meta_json_nested_100000_deep_is_a_ca402_for_that_entry(

@@ -50,7 +50,7 @@ from support import GXX, deadline, needs_gxx, reliability_figure
 # The profile, and the counting harness
 # ------------------------------------------------------------------------------------------
 
-SCALE_LONG = 5
+SCALE_LONG = 3
 """How many times the default inputs the slow case tries."""
 
 

@@ -4,6 +4,8 @@ environment, starts adapters and combines xdist ledgers: only a real session sho
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -285,3 +287,57 @@ def test_only_environment_tokens_are_called_injected_by_the_environment():
     # Only the environment's token is shown as injected (bold); a response file is argv's.
     assert any("bold" in style for _, _, style in from_env.spans)
     assert not any("bold" in style for _, _, style in from_file.spans)
+
+
+def _section_text(out: str) -> str:
+    """The session's `cacheaudit` section: its separator line up to pytest's final line."""
+    lines = out.splitlines()
+    [start] = [n for n, line in enumerate(lines) if re.fullmatch(r"=+ cacheaudit =+", line)]
+    end = next((n for n in range(start + 1, len(lines)) if lines[n].startswith("=")),
+               len(lines))
+    return "".join(line + "\n" for line in lines[start:end])
+
+
+@pytest.mark.parametrize("columns", (80, 160))
+def test_the_terminal_section_golden(project: pytest.Pytester, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch,
+                                     request: pytest.FixtureRequest, columns: int):
+    """The session's section as a person reads it at 80 and 160 columns, from a real session
+    that builds, edits an untracked header and is served the stale entry."""
+    from test_render_golden import _paths_whole, _short_tmp, check_golden
+
+    from fixtures.minijit import Config, Runtime
+
+    # A short directory of a fixed length for the session's files: where lines wrap must not
+    # depend on pytest's numbered temporary directories.
+    short = Path(_short_tmp())
+    request.addfinalizer(lambda: shutil.rmtree(short, ignore_errors=True))
+    project.makepyfile(test_stale=STALE_SUITE)
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setenv("TZ", "UTC")
+    monkeypatch.setenv("CACHEAUDIT_LEDGER", str(short / "ledger.db"))
+    # The last --basetemp wins over the one pytester gives.
+    result = project.runpytest_subprocess("--cacheaudit", "--cacheaudit-fail-on=never",
+                                          "-p", "no:randomly", f"--basetemp={short / 'b'}")
+    result.assert_outcomes(passed=3)
+    section = _section_text(result.stdout.str())
+    tree = short / "b" / "shared-tree"
+    [entry] = list((tree / "cache" / "cache").iterdir())
+    header = tree / "third" / "cutlite" / "tile.h"
+    # Ground truth: a fresh compile of the same source into an empty cache differs from the
+    # binary the session's last test was served, which is the entry the section names.
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "fresh"))
+    monkeypatch.setenv("DG_JIT_NVCC_COMPILER", GXX or "g++")
+    fresh = Runtime(Config(str(tree), "DG", include_dirs=[str(tree / "inc"), str(tree / "third")],
+                           include_prefixes=["mylib/"]), backend="gxx").compile(
+        "gemm", "#include <mylib/api.cuh>\nint value() { return API + TILE + 0; }\n")
+    assert fresh.event == "compile"
+    assert Path(fresh.binary).read_bytes() != (entry / "kernel.so").read_bytes()
+    assert f"{header}: CA101 error" in section, section
+    assert not _paths_whole(section, [str(header), str(entry)]), section
+    # The summary last: after every finding's block.
+    assert section.index("\ncacheaudit: 1 error, ") > section.rindex("    docs "), section
+    shown = section.replace(str(short), "<tmp>")
+    shown = re.sub(r"\b[0-9a-f]{32}\b", "<32 hex>", shown)
+    shown = re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", "<time>", shown)
+    check_golden(f"pytest-section-{columns}", shown)

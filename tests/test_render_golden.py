@@ -1,7 +1,8 @@
 """The human output as a person sees it: golden files of every format and command at 80 and 160
 columns, from real scans of the demo's minijit cache after the untracked edit (the reference
 runtime, a real compile through the shim, a real ledger), a cache of 400 stale entries, and a
-scan inside tmux at 80 columns.
+scan inside tmux at 80 columns; `evict` (`--dry-run` and a real one) and `stats` too (the pytest
+plugin's section is in test_pytest_plugin.py, from a real session).
 
 Regenerate the golden files with `CACHEAUDIT_UPDATE_GOLDEN=1 pytest tests/test_render_golden.py`
 and read the diff: temporary paths, times, durations, 32-digit keys and ids, and what depends on
@@ -59,6 +60,8 @@ class Demo:
     """The digest of a fresh compile of the same request into an empty cache."""
     env: dict[str, str]
     replacements: dict[str, str]
+    events: tuple[str, ...] = ()
+    """What the runtime answered the demo's requests, in order."""
 
     def cacheaudit(self, *args: str, columns: int | None = 80,
                    **env: str) -> subprocess.CompletedProcess[str]:
@@ -108,7 +111,8 @@ def _make_demo(workdir: Path) -> Demo:
     assert edited.binary_digest != edited.fresh_digest, "the demo's entry is not stale"
     [entry] = (workdir / "cache" / "cache").iterdir()
     demo = Demo(workdir=workdir, entry=entry, served=edited.binary_digest,
-                fresh=edited.fresh_digest, env=_environment(workdir), replacements={})
+                fresh=edited.fresh_digest, env=_environment(workdir), replacements={},
+                events=tuple(step.event for step in result.steps))
     demo.replacements = _machine_specific(demo)
     return demo
 
@@ -502,3 +506,83 @@ def test_a_name_that_is_not_utf8_is_shown_escaped_in_every_format():
                 "/cache/e\\xfe")
             continue
         assert "/src/x\\xff/k.h" in shown and "/cache/e\\xfe" in shown, output_format
+
+
+# ------------------------------------------------------------------------------ evict, stats
+
+
+def _sized(text: str) -> str:
+    """Byte counts depend on this machine's compiler (the binary's size): placeholders."""
+    return re.sub(r"\b\d+ bytes?\b", "<n> bytes", text)
+
+
+def _next_request(demo: Demo) -> tuple[str, str]:
+    """The demo's request once more, in a new runtime process: its event and binary digest."""
+    job = demo.workdir / "job.py"
+    job.write_text(JOB)
+    done = subprocess.run([sys.executable, str(job), str(demo.workdir)], capture_output=True,
+                          text=True, env=demo.env, cwd=demo.workdir, timeout=300, check=True)
+    event, digest = done.stdout.split()
+    return event, digest
+
+
+@pytest.fixture
+def own_demo() -> Iterator[Demo]:
+    """A demo of its own, for a test that changes its cache."""
+    workdir = Path(_short_tmp())
+    try:
+        yield _make_demo(workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_evict_dry_run_golden(demo: Demo, columns: int):
+    before = sorted(p.name for p in demo.entry.iterdir())
+    done = demo.cacheaudit("evict", str(demo.workdir / "cache"), "--dry-run", columns=columns)
+    assert done.returncode == ExitCode.CLEAN, done.stdout + done.stderr
+    header = demo.workdir / "third_party" / "cutlite" / "tile.h"
+    # The entry the demo's ground truth calls stale (served != fresh) is the one chosen, for the
+    # header whose edit the key missed, each path whole on a line.
+    assert " ".join(done.stdout.split()).startswith(
+        f"{demo.entry}: would evict (CA101 error)"), done.stdout
+    assert f"finding CA101 {header}" in " ".join(done.stdout.split())
+    assert not _paths_whole(done.stdout, [str(demo.entry), str(header)])
+    assert max(len(line) for line in done.stdout.splitlines()) <= columns, done.stdout
+    assert done.stdout.rstrip().splitlines()[-1].startswith("would evict 1 of 1 entry in 1 root")
+    assert sorted(p.name for p in demo.entry.iterdir()) == before, "a dry run changed the entry"
+    check_golden(f"evict-dry-run-{columns}", _sized(normalise(done.stdout, demo)))
+
+
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_evict_golden(own_demo: Demo, columns: int):
+    demo = own_demo
+    done = demo.cacheaudit("evict", str(demo.workdir / "cache"), columns=columns)
+    assert done.returncode == ExitCode.CLEAN, done.stdout + done.stderr
+    assert " ".join(done.stdout.split()).startswith(
+        f"{demo.entry}: evicted (CA101 error)"), done.stdout
+    assert not _paths_whole(done.stdout, [str(demo.entry)])
+    assert max(len(line) for line in done.stdout.splitlines()) <= columns, done.stdout
+    assert not demo.entry.exists()
+    # Ground truth: the next request compiles, and gets what a fresh compile gives.
+    assert _next_request(demo) == ("compile", demo.fresh) and demo.fresh != demo.served
+    check_golden(f"evict-full-{columns}", _sized(normalise(done.stdout, demo)))
+
+
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_stats_golden(demo: Demo, columns: int):
+    done = demo.cacheaudit("stats", str(demo.workdir / "cache"), columns=columns)
+    assert done.returncode == 0, done.stdout + done.stderr
+    cache = demo.workdir / "cache"
+    assert done.stdout.startswith(f"{cache}: deepjit"), done.stdout
+    words = " ".join(done.stdout.split())
+    # The demo's one entry, stale by its ground truth (served != fresh), built by its one
+    # recorded compile; its two disk hits ran in processes nothing recorded, so the runtime's
+    # hit marker (touched after the build) is what counts one of them.
+    assert demo.served != demo.fresh and demo.events == ("compile", "disk-hit", "disk-hit")
+    assert "entries 1, " in words and "compiles 1 " in words and "stale 1, " in words, words
+    assert "hits 1 from disk (1 seen by a hit marker), 0 in memory" in words, words
+    assert "hit rate 50.0%" in words, words
+    assert not _paths_whole(done.stdout, [str(cache)])
+    assert max(len(line) for line in done.stdout.splitlines()) <= columns, done.stdout
+    check_golden(f"stats-full-{columns}", _sized(normalise(done.stdout, demo)))

@@ -87,8 +87,9 @@ class EvictResult:
     def summary(self) -> str:
         done = self.of(WOULD_EVICT if self.dry_run else EVICTED)
         verb = "would evict" if self.dry_run else "evicted"
-        text = (f"{verb} {len(done)} of {len(self.scan.entries)} entry(ies) in "
-                f"{len(self.scan.roots)} root(s), {sum(o.bytes for o in done)} bytes")
+        entries, roots = len(self.scan.entries), len(self.scan.roots)
+        text = (f"{verb} {len(done)} of {entries} entr{'y' if entries == 1 else 'ies'} in "
+                f"{roots} root{'' if roots == 1 else 's'}, {sum(o.bytes for o in done)} bytes")
         for status in (SKIPPED, FAILED):
             if self.of(status):
                 text += f"; {len(self.of(status))} {status}"

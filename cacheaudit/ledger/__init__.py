@@ -14,8 +14,11 @@ helpers go through sqlite-utils on the same connection.
 # The package, lowest first: `values` (runs, test windows, attributions, the default path),
 # `private` (0600 files in 0700 directories), `redact` (command lines as stored), `rows`
 # (values in, rows out by name, retries), `schema` (the SQL, its history, migrations, the
-# writers' and readers' patience), `opening` (writable or read-only connections), `store` (the
-# `Ledger`), `spool` (records kept aside, atomic and swept; the readers' way in), `combine`.
+# writers' and readers' patience), `opening` (writable or read-only connections), `connection`
+# (what a ledger's writes and reads share: its state, short write transactions), `writes`
+# (content-addressed interning, the write path), `reads` (rows back into records), `queries`,
+# `store` (the `Ledger`: opened, closed, all of the above), `spool` (records kept aside, atomic
+# and swept; the readers' way in), `combine`, `evictions`.
 
 from cacheaudit.ledger.combine import CombineResult, combine
 from cacheaudit.ledger.schema import APPLICATION_ID, BUSY_TIMEOUT_S, SCHEMA, SCHEMA_VERSION

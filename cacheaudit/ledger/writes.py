@@ -1,0 +1,267 @@
+"""The ledger's write path: records, findings, tests, cache roots, seen states and
+attributions, each in one short transaction, with paths, file states, include graphs, compiler
+identities, runs and JSON values interned (stored once, referenced by id)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from cacheaudit import __version__
+from cacheaudit.ledger.connection import LedgerConnection
+from cacheaudit.ledger.redact import redact_record, redact_run
+from cacheaudit.ledger.rows import _blob_json, _params, _value
+from cacheaudit.ledger.values import Attribution, RunInfo, TestWindow
+from cacheaudit.model import (
+    CompileRecord,
+    CompilerIdentity,
+    FileState,
+    Finding,
+    GraphFile,
+    IncludeGraph,
+    content_digest,
+)
+
+
+class LedgerWrites(LedgerConnection):
+    """What a `Ledger` stores, and the content-addressed ids it stores it under."""
+
+    # ---------------------------------------------------------------- interning
+
+    def _intern(self, kind: str, insert: str, select: str, params: tuple[Any, ...],
+                memo_key: str, key_params: int | None = None) -> int:
+        """The id of a row, inserting it first if new; `select` takes the first `key_params`
+        of `params` (all of them by default)."""
+        cached = self._ids.get((kind, memo_key))
+        if cached is not None:
+            return cached
+        stored = _params(params)
+        cursor = self.conn.execute(insert, stored)
+        if cursor.rowcount == 1 and cursor.lastrowid:
+            row_id = int(cursor.lastrowid)
+        else:
+            row_id = int(_value(self.conn, select, stored[:key_params]))
+        self._ids[(kind, memo_key)] = row_id
+        return row_id
+
+    def _file_id(self, path: str) -> int:
+        return self._intern("file", "INSERT INTO files (path) VALUES (?) ON CONFLICT DO NOTHING",
+                            "SELECT id FROM files WHERE path = ?", (path,), path)
+
+    def _state_id(self, state: FileState) -> int:
+        params = (self._file_id(state.path), int(state.exists), state.size, state.mtime_ns,
+                  state.ctime_ns, state.inode, state.digest or "", int(state.settled),
+                  state.error or "")
+        return self._intern(
+            "state",
+            "INSERT INTO file_states (file_id, present, size, mtime_ns, ctime_ns, inode,"
+            " digest, settled, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            "SELECT id FROM file_states WHERE file_id = ? AND present = ? AND size = ? AND"
+            " mtime_ns = ? AND ctime_ns = ? AND inode = ? AND digest = ? AND settled = ? AND"
+            " error = ?",
+            params, repr(params))
+
+    def _graph_id(self, graph: IncludeGraph | None) -> int | None:
+        if graph is None:
+            return None
+        digest = graph.digest
+        cached = self._ids.get(("graph", digest))
+        if cached is not None:
+            return cached
+        stored_id = _value(self.conn, "SELECT id FROM graphs WHERE digest = ?", (digest,))
+        if stored_id is not None:
+            self._ids[("graph", digest)] = int(stored_id)
+            return int(stored_id)
+        cursor = self.conn.execute(
+            "INSERT INTO graphs (digest, method, file_count) VALUES (?, ?, ?)",
+            (digest, graph.method, len(graph.files)))
+        graph_id = int(cursor.lastrowid or 0)
+        self.conn.executemany(
+            "INSERT INTO graph_files (graph_id, position, state_id, written_id)"
+            " VALUES (?, ?, ?, ?)",
+            [(graph_id, position, self._state_id(f.state), self._file_id(f.written))
+             for position, f in enumerate(graph.files)])
+        self._ids[("graph", digest)] = graph_id
+        return graph_id
+
+    def _states_graph_id(self, states: Sequence[FileState], method: str) -> int | None:
+        if not states:
+            return None
+        return self._graph_id(IncludeGraph(tuple(GraphFile(s, s.path) for s in states), method))
+
+    def _blob_id(self, value: Any) -> int | None:
+        if value is None:
+            return None
+        body = _blob_json(value)
+        digest = content_digest(body.encode("utf-8", "surrogateescape"))
+        return self._intern(
+            "blob", "INSERT INTO blobs (digest, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
+            "SELECT id FROM blobs WHERE digest = ?", (digest, body), digest, key_params=1)
+
+    def _compiler_id(self, compiler: CompilerIdentity | None) -> int | None:
+        if compiler is None:
+            return None
+        digest = compiler.identity_digest
+        cached = self._ids.get(("compiler", digest))
+        if cached is not None:
+            return cached
+        host_id = self._compiler_id(compiler.host)
+        self.conn.execute(
+            "INSERT INTO compilers (digest, invoked, path, resolved, wrappers, kind,"
+            " version_text, binary_digest, size, mtime_ns, host_id, error)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(digest) DO NOTHING",
+            _params((digest, compiler.invoked, compiler.path, compiler.resolved,
+             _blob_json(list(compiler.wrappers)), compiler.kind, compiler.version_text,
+             compiler.digest, compiler.size, compiler.mtime_ns, host_id, compiler.error)))
+        row_id = int(_value(self.conn, "SELECT id FROM compilers WHERE digest = ?", (digest,)))
+        self._ids[("compiler", digest)] = row_id
+        return row_id
+
+    def _run_id(self, run: RunInfo) -> int:
+        cached = self._ids.get(("run", run.run_uuid))
+        if cached is not None:
+            return cached
+        self.conn.execute(
+            "INSERT INTO runs (run_uuid, started_ns, host, pid, label, command,"
+            " cacheaudit_version) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(run_uuid) DO NOTHING",
+            _params((run.run_uuid, run.started_ns, run.host, run.pid, run.label,
+                     None if run.command is None else _blob_json(list(run.command)),
+                     __version__)))
+        row_id = int(_value(self.conn, "SELECT id FROM runs WHERE run_uuid = ?",
+                            (run.run_uuid,)))
+        self._ids[("run", run.run_uuid)] = row_id
+        return row_id
+
+    # ---------------------------------------------------------------- writing
+
+    def add_records(self, records: Iterable[CompileRecord], run: RunInfo) -> int:
+        """Store records in one short transaction; a record already present is skipped.
+
+        Returns how many were new. Retries while other writers hold the lock, for at most the
+        ledger's patience (then `LedgerBusy`). Command lines are stored redacted
+        (`ledger.redact`; a recorder redacts before it seals, so this changes nothing there).
+        """
+        batch = [redact_record(r) for r in records]
+        run = redact_run(run)
+
+        def write() -> int:
+            with self._write():
+                run_id = self._run_id(run)
+                return sum(self._insert_record(r, run_id) for r in batch)
+
+        return self._retry(write)
+
+    def _insert_record(self, record: CompileRecord, run_id: int) -> int:
+        stored_extra = record.stored_extra()
+        cursor = self.conn.execute(
+            "INSERT INTO records (record_uuid, run_id, event, runtime, kernel, key,"
+            " entry_id, compiler_id, argv_id, effective_argv_id, env_id, cwd_id, sources_id,"
+            " graph_id, outputs_id, tracked_id, exit_code, signal, started_ns, duration_ns, pid,"
+            " host, test_id, observer, notes_id, extra_id)"
+            # Only a record already present is skipped: OR IGNORE would also drop, without a
+            # word, a record that breaks NOT NULL or CHECK (an unknown event, say).
+            f" VALUES ({', '.join('?' * 26)}) ON CONFLICT(record_uuid) DO NOTHING",
+            _params((
+                record.record_id, run_id, record.event, record.runtime, record.kernel, record.key,
+                self._file_id(record.entry) if record.entry else None,
+                self._compiler_id(record.compiler),
+                self._blob_id(list(record.argv)) if record.argv else None,
+                self._blob_id([t.to_list() for t in record.effective_argv])
+                if record.effective_argv else None,
+                self._blob_id(dict(record.env)) if record.env else None,
+                self._file_id(record.cwd) if record.cwd else None,
+                self._states_graph_id(record.sources, "sources"),
+                self._graph_id(record.graph),
+                self._states_graph_id(record.outputs, "outputs"),
+                self._blob_id(list(record.tracked)) if record.tracked is not None else None,
+                record.exit_code, record.signal, record.started_ns, record.duration_ns,
+                record.pid, record.host, record.test_id, record.observer,
+                self._blob_id(list(record.notes)) if record.notes else None,
+                self._blob_id(stored_extra) if stored_extra else None,
+            )))
+        return cursor.rowcount
+
+    def add_findings(self, findings: Iterable[Finding], audit_uuid: str | None = None) -> str:
+        """Store the findings of one audit pass; returns its audit id."""
+        audit_uuid = audit_uuid or uuid.uuid4().hex
+        now = time.time_ns()
+        rows = [_params((audit_uuid, now, f.code, f.severity.value, f.subject, f.message,
+                         f.recorded, f.current, f.how, int(f.inferred), f.record_id, f.entry,
+                         f.runtime, f.kernel, f.hint)) for f in findings]
+
+        def write() -> None:
+            with self._write() as conn:
+                conn.executemany(
+                    "INSERT INTO findings (audit_uuid, found_ns, code, severity, subject, message,"
+                    " recorded, current, how, inferred, record_uuid, entry, runtime, kernel, hint)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+        self._retry(write)
+        return audit_uuid
+
+    def add_tests(self, run: RunInfo, tests: Iterable[TestWindow]) -> None:
+        rows = list(tests)
+
+        def write() -> None:
+            with self._write() as conn:
+                run_id = self._run_id(run)
+                conn.executemany(
+                    "INSERT INTO tests (run_id, nodeid, started_ns, finished_ns,"
+                    " outcome, worker) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    [_params((run_id, t.nodeid, t.started_ns, t.finished_ns, t.outcome, t.worker))
+                     for t in rows])
+
+        self._retry(write)
+
+    def remember_roots(self, roots: Iterable[tuple[str, str]]) -> None:
+        rows = [_params((root, layout, time.time_ns())) for layout, root in roots]
+        if not rows:
+            return
+
+        def write() -> None:
+            with self._write() as conn:
+                conn.executemany("INSERT OR REPLACE INTO cache_roots (path, layout, last_scan_ns)"
+                                 " VALUES (?, ?, ?)", rows)
+
+        self._retry(write)
+
+    def remember_states(self, states: Iterable[FileState]) -> None:
+        """Keep the settled states a scan captured, for the next scan's stat-only check."""
+        settled = [s for s in states if s.settled and s.digest is not None]
+        if not settled:
+            return
+
+        def write() -> None:
+            with self._write() as conn:
+                conn.executemany(
+                    "INSERT OR REPLACE INTO seen_states (file_id, state_id) VALUES (?, ?)",
+                    [(self._file_id(s.path), self._state_id(s)) for s in settled])
+
+        self._retry(write)
+
+    def attribute(self, attributions: Iterable[Attribution]) -> None:
+        """Fill in what compiles' observers could not know (the shim sees `kernel.cu` in a
+        temporary directory) once an audit has tied each compile to its cache entry, in one
+        transaction: a scan attributes thousands of records.
+
+        The runtime, key and entry an observer already set are left alone. The kernel name is
+        replaced while the record has no entry: the shim can only name the kernel after its
+        source file.
+        """
+        rows = list(attributions)
+        if not rows:
+            return
+
+        def write() -> None:
+            with self._write() as conn:
+                conn.executemany(
+                    "UPDATE records SET runtime = coalesce(runtime, ?),"
+                    " kernel = CASE WHEN entry_id IS NULL THEN ? ELSE kernel END,"
+                    " key = coalesce(key, ?), entry_id = coalesce(entry_id, ?)"
+                    " WHERE record_uuid = ?",
+                    [_params((a.runtime, a.kernel, a.key, self._file_id(a.entry), a.record_uuid))
+                     for a in rows])
+
+        self._retry(write)
