@@ -95,6 +95,15 @@ class Policy:
     its lifetime (DeepJIT's `Config`, for example). When True, the audit finds the first compile
     of each record's runtime process and asks `configuration_changes` what differs (CA204)."""
 
+    looks_up_compiler_by_name: bool = False
+    """Whether the runtime runs its compiler by the bare name it was given (`g++`), which the
+    OS looks up on PATH again in every process, while its key holds only that name. When True,
+    the audit judges the compiler the user's configuration resolves now for that name
+    (`audit.execution.resolve_compiler`: the policy's `compiler_variables`, then PATH; the
+    one rule for what an audit may run) against the recorded identity (CA301), so that another
+    binary earlier on PATH is seen. Default False: the recorded compiler's own path is judged
+    (a runtime that runs the compiler by a path, or keys the binary)."""
+
     scan_family: str = ""
     """Policies with the same non-empty `scan_family` judge the scan's environment together (the
     DeepSeek runtimes share their `<PREFIX>_JIT_*` settings): the audit calls `scan_findings`
@@ -113,17 +122,6 @@ class Policy:
         against (the process's own when None), for recipes that look anything up in it.
         Default: the recipe is not reproducible."""
         return KeyCheck(None, note=f"{self.runtime}'s key is not recomputed")
-
-    def compiler_now(self, entry: CacheEntry, record: CompileRecord,
-                     env: Mapping[str, str]) -> str | None:
-        """The compiler this runtime would run for `entry` now under `env`, as a path, for a
-        runtime that looks its compiler up again in every process (a bare name on PATH) while
-        its key holds only the name: the audit then judges that compiler against the recorded
-        one (CA301), so that another binary earlier on PATH is seen. Only a compiler the
-        user's configuration resolves may be named (the audit runs its `--version`). Default:
-        None, the recorded compiler's own path is judged (a runtime that runs the compiler
-        its configuration names by path, or keys the binary)."""
-        return None
 
     def compiler_change_in_key(self, recorded: CompilerIdentity,
                                current: CompilerIdentity) -> bool:

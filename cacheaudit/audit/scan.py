@@ -282,7 +282,9 @@ class Auditor:
         current = None
         if record.compiler is not None and not record.reconstructed:
             execution.identify_recorded_compiler(context, entry, record, self._seal_key())
-            current = policy.compiler_now(entry, record, self.env)
+            if policy.looks_up_compiler_by_name and "/" not in record.compiler.invoked:
+                current, _how = execution.resolve_compiler(entry, record.compiler.invoked,
+                                                           self.env)
             if current is not None and current != record.compiler.path:
                 execution.identify_compiler(context, current)
             else:

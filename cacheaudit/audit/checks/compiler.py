@@ -13,8 +13,9 @@ from cacheaudit.policy import Policy
 
 def compiler_findings(context: AuditContext, entry: CacheEntry, record: CompileRecord,
                       policy: Policy, current: str | None = None) -> list[Finding]:
-    """`current`: the compiler the runtime would run now, where its policy says it differs
-    from the recorded path (`Policy.compiler_now`); None judges the recorded path."""
+    """`current`: the compiler the runtime would run now, where it looks its compiler up by
+    name (`Policy.looks_up_compiler_by_name`) and finds another path; None judges the
+    recorded path."""
     recorded = record.compiler
     if recorded is None or record.reconstructed:
         return []
@@ -84,5 +85,5 @@ def _resolved_elsewhere(context: AuditContext, entry: CacheEntry, record: Compil
                 f"entry, and its key does not change with it: the next process is served the "
                 f"binary the old compiler built",
         recorded=compiler_evidence(recorded), current=compiler_evidence(now),
-        how="the compiler the runtime resolves now (its policy's compiler_now, under the "
+        how="the compiler the name the runtime was given resolves to now (under the "
             "audit's environment), against the recorded identity: content hash and --version")]
