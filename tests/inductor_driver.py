@@ -2,8 +2,10 @@
 every CPU kernel of torch.compile takes) loads one kernel and calls it; prints one JSON line.
 
 Run as `python inductor_driver.py kernel SOURCE_FILE` (the library's key and path, and what its
-`scaled(3)` returns), or `python inductor_driver.py compile` (a real torch.compile of a small
-function on CPU: its result and torch's own cache counters).
+`scaled(3)` returns), `python inductor_driver.py compile` (a real torch.compile of a small
+function on CPU: its result and torch's own cache counters), or `python inductor_driver.py op
+OPS_FILE` (torch.compile of `ops.function`, the OPS_FILE module defining `torch.library` custom
+ops: its value and its input's gradient, and the counters).
 """
 
 from __future__ import annotations
@@ -36,6 +38,26 @@ def compiled() -> dict[str, object]:
             "inductor": dict(counters["inductor"]), "aot_autograd": dict(counters["aot_autograd"])}
 
 
+def with_ops(ops_file: str) -> dict[str, object]:
+    import importlib.util
+
+    import torch
+    from torch._dynamo.utils import counters
+
+    spec = importlib.util.spec_from_file_location("scenario_ops", ops_file)
+    assert spec is not None and spec.loader is not None
+    ops = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ops)
+    x = torch.arange(4, dtype=torch.float32, requires_grad=True)
+    value = torch.compile(ops.function)(x)
+    value.backward()
+    assert x.grad is not None
+    return {"value": float(value), "grad": [float(g) for g in x.grad],
+            "inductor": dict(counters["inductor"]), "aot_autograd": dict(counters["aot_autograd"])}
+
+
 if __name__ == "__main__":
-    done = kernel(sys.argv[2]) if sys.argv[1] == "kernel" else compiled()
+    mode = sys.argv[1]
+    done = (kernel(sys.argv[2]) if mode == "kernel" else with_ops(sys.argv[2]) if mode == "op"
+            else compiled())
     print(json.dumps(done))

@@ -23,13 +23,11 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from cacheaudit.model import CacheEntry, CompileRecord
+from cacheaudit.findings import make_finding
+from cacheaudit.model import CacheEntry, CompileRecord, Finding
 from cacheaudit.policy import KeyCheck, KeyComponent, Policy, TrackedSet
-from cacheaudit.programs import find_program
-from cacheaudit.switches import is_masquerade_dir
 
 RUNTIME = "inductor"
 
@@ -44,6 +42,12 @@ PICKLED_PROBLEM = ("an Inductor {kind} entry is a pickle built inside the Python
 KERNEL_PROBLEM = ("Inductor writes no compile command into its cache (the command is computed "
                   "in the process); record the compile under `cacheaudit run` or the pytest "
                   "plugin, whose shim on PATH sees the g++ Inductor runs")
+
+
+_OP_FIELD_WORDS = {"schema": "schema", "mutates_args": "mutates_args",
+                   "fake": "fake implementation (register_fake)",
+                   "backward": "autograd formula (register_autograd backward)",
+                   "setup_context": "autograd setup_context"}
 
 
 class InductorPolicy(Policy):
@@ -70,20 +74,35 @@ class InductorPolicy(Policy):
                         note="the hashable command line (CppBuilder for name 'o', source 'i') "
                              "is computed in the process and not stored; not recomputed")
 
-    def compiler_now(self, entry: CacheEntry, record: CompileRecord,
-                     env: Mapping[str, str]) -> str | None:
-        """The g++ Inductor would run now: it runs the compiler by the name `config.cpp.cxx`
-        holds (`$CXX`, else `g++`; cpp_builder.py `get_cpp_compiler`, :372, and
-        `cpp_compiler_search`, :83, which returns the name as given), which `subprocess` looks
-        up on PATH in every process, and keys only that name. A compiler recorded as invoked by
-        a path (a `CXX` given by full path, which is keyed) is judged at that path."""
-        recorded = record.compiler
-        if recorded is None or "/" in recorded.invoked:
-            return None
-        name = env.get("CXX") or recorded.invoked
-        if "/" in name:
-            return None  # a CXX given by path now: another command line, another key
-        return find_program(name, env.get("PATH", os.defpath), skip=is_masquerade_dir)
+    looks_up_compiler_by_name = True
+    """Inductor runs the compiler by the name `config.cpp.cxx` holds (`$CXX`, else `g++`;
+    cpp_builder.py `get_cpp_compiler`, :372, and `cpp_compiler_search`, :83, which returns the
+    name as given), which `subprocess` looks up on PATH in every process, and keys only that
+    name: the audit judges what that name resolves to now. A compiler recorded as invoked by a
+    path (a `CXX` given by full path, which is keyed) is judged at that path. The name is
+    resolved through the spec's compiler setting, `CXX`, then PATH."""
+
+    def record_findings(self, record: CompileRecord,
+                        history: Sequence[CompileRecord]) -> list[Finding]:
+        """CA101 for each custom op whose traced-in state (schema, mutates_args, fake
+        implementation, backward, setup_context) differs between the compile that wrote an FX
+        graph entry and the process it was served to (the adapter compares the two snapshots
+        when it writes the hit: `adapter.custom_op_changes`): the FX key hashes the graph's
+        call targets by name, so the served graph was traced with the old op."""
+        if record.runtime != RUNTIME or record.event == "compile":
+            return []
+        findings = []
+        for change in record.extra.get("custom_ops_changed") or ():
+            op, field = str(change.get("op")), str(change.get("field"))
+            findings.append(make_finding(
+                "CA101", subject=op, record=record,
+                message=f"custom op {op}'s {_OP_FIELD_WORDS.get(field, field)} changed since "
+                        f"this FX graph entry was compiled, and Inductor's FX graph key does not "
+                        f"cover it: the graph served was traced with the old one",
+                recorded=str(change.get("recorded")), current=str(change.get("current")),
+                how="the adapter's torch.library snapshot at the entry's compile (ledger record "
+                    f"{record.extra.get('built_record', '?')}) against the one at this hit"))
+        return findings
 
     def reconstruction_problem(self, entry: CacheEntry) -> str | None:
         kind = str(entry.meta.get("kind", ""))
