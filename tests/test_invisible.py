@@ -229,9 +229,10 @@ CASES = [
     # Inductor's C++ kernel key holds the compiler's name as given: a bare g++ reaches the
     # shim through PATH; a CXX given by path is left alone (its text is keyed), and the
     # adapter sees the second run's disk hit.
+    # Slow: tests/test_inductor.py's CPATH scenario compares plain and recorded keys by default.
     Case("inductor", INDUCTOR_JOB, "*/*.main.so", "shim:", entry_of=_name,
          problem=_module_problem("torch", "Inductor check skipped")
-         or (None if shutil.which("g++") else "g++ is not installed")),
+         or (None if shutil.which("g++") else "g++ is not installed"), slow=True),
     Case("inductor-cxx-by-path", INDUCTOR_JOB, "*/*.main.so", "adapter:inductor",
          entry_of=_name, env={"CXX": shutil.which("g++") or "g++"}, recorded_event="disk-hit",
          problem=_module_problem("torch", "Inductor check skipped")

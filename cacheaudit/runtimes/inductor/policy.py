@@ -60,7 +60,7 @@ class InductorPolicy(Policy):
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         kind = entry.meta.get("kind")
         if kind == "precompiled_header":
-            graph = set(record.graph.paths()) if record is not None and record.graph else set()
+            graph = set(record.graph.paths) if record is not None and record.graph else set()
             source = {entry.source.path} if entry.source is not None else set()
             return TrackedSet(frozenset(graph | source), how=HEADER_HOW)
         paths = {entry.source.path} if entry.source is not None else set()
