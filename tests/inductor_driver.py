@@ -34,8 +34,18 @@ def compiled() -> dict[str, object]:
         return torch.sin(x) * 2 + x.cos()
 
     result = torch.compile(function)(torch.arange(16, dtype=torch.float32))
-    return {"result": [round(float(v), 6) for v in result[:4]],
+    return {"result": [round(float(v), 6) for v in result], "libraries": _libraries(),
             "inductor": dict(counters["inductor"]), "aot_autograd": dict(counters["aot_autograd"])}
+
+
+def _libraries() -> list[str]:
+    """The kernel libraries under TORCHINDUCTOR_CACHE_DIR this process has mapped."""
+    import os
+
+    root = os.path.realpath(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/nonexistent"))
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if line.rstrip().endswith(".so")}
+    return sorted(os.path.basename(p) for p in paths if p.startswith(root + os.sep))
 
 
 def with_ops(ops_file: str) -> dict[str, object]:

@@ -397,3 +397,56 @@ def test_a_custom_ops_autograd_formula_edited_is_served_stale_and_run_names_the_
     assert named == {("CA101", "ca::twice")}, stale["findings"]
     assert all("autograd formula" in f["message"] for f in stale["findings"]
                if f["subject"] == "ca::twice")
+
+
+def _compile(env: dict[str, str], *, report: Path | None = None) -> dict[str, object]:
+    job = [sys.executable, str(DRIVER), "compile"]
+    argv = ([sys.executable, "-m", "cacheaudit", "run", "--report-json", str(report), "--", *job]
+            if report else job)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+    # Under `cacheaudit run` an error finding fails the run (1); the job's answer is still
+    # its first line.
+    assert done.returncode in ((0, 1) if report else (0,)), done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[0])
+
+
+def _fx_entries(root: Path) -> dict[str, str]:
+    """FX graph key -> sha256 of its entry file."""
+    import hashlib
+
+    return {path.parent.name: hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in (root / "fxgraph").glob("*/*/*") if path.is_file()}
+
+
+def _has_avx512() -> bool:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return " avx512f" in info.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _has_avx512(), reason="Inductor picks AVX-512 only on a CPU that has it")
+def test_an_isa_override_is_served_the_other_isa_s_graph_and_run_names_it(
+        tmp_path: Path) -> None:
+    """`ATEN_CPU_CAPABILITY=avx2` after a compile without it on an AVX-512 CPU: the FX graph key
+    does not hold the ISA (pick_vec_isa reads it at run time, cpu_vec_isa.py:661), so the next
+    process is an FX hit served the graph generated for AVX-512 (16-lane loads), whose kernels
+    are compiled again with the AVX2 flags (the C++ key holds those). Ground truth: an empty
+    cache under the override gives other numbers. `cacheaudit run` of the served process names
+    the variable on the FX entry (CA202, the adapter's hit record against its save record)."""
+    cache = tmp_path / "cache"
+    env = _env(tmp_path, cache)
+    override = dict(env, ATEN_CPU_CAPABILITY="avx2")
+    report = tmp_path / "served.json"
+    built = _compile(env, report=tmp_path / "built.json")
+    served = _compile(override, report=report)
+    fresh = _compile(dict(override, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "empty")))
+    assert served["inductor"].get("fxgraph_cache_hit") == 1, served
+    assert fresh["result"] == built["result"]  # the right numbers, for either ISA
+    assert served["result"] != fresh["result"], served  # ground truth: the hit is wrong
+    ran = json.loads(report.read_text())
+    named = {(f["code"], f["subject"]) for f in ran["findings"]
+             if f["severity"] == "error" and f"{os.sep}fxgraph{os.sep}" in str(f["entry"])}
+    assert named == {("CA202", "ATEN_CPU_CAPABILITY")}, ran["findings"]
