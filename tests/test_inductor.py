@@ -450,3 +450,55 @@ def test_an_isa_override_is_served_the_other_isa_s_graph_and_run_names_it(
     named = {(f["code"], f["subject"]) for f in ran["findings"]
              if f["severity"] == "error" and f"{os.sep}fxgraph{os.sep}" in str(f["entry"])}
     assert named == {("CA202", "ATEN_CPU_CAPABILITY")}, ran["findings"]
+
+
+ADAPTER_JOB = '''
+import ctypes, json, sys
+from cacheaudit import runtimes
+runtimes.activate(["inductor"])
+from torch._inductor.codecache import CppCodeCache
+from cacheaudit.runtimes.inductor.adapter import ADAPTER
+source = 'extern "C" int seven() { return 7; }\\n'
+first = CppCodeCache.load(source, needs_vec_isa=False)
+CppCodeCache.cache.clear()  # the next load is served from disk, as in a new process
+again = CppCodeCache.load(source, needs_vec_isa=False)
+again.seven.restype = ctypes.c_int
+ADAPTER.flush()
+print(json.dumps({"installed": ADAPTER.installed(), "key": again.key, "library": again._name,
+                  "value": again.seven()}))
+'''
+
+
+def _adapter_job(env: dict[str, str]) -> tuple[dict[str, object], str]:
+    done = subprocess.run([sys.executable, "-c", ADAPTER_JOB], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1]), done.stderr
+
+
+def test_the_adapter_records_a_disk_hit_and_fails_open(tmp_path: Path) -> None:
+    """The adapter in a process of torch's own `CppCodeCache.load`: the second load, served
+    from disk, is a disk-hit record with the key, the hashed command line, the ISA and
+    `existed`, whose entry is the library loaded. With a ledger that cannot be written (its
+    directory is a file) the kernel still loads and returns 7, and the problem is one line on
+    stderr: recording never breaks the runtime."""
+    from cacheaudit.ledger import Ledger
+
+    env = _env(tmp_path, tmp_path / "cache")
+    served, _ = _adapter_job(env)
+    assert served["installed"] and served["value"] == 7
+    with Ledger.open(env["CACHEAUDIT_LEDGER"], create=False) as ledger:
+        hits = [r for r in ledger.records() if r.observer == "adapter:inductor"]
+    assert [(r.event, r.key, r.entry) for r in hits] == [
+        ("disk-hit", served["key"], served["library"])]
+    extra = hits[0].extra
+    assert extra["existed"] is True and extra["isa"] == "none"
+    assert extra["command_line"].startswith(("g++", "c++")), extra
+
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    env = _env(tmp_path, tmp_path / "cache2", CACHEAUDIT_LEDGER=str(blocked / "ledger.db"))
+    served, stderr = _adapter_job(env)
+    assert served["installed"] and served["value"] == 7
+    problems = [line for line in stderr.splitlines() if "cacheaudit" in line]
+    assert len(problems) == 1, stderr
