@@ -95,6 +95,15 @@ class Policy:
     its lifetime (DeepJIT's `Config`, for example). When True, the audit finds the first compile
     of each record's runtime process and asks `configuration_changes` what differs (CA204)."""
 
+    looks_up_compiler_by_name: bool = False
+    """Whether the runtime runs its compiler by the bare name it was given (`g++`), which the
+    OS looks up on PATH again in every process, while its key holds only that name. When True,
+    the audit judges the compiler the user's configuration resolves now for that name
+    (`audit.execution.resolve_compiler`: the policy's `compiler_variables`, then PATH; the
+    one rule for what an audit may run) against the recorded identity (CA301), so that another
+    binary earlier on PATH is seen. Default False: the recorded compiler's own path is judged
+    (a runtime that runs the compiler by a path, or keys the binary)."""
+
     scan_family: str = ""
     """Policies with the same non-empty `scan_family` judge the scan's environment together (the
     DeepSeek runtimes share their `<PREFIX>_JIT_*` settings): the audit calls `scan_findings`

@@ -5,7 +5,9 @@ Shared by `cacheaudit run`, the pytest plugin and the start-up hook. The session
 which compiler anything runs: a bare name (`nvcc`, `c++`) reaches the masquerade link of that name
 first on PATH, which hands over to the same name further down PATH; a setting that names another
 compiler (`CXX=g++-12`, `DG_JIT_NVCC_COMPILER=/opt/cuda-12.8/bin/nvcc`) gets a link of its own
-whose `CACHEAUDIT_REAL_<LINK>` names exactly that compiler, so two settings never share one.
+whose `CACHEAUDIT_REAL_<LINK>` names exactly that compiler, so two settings never share one,
+unless a runtime keys the setting's text (`CompilerSetting.path_in_key_if`: Inductor's `CXX`
+wherever torch is importable), which is left as the user wrote it.
 """
 
 from __future__ import annotations
@@ -213,7 +215,10 @@ def _point_at_shims(child: dict[str, str], original: Mapping[str, str], shims: s
 
     Settings of several words (`ccache g++`) are left alone: the wrapper runs the compiler by
     name, and PATH leads that name through the shim. So is a setting whose runtime keys the
-    compiler's path (`CompilerSetting.path_in_key_if`): a stand-in would change the key.
+    compiler's path (`CompilerSetting.path_in_key_if`): a stand-in would change the key. That
+    holds for `CXX` and `CC` too when a runtime declares them so (Inductor keys `CXX` as
+    written): such a setting given by path, or by a name of its own (`g++-12`), runs
+    unrecorded by the shim, and the runtime's adapter records the compile in-process.
     """
 
     def single(value: str | None) -> bool:
@@ -235,10 +240,14 @@ def _point_at_shims(child: dict[str, str], original: Mapping[str, str], shims: s
         if single(value):
             assert value is not None
             _point(child, variable, _stand_in(child, shims, value, pattern_setting.compiler))
+    left_alone: set[str] = set()
     for setting in settings:
         name, family = setting.name, setting.compiler
         if setting.path_in_key_if and keys_compiler_path(setting, child):
+            left_alone.add(name)
             continue
+        if name in _CXX_SETTINGS:
+            continue  # a runtime that declares CXX or CC keeps the host compilers' rules below
         value = original.get(name)
         if single(value):
             assert value is not None
@@ -251,6 +260,8 @@ def _point_at_shims(child: dict[str, str], original: Mapping[str, str], shims: s
             _point(child, name, _lookup_stand_in(child, shims, setting.lookup(), family))
     for name, family in _CXX_SETTINGS.items():
         value = original.get(name)
+        if name in left_alone:
+            continue  # a runtime keys its text (Inductor's CXX): a stand-in would be keyed
         if value in MASQUERADE_NAMES or not single(value):
             # A bare name finds the masquerade first on PATH; rewriting it would change the
             # command line the runtime keys on (torch's build.ninja) for nothing.

@@ -145,6 +145,7 @@ BUILT_IN = (
     "cuda_core",   # cuda.core Program and its program cache
     "cupy",
     "flashinfer",
+    "inductor",    # torch.compile's Inductor: FX graph, AOTAutograd and C++ kernel caches
 )
 
 EXTRA_VARIABLE = "CACHEAUDIT_RUNTIMES"

@@ -54,7 +54,7 @@ UNK = KeyStatus.UNKNOWN
 
 def test_runtimes_are_the_project_ids() -> None:
     assert RUNTIMES == ("deepjit", "deepgemm", "deepep", "torch-ext", "triton", "nvrtc",
-                        "cuda-core", "cupy", "flashinfer", "shim")
+                        "cuda-core", "cupy", "flashinfer", "inductor", "shim")
     assert JIT_PREFIXES == ("DG", "EP", "DJ")
     assert KeyStatus.IN_KEY.value == "in-key"
     assert KeyStatus.NOT_IN_KEY.value == "not-in-key"

@@ -106,6 +106,13 @@ library = load(name="plain", sources=[source], is_python_module=False)
 done({os.path.basename(os.path.dirname(library)): sha(open(library, "rb").read())})
 """
 
+INDUCTOR_JOB = _PRELUDE + """\
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = root
+from torch._inductor.codecache import CppCodeCache
+library = CppCodeCache.load('extern "C" int answer() { return 42; }\\n', needs_vec_isa=False)
+done({os.path.basename(library._name): sha(open(library._name, "rb").read())})
+"""
+
 TRITON_JOB = _PRELUDE + """\
 os.environ["TRITON_CACHE_DIR"] = root
 import triton
@@ -215,6 +222,9 @@ class Case:
     """Whether two fresh compiles give the same bytes. nvcc's host shared objects do not (they
     embed the names of nvcc's temporary files): there the keys are compared, and each mode's
     second run must serve its first run's binary."""
+    recorded_event: str = "compile"
+    """The event of the records that prove the recorded run was recorded: "disk-hit" where the
+    session leaves the compiler alone and an adapter sees the hit (Inductor's CXX by path)."""
 
 
 CASES = [
@@ -252,6 +262,17 @@ CASES = [
          problem=None if NVCC and shutil.which("ninja") and os.path.exists(
              os.path.join(_CUDA_HOME, "lib64", "libcudart.so")) else
          "nvcc, ninja or libcudart is missing", slow=True, reproducible=False),
+    # Inductor's C++ kernel key holds the compiler's name as given: a bare g++ reaches the
+    # shim through PATH; a CXX given by path is left alone (its text is keyed), and the
+    # adapter sees the second run's disk hit.
+    # Slow: tests/test_inductor.py's CPATH scenario compares plain and recorded keys by default.
+    Case("inductor", INDUCTOR_JOB, "*/*.main.so", "shim:", entry_of=_name,
+         problem=_module_problem("torch", "Inductor check skipped")
+         or (None if shutil.which("g++") else "g++ is not installed"), slow=True),
+    Case("inductor-cxx-by-path", INDUCTOR_JOB, "*/*.main.so", "adapter:inductor",
+         entry_of=_name, env={"CXX": shutil.which("g++") or "g++"}, recorded_event="disk-hit",
+         problem=_module_problem("torch", "Inductor check skipped")
+         or (None if shutil.which("g++") else "g++ is not installed"), slow=True),
     Case("triton", TRITON_JOB, "*/*.cubin", "adapter:triton",
          problem=_module_problem("triton", "Triton check skipped")),
     Case("nvrtc", NVRTC_JOB, "", "adapter:nvrtc", problem=_nvrtc_problem()),
@@ -337,7 +358,7 @@ def test_recording_changes_no_key_and_no_served_binary(case: Case, tmp_path: Pat
         assert set(plain.served[0]) <= set(plain.disk) or case.id == "triton" \
             or case.id == "cuda-core", (case.id, plain.served, plain.disk)
     # The recorded run was recorded, by the observer that should see this runtime's compiles.
-    observers = sorted({r.observer for r in recorded.records if r.event == "compile"})
+    observers = sorted({r.observer for r in recorded.records if r.event == case.recorded_event})
     assert any(o.startswith(case.observer) for o in observers), (case.id, observers)
 
     if not case.reproducible:

@@ -29,6 +29,8 @@ def _env(tmp_path: Path, cache: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DG_", "EP_", "DJ_"))}
     env.update({"CACHEAUDIT_RUNTIMES": "toyjit", "TOYJIT_CACHE_DIR": str(cache),
                 "HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+                # Inductor's default root is $TMPDIR/torchinductor_<user>: not this machine's
+                "TMPDIR": str(tmp_path),
                 "CACHEAUDIT_LEDGER": str(tmp_path / "ledger.db"),
                 "PYTHONPATH": os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])})
     return env

@@ -279,9 +279,17 @@ class Auditor:
         if registry_problem is None:
             findings += environment_findings(context, entry, record, policy)
         findings += configuration_findings(context, entry, record, policy)
+        current = None
         if record.compiler is not None and not record.reconstructed:
             execution.identify_recorded_compiler(context, entry, record, self._seal_key())
-        findings += compiler_findings(context, entry, record, policy)
+            if policy.looks_up_compiler_by_name and "/" not in record.compiler.invoked:
+                current, _how = execution.resolve_compiler(entry, record.compiler.invoked,
+                                                           self.env)
+            if current is not None and current != record.compiler.path:
+                execution.identify_compiler(context, current)
+            else:
+                current = None
+        findings += compiler_findings(context, entry, record, policy, current)
         findings += modified_during_compile(record, entry)
         return findings
 

@@ -12,10 +12,15 @@ from cacheaudit.policy import Policy
 
 
 def compiler_findings(context: AuditContext, entry: CacheEntry, record: CompileRecord,
-                      policy: Policy) -> list[Finding]:
+                      policy: Policy, current: str | None = None) -> list[Finding]:
+    """`current`: the compiler the runtime would run now, where it looks its compiler up by
+    name (`Policy.looks_up_compiler_by_name`) and finds another path; None judges the
+    recorded path."""
     recorded = record.compiler
     if recorded is None or record.reconstructed:
         return []
+    if current is not None:
+        return _resolved_elsewhere(context, entry, record, policy, current)
     found = context.compilers[recorded.path]  # identified by the scan before judging
     if found.identity is None:
         return [make_finding("CA501", subject=recorded.path, entry=entry, record=record,
@@ -59,3 +64,26 @@ def compiler_findings(context: AuditContext, entry: CacheEntry, record: CompileR
             how="identity of the host compiler nvcc would use now",
             evidence=Evidence(compiler_evidence(old_host), compiler_evidence(new_host))))
     return findings
+
+
+def _resolved_elsewhere(context: AuditContext, entry: CacheEntry, record: CompileRecord,
+                        policy: Policy, current: str) -> list[Finding]:
+    """CA301 for a runtime that looks its compiler up again in each process and now finds
+    another binary (`current`) than the one that built the entry, its key unchanged."""
+    recorded = record.compiler
+    assert recorded is not None
+    now = context.compilers[current].identity  # identified by the scan before judging
+    if now is None:
+        return []  # nothing runs there: the runtime's next compile fails, no hit is stale
+    if (now.digest == recorded.digest and now.version_text == recorded.version_text
+            and now.resolved == recorded.resolved) or policy.compiler_change_in_key(
+                recorded, now):
+        return []
+    return [make_finding(
+        "CA301", subject=current, entry=entry, record=record,
+        message=f"{entry.runtime} would now run {current}, not {recorded.path} that built this "
+                f"entry, and its key does not change with it: the next process is served the "
+                f"binary the old compiler built",
+        recorded=compiler_evidence(recorded), current=compiler_evidence(now),
+        how="the compiler the name the runtime was given resolves to now (under the "
+            "audit's environment), against the recorded identity: content hash and --version")]

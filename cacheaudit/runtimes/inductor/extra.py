@@ -1,0 +1,32 @@
+"""The `CompileRecord.extra` keys of Inductor's records, written by the in-process adapter
+(`adapter.py`; docs/runtimes/inductor.md, "The adapter"). Shim records carry none."""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+
+class InductorExtra(TypedDict, total=False):
+    """What an Inductor adapter record carries besides the typed fields."""
+
+    layer: str
+    """"fxgraph", "aotautograd" or "cpp": which of Inductor's caches the lookup was."""
+    components: list[str]
+    """An FX hit's labelled key components (`debug_lines`), the first 64, each cut short."""
+    custom_ops: dict[str, dict[str, Any]]
+    """The torch.library custom-op snapshot (`adapter.snapshot_custom_ops`)."""
+    custom_ops_changed: list[dict[str, Any]]
+    """On an FX hit: (op, field, recorded, current) against the entry's compile record."""
+    built_record: str
+    """On an FX hit: the id of the compile record its snapshot was compared with."""
+    source: str
+    """A C++ hit's `<key>.main.cpp`."""
+    command_line: str
+    """The command line Inductor hashed into the C++ kernel key."""
+    existed: bool
+    """Whether `<key>.main.so` existed before the load (a hit without a compile)."""
+    isa: str
+    """The vector ISA of the command line (`-DCPU_CAPABILITY_*`), "none" without one."""
+
+
+KEYS: frozenset[str] = frozenset(InductorExtra.__annotations__)

@@ -1,0 +1,504 @@
+"""Inductor (torch.compile's C++ layer on CPU), against the real torch 2.13.0: its own
+`CppCodeCache.load` builds and serves each kernel in a process of its own
+(tests/inductor_driver.py), with a TORCHINDUCTOR_CACHE_DIR per test.
+
+Ground truth is the value the served library returns and the value a compile into an empty
+cache returns: a stale hit is a second process served the old value under the same key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cacheaudit.digest import StateCache
+from cacheaudit.model import CacheEntry, CacheLeftover
+
+pytest.importorskip("torch")
+
+TESTS = Path(__file__).parent
+DRIVER = TESTS / "inductor_driver.py"
+KERNEL = '#include <tile.h>\nextern "C" int scaled(int x) { return x * TILE; }\n'
+GXX = shutil.which("g++")
+
+pytestmark = pytest.mark.skipif(GXX is None, reason="Inductor compiles CPU kernels with g++")
+
+
+def _env(tmp: Path, cache: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TORCHINDUCTOR_", "CACHEAUDIT_")) and k != "CPATH"}
+    env.update({"TORCHINDUCTOR_CACHE_DIR": str(cache), "XDG_CACHE_HOME": str(tmp / "xdg"),
+                "CACHEAUDIT_LEDGER": str(tmp / "ledger.db"),
+                # precompiled headers live under $TMPDIR/torchinductor_<user>: kept per test
+                "TMPDIR": str(tmp / "tmp"),
+                "PYTHONPATH": os.pathsep.join(
+                    p for p in (str(TESTS.parent), os.environ.get("PYTHONPATH", "")) if p)})
+    (tmp / "tmp").mkdir(exist_ok=True)
+    env.update(extra)
+    return env
+
+
+def _kernel(env: dict[str, str], source: Path, *, recorded: bool = False,
+            report: Path | None = None) -> dict[str, object]:
+    """The driver's answer for `source`, in a process of its own (under `cacheaudit run` when
+    `recorded`, its report written to `report`)."""
+    job = [sys.executable, str(DRIVER), "kernel", str(source)]
+    run = ["run", *(("--report-json", str(report)) if report else ()), "--"]
+    argv = [sys.executable, "-m", "cacheaudit", *run, *job] if recorded else job
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[0])
+
+
+def _scan(env: dict[str, str], root: Path) -> tuple[int, list[dict[str, object]]]:
+    done = subprocess.run([sys.executable, "-m", "cacheaudit", "scan", "--json", "--fail-on",
+                           "error", str(root)], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode in (0, 1), done.stderr
+    return done.returncode, json.loads(done.stdout)["findings"]
+
+
+def test_a_header_cpath_supplies_is_served_stale_and_scan_names_it(tmp_path: Path) -> None:
+    """CPATH puts a header before the system's; Inductor's kernel key is the source and the
+    command line as text, so an edit of that header is served stale by the next process.
+    `cacheaudit run` of that process, `pytest --cacheaudit` of a test served it, and a later
+    scan name the header (CA101). Before the edit the scan raises no error (control), and
+    recording did not change the key: a plain compile into another empty cache computes the
+    same one."""
+    include = tmp_path / "include"
+    include.mkdir()
+    header = include / "tile.h"
+    header.write_text("#define TILE 4\n")
+    source = tmp_path / "kernel.cpp"
+    source.write_text(KERNEL)
+    cache = tmp_path / "cache"
+    env = _env(tmp_path, cache, CPATH=str(include))
+
+    built = _kernel(env, source, recorded=True)
+    assert built["value"] == 12
+    plain = _kernel(dict(env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "plain")), source)
+    assert plain["key"] == built["key"], "recording changed Inductor's kernel key"
+
+    status, findings = _scan(env, cache)
+    assert status == 0, [f for f in findings if f["severity"] == "error"]
+    assert any(f["code"] == "CA102" and str(f["entry"]).endswith(".main.so") for f in findings)
+
+    time.sleep(0.05)
+    header.write_text("#define TILE 8\n")
+    report = tmp_path / "run.json"
+    served = _kernel(env, source, recorded=True, report=report)
+    fresh = _kernel(dict(env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "empty")), source)
+    assert (served["key"], served["library"]) == (built["key"], built["library"])
+    assert (served["value"], fresh["value"]) == (12, 24)  # ground truth: the hit is stale
+
+    # `cacheaudit run` of the process that was served: a disk hit (seen by its opens; no
+    # compiler ran), and the header named on it.
+    ran = json.loads(report.read_text())
+    assert (ran["activity"]["compiles"], ran["activity"]["disk_hits"]) == (0, 1), ran["activity"]
+    assert [(f["code"], f["subject"], f["entry"]) for f in ran["findings"]
+            if f["severity"] == "error"] == [("CA101", str(header), built["library"])]
+
+    # `pytest --cacheaudit` of a test served the same library fails the session on it.
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_served.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(TESTS)!r})\n"
+        "from inductor_driver import kernel\n"
+        f"def test_served():\n    assert kernel({str(source)!r})['value'] == 12\n")
+    plugin = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             "--cacheaudit", "--cacheaudit-fail-on=error", "test_served.py"],
+                            capture_output=True, text=True, env=env, cwd=suite, timeout=600)
+    assert plugin.returncode == 1, plugin.stdout[-3000:] + plugin.stderr[-3000:]
+    assert f"{header}: CA101 error" in plugin.stdout, plugin.stdout[-3000:]
+
+    status, findings = _scan(env, cache)
+    assert status == 1
+    stale = [(f["code"], f["subject"], f["entry"]) for f in findings if f["code"] == "CA101"]
+    assert stale == [("CA101", str(header), built["library"])], findings
+
+
+@pytest.mark.slow
+def test_a_compiler_earlier_on_path_is_served_stale_and_scan_names_it(tmp_path: Path) -> None:
+    """`g++` is looked up on PATH in every process and only its name is keyed: another g++
+    earlier on PATH gets the old library. Ground truth: an empty cache under the new PATH gives
+    the new value. The scan under the new PATH names the g++ Inductor would run now (CA301,
+    `Policy.looks_up_compiler_by_name`); under the PATH of the build it raises nothing (control)."""
+    source = tmp_path / "kernel.cpp"
+    source.write_text('extern "C" int scaled(int x) { return x * SCALE; }\n')
+    compilers = {}
+    for name, scale in (("old", 2), ("new", 5)):
+        directory = tmp_path / name
+        directory.mkdir()
+        wrapper = directory / "g++"
+        wrapper.write_text(f"#!/bin/sh\nexec {GXX} -DSCALE={scale} \"$@\"\n")
+        wrapper.chmod(0o755)
+        compilers[name] = f"{directory}{os.pathsep}{os.environ['PATH']}"
+    cache = tmp_path / "cache"
+    env = _env(tmp_path, cache)
+    built = _kernel(dict(env, PATH=compilers["old"]), source, recorded=True)
+    served = _kernel(dict(env, PATH=compilers["new"]), source)
+    fresh = _kernel(dict(env, PATH=compilers["new"], TORCHINDUCTOR_CACHE_DIR=str(
+        tmp_path / "empty")), source)
+    assert (served["key"], served["value"], fresh["value"]) == (built["key"], 6, 15)
+
+    status, findings = _scan(dict(env, PATH=compilers["old"]), cache)
+    assert status == 0, [f for f in findings if f["severity"] == "error"]
+    status, findings = _scan(dict(env, PATH=compilers["new"]), cache)
+    assert status == 1
+    drift = [(f["code"], f["subject"], f["entry"]) for f in findings if f["severity"] == "error"]
+    assert drift == [("CA301", str(tmp_path / "new" / "g++"), built["library"])], findings
+
+
+@pytest.mark.xfail(strict=True, reason="the shim runs the real g++ by its path, so gcc reports "
+                                       "COLLECT_GCC=/usr/bin/g++ where it said g++: a shim "
+                                       "change (docs/runtimes/inductor.md)")
+def test_recording_leaves_g_plus_plus_v_alone(tmp_path: Path) -> None:
+    """Inductor keys `<compiler> -v` (cpp_builder.py get_compiler_version_info, :639) into
+    its vector-ISA probes (cpu_vec_isa.py:30) and precompiled headers (codecache.py:3597):
+    under recording the text must be the same, or both are rebuilt under other keys."""
+    job = [sys.executable, "-c", "from torch._inductor.cpp_builder import "
+           "get_compiler_version_info as v; print(v('g++'))"]
+    env = _env(tmp_path, tmp_path / "cache")
+    plain = subprocess.run(job, capture_output=True, text=True, env=env, timeout=300)
+    recorded = subprocess.run([sys.executable, "-m", "cacheaudit", "run", "--", *job],
+                              capture_output=True, text=True, env=env, timeout=300)
+    assert plain.returncode == recorded.returncode == 0, recorded.stderr
+    assert "COLLECT_GCC=g++" in plain.stdout
+    assert recorded.stdout.splitlines()[0] == plain.stdout.splitlines()[0]
+
+
+@pytest.mark.slow
+def test_recording_leaves_the_key_of_a_cxx_given_by_path_alone(tmp_path: Path) -> None:
+    """`CXX=/usr/bin/g++` is on Inductor's hashed command line as written (config.py:1690,
+    codecache.py:3752): a recorded compile must compute the key a plain one does. The session
+    leaves it alone (Inductor's spec declares CXX with `path_in_key_if`)."""
+    source = tmp_path / "kernel.cpp"
+    source.write_text('extern "C" int scaled(int x) { return x * 7; }\n')
+    env = _env(tmp_path, tmp_path / "cache", CXX=str(GXX))
+    plain = _kernel(dict(env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "plain")), source)
+    recorded = _kernel(env, source, recorded=True)
+    assert (plain["value"], recorded["value"]) == (21, 21)
+    assert recorded["key"] == plain["key"]
+
+
+class _Runs:
+    """A pickle payload that would create a file if anything unpickled it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_the_reader_names_every_entry_kind_and_never_unpickles(tmp_path: Path) -> None:
+    """The layout on a cache of every kind (built by hand in Inductor's grammar: a kernel pair,
+    a probe pair, a source whose library is missing, a dead build directory, FX graph and
+    AOTAutograd pickles, a precompiled header): the pickles are entries by name and digest,
+    and reading them, or scanning them, runs nothing they name."""
+    from cacheaudit.runtimes.inductor.layout import LAYOUT
+
+    root = tmp_path / "cache"
+    key = "c" + "a" * 51
+    shard = root / key[1:3]
+    shard.mkdir(parents=True)
+    (shard / f"{key}.main.cpp").write_text(KERNEL)
+    (shard / f"{key}.main.so").write_bytes(b"\x7fELF")
+    probe = "c" + "b" * 51
+    (root / probe[1:3]).mkdir()
+    (root / probe[1:3] / f"{probe}.cpp").write_text("// probe\n")
+    (root / probe[1:3] / f"{probe}.so").write_bytes(b"\x7fELF")
+    orphan = "c" + "d" * 51
+    (shard / f"{orphan}.main.cpp").write_text(KERNEL)
+    (shard / f"{orphan}_CxxBuild").mkdir()
+    marker = tmp_path / "unpickled"
+    fx = root / "fxgraph" / "ee" / ("f" + "e" * 51)
+    fx.mkdir(parents=True)
+    (fx / "guards1").write_bytes(pickle.dumps(_Runs(marker)))
+    aot = root / "aotautograd" / ("a" + "f" * 51)
+    aot.mkdir(parents=True)
+    (aot / "guards2").write_bytes(pickle.dumps(_Runs(marker)))
+    headers = root / "precompiled_headers"
+    headers.mkdir()
+    header = "c" + "g" * 51
+    (headers / f"{header}.h").write_text("#include <torch/csrc/inductor/cpp_prefix.h>\n")
+    (headers / f"{header}.h.gch").write_bytes(b"gpch")
+    (root / "locks").mkdir()
+
+    assert LAYOUT.is_root(str(root))
+    found = list(LAYOUT.read(str(root), StateCache()))
+    entries = {(e.meta["kind"], e.key, os.path.relpath(e.path, root))
+               for e in found if isinstance(e, CacheEntry)}
+    assert entries == {
+        ("kernel", key, f"aa/{key}.main.so"), ("cpp", probe, f"bb/{probe}.so"),
+        ("fxgraph", fx.name, f"fxgraph/ee/{fx.name}/guards1"),
+        ("aotautograd", aot.name, f"aotautograd/{aot.name}/guards2"),
+        ("precompiled_header", header, f"precompiled_headers/{header}.h.gch")}
+    leftovers = {os.path.relpath(e.path, root) for e in found if isinstance(e, CacheLeftover)}
+    assert leftovers == {f"aa/{orphan}.main.cpp", f"aa/{orphan}_CxxBuild"}
+
+    env = _env(tmp_path, root)
+    _scan(env, root)
+    assert not marker.exists(), "a pickle in the cache was unpickled"
+
+
+def test_the_default_roots_follow_torch(tmp_path: Path) -> None:
+    """cache_dir() then default_cache_dir() (runtime/cache_dir_utils.py:14, :24): the second
+    holds the precompiled headers whatever TORCHINDUCTOR_CACHE_DIR says."""
+    from cacheaudit.runtimes.inductor.layout import LAYOUT
+
+    env = {"TMPDIR": str(tmp_path), "USER": "a/b", "TORCHINDUCTOR_CACHE_DIR": "rel"}
+    assert LAYOUT.default_roots(env) == [os.path.abspath("rel"),
+                                         str(tmp_path / "torchinductor_a_b")]
+    assert LAYOUT.default_roots({"TMPDIR": str(tmp_path), "USER": "u"}) == [
+        str(tmp_path / "torchinductor_u")]
+
+
+@pytest.mark.slow
+def test_a_real_torch_compile_cache_is_read_whole_and_its_kernels_tied_to_their_compiles(
+        tmp_path: Path) -> None:
+    """torch.compile of a small function on CPU under `cacheaudit run`, then again in a new
+    process: torch's own counters say the second was an FX graph and AOTAutograd hit with the
+    same result. The scan reads every entry kind Inductor wrote (kernels, ISA probes, FX graph
+    and AOTAutograd entries, the precompiled header under $TMPDIR) and ties every C++ entry to
+    the g++ compile the shim recorded, and the FX graph entry to the adapter's record of its
+    save; nothing in the cache raises an error."""
+    cache = tmp_path / "cache"
+    env = _env(tmp_path, cache)
+    job = [sys.executable, str(DRIVER), "compile"]
+    first = subprocess.run([sys.executable, "-m", "cacheaudit", "run", "--", *job],
+                           capture_output=True, text=True, env=env, timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    first_end = time.time_ns()
+    built = json.loads(first.stdout.splitlines()[0])
+    assert built["inductor"].get("fxgraph_cache_miss") == 1, built
+    again = subprocess.run(job, capture_output=True, text=True, env=env, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    served = json.loads(again.stdout.splitlines()[0])
+    assert served["inductor"].get("fxgraph_cache_hit") == 1, served
+    assert served["aot_autograd"].get("autograd_cache_hit") == 1, served
+    assert served["result"] == built["result"]
+
+    from cacheaudit.runtimes.inductor.layout import LAYOUT, default_cache_dir
+
+    headers_root = default_cache_dir(env)
+    assert LAYOUT.default_roots(env) == [str(cache), headers_root]
+    kinds = {e.meta["kind"] for root in (cache, headers_root)
+             for e in LAYOUT.read(str(root), StateCache()) if isinstance(e, CacheEntry)}
+    assert kinds == {"kernel", "cpp", "fxgraph", "aotautograd", "precompiled_header"}, kinds
+
+    done = subprocess.run([sys.executable, "-m", "cacheaudit", "scan", "--json", "--fail-on",
+                           "error"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    findings = json.loads(done.stdout)["findings"]
+    unrecorded = {str(f["entry"]) for f in findings
+                  if f["code"] == "CA501" and "no recorded compile" in f["message"]}
+    pickled = {path for path in unrecorded if f"{os.sep}fxgraph{os.sep}" in path
+               or f"{os.sep}aotautograd{os.sep}" in path}
+    # The FX graph entry has the adapter's compile record (FxGraphCache._save_graph); the
+    # AOTAutograd entry, whose save is not wrapped, has none.
+    assert len(pickled) == 1 and f"{os.sep}aotautograd{os.sep}" in next(iter(pickled)), (
+        unrecorded)
+    # Every C++ entry the recorded process built is tied to its compile. The unrecorded second
+    # process rebuilt the ISA probes (and the precompiled header) under other keys: both keys
+    # hold `g++ -v`, which the shim changes (test_recording_leaves_g_plus_plus_v_alone).
+    rebuilt = {path for path in unrecorded - pickled if os.stat(path).st_mtime_ns > first_end}
+    assert unrecorded - pickled - rebuilt == set(), unrecorded
+
+
+OPS = '''import torch
+
+
+@torch.library.custom_op("ca::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x.repeat(2) * IMPLEMENTATION
+
+
+@twice.register_fake
+def _(x):
+    return x.new_empty(x.shape[0] * 2)
+
+
+def _setup(ctx, inputs, output):
+    ctx.n = inputs[0].shape[0]
+
+
+def _backward(ctx, grad):
+    return grad.new_full((ctx.n,), BACKWARD)
+
+
+twice.register_autograd(_backward, setup_context=_setup)
+
+
+def function(x):
+    return twice(x).sum()
+'''
+
+
+def _ops(path: Path, implementation: str, backward: str) -> None:
+    """The custom op's module, its implementation's and its backward's constants written into
+    their bodies (an edit of the formula, as a user makes it)."""
+    path.write_text(OPS.replace("IMPLEMENTATION", implementation).replace("BACKWARD", backward))
+
+
+def _with_ops(env: dict[str, str], ops: Path, *, report: Path | None = None
+              ) -> dict[str, object]:
+    job = [sys.executable, str(DRIVER), "op", str(ops)]
+    argv = ([sys.executable, "-m", "cacheaudit", "run", "--report-json", str(report), "--", *job]
+            if report else job)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_custom_ops_autograd_formula_edited_is_served_stale_and_run_names_the_op(
+        tmp_path: Path) -> None:
+    """torch.compile of a function calling a `torch.library.custom_op` whose backward
+    (`register_autograd`) is edited from 2.0 to 3.0: the next process is an AOTAutograd and FX
+    hit (torch's counters) served the old backward (gradient 2 where an empty cache gives 3).
+    `cacheaudit run` of it names the op (CA101, subject `ca::twice`) from the adapter's
+    snapshot against the one at the entry's compile. Control before it: the implementation
+    edited (dispatched at run time, so the hit is right: the value equals an empty cache's)
+    raises no error."""
+    ops = tmp_path / "ops.py"
+    cache = tmp_path / "cache"
+    env = _env(tmp_path, cache)
+    empty = dict(env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "empty"))
+    _ops(ops, "1.0", "2.0")
+    built = _with_ops(env, ops, report=tmp_path / "built.json")
+    assert (built["value"], built["grad"]) == (12.0, [2.0] * 4), built
+
+    _ops(ops, "2.0", "2.0")
+    served = _with_ops(env, ops, report=tmp_path / "control.json")
+    fresh = _with_ops(dict(empty, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "empty1")), ops)
+    assert served["aot_autograd"].get("autograd_cache_hit") == 1, served
+    assert (served["value"], served["grad"]) == (fresh["value"], fresh["grad"]) == (24.0,
+                                                                                      [2.0] * 4)
+    control = json.loads((tmp_path / "control.json").read_text())
+    assert [f for f in control["findings"] if f["severity"] == "error"] == []
+
+    _ops(ops, "2.0", "3.0")
+    served = _with_ops(env, ops, report=tmp_path / "stale.json")
+    fresh = _with_ops(empty, ops)
+    assert served["aot_autograd"].get("autograd_cache_hit") == 1, served
+    assert (served["grad"], fresh["grad"]) == ([2.0] * 4, [3.0] * 4)  # ground truth: stale
+    stale = json.loads((tmp_path / "stale.json").read_text())
+    named = {(f["code"], f["subject"]) for f in stale["findings"] if f["severity"] == "error"}
+    assert named == {("CA101", "ca::twice")}, stale["findings"]
+    assert all("autograd formula" in f["message"] for f in stale["findings"]
+               if f["subject"] == "ca::twice")
+
+
+def _compile(env: dict[str, str], *, report: Path | None = None) -> dict[str, object]:
+    job = [sys.executable, str(DRIVER), "compile"]
+    argv = ([sys.executable, "-m", "cacheaudit", "run", "--report-json", str(report), "--", *job]
+            if report else job)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+    # Under `cacheaudit run` an error finding fails the run (1); the job's answer is still
+    # its first line.
+    assert done.returncode in ((0, 1) if report else (0,)), done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[0])
+
+
+def _fx_entries(root: Path) -> dict[str, str]:
+    """FX graph key -> sha256 of its entry file."""
+    import hashlib
+
+    return {path.parent.name: hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in (root / "fxgraph").glob("*/*/*") if path.is_file()}
+
+
+def _has_avx512() -> bool:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return " avx512f" in info.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _has_avx512(), reason="Inductor picks AVX-512 only on a CPU that has it")
+def test_an_isa_override_is_served_the_other_isa_s_graph_and_run_names_it(
+        tmp_path: Path) -> None:
+    """`ATEN_CPU_CAPABILITY=avx2` after a compile without it on an AVX-512 CPU: the FX graph key
+    does not hold the ISA (pick_vec_isa reads it at run time, cpu_vec_isa.py:661), so the next
+    process is an FX hit served the graph generated for AVX-512 (16-lane loads), whose kernels
+    are compiled again with the AVX2 flags (the C++ key holds those). Ground truth: an empty
+    cache under the override gives other numbers. `cacheaudit run` of the served process names
+    the variable on the FX entry (CA202, the adapter's hit record against its save record)."""
+    cache = tmp_path / "cache"
+    env = _env(tmp_path, cache)
+    override = dict(env, ATEN_CPU_CAPABILITY="avx2")
+    report = tmp_path / "served.json"
+    built = _compile(env, report=tmp_path / "built.json")
+    served = _compile(override, report=report)
+    fresh = _compile(dict(override, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "empty")))
+    assert served["inductor"].get("fxgraph_cache_hit") == 1, served
+    assert fresh["result"] == built["result"]  # the right numbers, for either ISA
+    assert served["result"] != fresh["result"], served  # ground truth: the hit is wrong
+    ran = json.loads(report.read_text())
+    named = {(f["code"], f["subject"]) for f in ran["findings"]
+             if f["severity"] == "error" and f"{os.sep}fxgraph{os.sep}" in str(f["entry"])}
+    assert named == {("CA202", "ATEN_CPU_CAPABILITY")}, ran["findings"]
+
+
+ADAPTER_JOB = '''
+import ctypes, json, sys
+from cacheaudit import runtimes
+runtimes.activate(["inductor"])
+from torch._inductor.codecache import CppCodeCache
+from cacheaudit.runtimes.inductor.adapter import ADAPTER
+source = 'extern "C" int seven() { return 7; }\\n'
+first = CppCodeCache.load(source, needs_vec_isa=False)
+CppCodeCache.cache.clear()  # the next load is served from disk, as in a new process
+again = CppCodeCache.load(source, needs_vec_isa=False)
+again.seven.restype = ctypes.c_int
+ADAPTER.flush()
+print(json.dumps({"installed": ADAPTER.installed(), "key": again.key, "library": again._name,
+                  "value": again.seven()}))
+'''
+
+
+def _adapter_job(env: dict[str, str]) -> tuple[dict[str, object], str]:
+    done = subprocess.run([sys.executable, "-c", ADAPTER_JOB], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1]), done.stderr
+
+
+def test_the_adapter_records_a_disk_hit_and_fails_open(tmp_path: Path) -> None:
+    """The adapter in a process of torch's own `CppCodeCache.load`: the second load, served
+    from disk, is a disk-hit record with the key, the hashed command line, the ISA and
+    `existed`, whose entry is the library loaded. With a ledger that cannot be written (its
+    directory is a file) the kernel still loads and returns 7, and the problem is one line on
+    stderr: recording never breaks the runtime."""
+    from cacheaudit.ledger import Ledger
+
+    env = _env(tmp_path, tmp_path / "cache")
+    served, _ = _adapter_job(env)
+    assert served["installed"] and served["value"] == 7
+    with Ledger.open(env["CACHEAUDIT_LEDGER"], create=False) as ledger:
+        hits = [r for r in ledger.records() if r.observer == "adapter:inductor"]
+    assert [(r.event, r.key, r.entry) for r in hits] == [
+        ("disk-hit", served["key"], served["library"])]
+    extra = hits[0].extra
+    assert extra["existed"] is True and extra["isa"] == "none"
+    assert extra["command_line"].startswith(("g++", "c++")), extra
+
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    env = _env(tmp_path, tmp_path / "cache2", CACHEAUDIT_LEDGER=str(blocked / "ledger.db"))
+    served, stderr = _adapter_job(env)
+    assert served["installed"] and served["value"] == 7
+    problems = [line for line in stderr.splitlines() if "cacheaudit" in line]
+    assert len(problems) == 1, stderr
