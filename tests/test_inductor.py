@@ -158,9 +158,6 @@ def test_a_compiler_earlier_on_path_is_served_stale_and_scan_names_it(tmp_path: 
     assert drift == [("CA301", str(tmp_path / "new" / "g++"), built["library"])], findings
 
 
-@pytest.mark.xfail(strict=True, reason="the shim runs the real g++ by its path, so gcc reports "
-                                       "COLLECT_GCC=/usr/bin/g++ where it said g++: a shim "
-                                       "change (docs/runtimes/inductor.md)")
 def test_recording_leaves_g_plus_plus_v_alone(tmp_path: Path) -> None:
     """Inductor keys `<compiler> -v` (cpp_builder.py get_compiler_version_info, :639) into
     its vector-ISA probes (cpu_vec_isa.py:30) and precompiled headers (codecache.py:3597):
