@@ -9,16 +9,22 @@ and one pass; only the kernels that differ are read back as records, to say how.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+import itertools
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from cacheaudit.audit.diff import KernelDiff, compare_pair
-from cacheaudit.audit.diff_queries import HostCompile, content_classes, host_compiles
+from cacheaudit.audit.diff_queries import (
+    SIGNATURE_PARTS,
+    HostCompile,
+    content_classes,
+    host_compiles,
+)
 from cacheaudit.ledger import Ledger
 
-PARTS = ("compiler", "options", "environment", "sources", "graph", "binary")
-"""What a host's compile of a kernel is compared on, as `HostCompile` names them."""
+PARTS = SIGNATURE_PARTS
+"""What a host's compile of a kernel is compared on."""
 
 
 @dataclass
@@ -64,26 +70,25 @@ class FleetDiff:
         return Counter(host for kernel in self.differing for host in kernel.odd_hosts)
 
 
-def _signature(compile_: HostCompile) -> tuple[int, ...]:
-    return tuple(getattr(compile_, part) for part in PARTS)
-
-
-def _group(compiles: Iterable[HostCompile]) -> list[HostGroup] | None:
-    """Hosts grouped by signature, largest group first (ties by first host name); None when
-    every host agrees. A host that built the kernel twice differently counts in both groups."""
-    by_signature: dict[tuple[int, ...], dict[str, str]] = defaultdict(dict)
+def _group(compiles: Iterable[HostCompile]) -> tuple[list[HostGroup], list[str]] | None:
+    """Hosts grouped by signature, largest group first (ties by first host name), and the parts
+    that differ between the groups; None when every host agrees or one host built it. A host
+    that built the kernel twice differently counts in both groups."""
+    by_signature: dict[tuple[int, ...], dict[str, str]] = {}
+    hosts: set[str] = set()
     for compile_ in compiles:
-        by_signature[_signature(compile_)].setdefault(compile_.host, compile_.record_uuid)
-    if len(by_signature) < 2:
+        by_signature.setdefault(compile_.signature, {}).setdefault(compile_.host,
+                                                                   compile_.record_uuid)
+        hosts.add(compile_.host)
+    if len(by_signature) < 2 or len(hosts) < 2:
         return None
-    groups = [HostGroup(sorted(hosts), hosts[min(hosts)]) for hosts in by_signature.values()]
+    groups = [HostGroup(sorted(members), members[min(members)])
+              for members in by_signature.values()]
     groups.sort(key=lambda g: (-len(g.hosts), g.hosts[0]))
-    return groups
-
-
-def _differing_parts(signatures: list[tuple[int, ...]]) -> list[str]:
-    return [part for index, part in enumerate(PARTS)
-            if len({signature[index] for signature in signatures}) > 1]
+    signatures = list(by_signature)
+    parts = [part for index, part in enumerate(PARTS)
+             if len({signature[index] for signature in signatures}) > 1]
+    return groups, parts
 
 
 def diff_by_host(ledger: Ledger, *, explain: int = 50) -> FleetDiff:
@@ -93,32 +98,18 @@ def diff_by_host(ledger: Ledger, *, explain: int = 50) -> FleetDiff:
     hosts: set[str] = set()
     kernels = compiles = 0
     differing: list[HostKernel] = []
-    signatures: dict[str, tuple[int, ...]] = {}
-    current: list[HostCompile] = []
-
-    def close() -> None:
-        nonlocal kernels
-        if len({c.host for c in current}) < 2:
-            return
-        kernels += 1
-        groups = _group(current)
-        if groups is None:
-            return
-        head = current[0]
-        parts = _differing_parts([signatures[g.record_uuid] for g in groups])
-        differing.append(HostKernel(head.runtime, head.kernel, head.key, groups, parts))
-
-    for compile_ in host_compiles(ledger, classes):
-        compiles += 1
-        hosts.add(compile_.host)
-        if current and (compile_.runtime, compile_.kernel, compile_.key) != (
-                current[0].runtime, current[0].kernel, current[0].key):
-            close()
-            current, signatures = [], {}
-        current.append(compile_)
-        signatures.setdefault(compile_.record_uuid, _signature(compile_))
-    if current:
-        close()
+    for identity, group in itertools.groupby(host_compiles(ledger, classes),
+                                             key=lambda c: c.identity):
+        members = list(group)
+        compiles += len(members)
+        hosts.update(c.host for c in members)
+        if len(members) < 2:
+            continue
+        if len({c.host for c in members}) > 1:
+            kernels += 1
+        found = _group(members)
+        if found is not None:
+            differing.append(HostKernel(*identity, groups=found[0], parts=found[1]))
     _explain(ledger, differing[:explain])
     return FleetDiff(ledger.path, sorted(hosts), kernels, compiles, differing)
 

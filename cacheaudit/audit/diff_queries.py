@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from cacheaudit.exceptions import UsageError
 from cacheaudit.ledger import Ledger
@@ -46,22 +47,18 @@ def side_records(ledger: Ledger, run_uuid: str | None = None) -> list[CompileRec
 # ------------------------------------------------------------------------------ by host
 
 
-@dataclass(frozen=True)
-class HostCompile:
+class HostCompile(NamedTuple):
     """One compile of a combined ledger as `diff --by-host` compares it: the kernel's identity,
-    the host, and each input and the binary as a class id (equal ids, equal content)."""
+    the host, and its inputs and binary as class ids (`signature`: equal ids, equal content, in
+    the order of `SIGNATURE_PARTS`). A tuple: a fleet has ten million of them."""
 
-    runtime: str | None
-    kernel: str | None
-    key: str | None
+    identity: tuple[str | None, str | None, str | None]  # runtime, kernel, key
     host: str
-    compiler: int
-    options: int
-    environment: int
-    sources: int
-    graph: int
-    binary: int
+    signature: tuple[int, int, int, int, int, int]
     record_uuid: str
+
+
+SIGNATURE_PARTS = ("compiler", "options", "environment", "sources", "graph", "binary")
 
 
 @dataclass
@@ -124,7 +121,8 @@ def content_classes(ledger: Ledger) -> ContentClasses:
 
 
 def host_compiles(ledger: Ledger, classes: ContentClasses) -> Iterator[HostCompile]:
-    """Every successful compile of the ledger as a `HostCompile`, in the kernels' order."""
+    """Every successful compile of the ledger as a `HostCompile`, kernel by kernel (the rows of
+    one identity together)."""
     rows = ledger.conn.execute(
         "SELECT runtime, kernel, key, host, compiler_id, effective_argv_id, env_id, sources_id,"
         " graph_id, outputs_id, record_uuid FROM records"
@@ -133,6 +131,6 @@ def host_compiles(ledger: Ledger, classes: ContentClasses) -> Iterator[HostCompi
     compilers, graphs, binaries = classes.compilers, classes.graphs, classes.binaries
     for (runtime, kernel, key, host, compiler_id, options, env, sources, graph, outputs,
          uuid) in rows:
-        yield HostCompile(runtime, kernel, key, host, compilers.get(compiler_id, -1),
-                          options or 0, env or 0, graphs.get(sources, -1), graphs.get(graph, -1),
-                          binaries.get(outputs, -1), uuid)
+        yield HostCompile((runtime, kernel, key), host, (
+            compilers.get(compiler_id, -1), options or 0, env or 0, graphs.get(sources, -1),
+            graphs.get(graph, -1), binaries.get(outputs, -1)), uuid)
