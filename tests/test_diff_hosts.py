@@ -141,6 +141,14 @@ def test_one_host_whose_gxx_is_another_binary_is_named_with_both_identities(
     assert changes["resolved"] == (usual_path, gcc)
     assert changes["digest"] == (usual_digest, content_digest(Path(gcc).read_bytes()))
     assert changes["path"][1] == str(other / "g++")
+    concise = cacheaudit(shim_env.env, "diff", "--by-host", str(combined), "--format",
+                         "concise", cwd=tmp_path).stdout.decode()
+    assert concise.splitlines()[0].startswith(f"k2: compiler, environment: odd {ODD}: ")
+    assert gcc in concise.splitlines()[0]
+    markdown = cacheaudit(shim_env.env, "diff", "--by-host", str(combined), "--format",
+                          "markdown", cwd=tmp_path).stdout.decode()
+    assert f"| compiler | `resolved` | `{usual_path}` | `{gcc}` |" in markdown
+    assert "- majority: node-a, node-c" in markdown and f"- odd: {ODD}" in markdown
 
 
 @needs_hosts
