@@ -124,7 +124,7 @@ def host_ledger(template: str, path: str, index: int) -> str:
     return host
 
 
-def _other_host_compiler(conn: sqlite3.Connection) -> None:
+def _other_host_compiler(conn: sqlite3.Connection, where: str = "") -> None:
     """Kernels 0-9 built with another gcc behind the same nvcc."""
     nvcc_id, host_id = conn.execute(
         "SELECT id, host_id FROM compilers WHERE host_id IS NOT NULL").fetchone()
@@ -139,7 +139,7 @@ def _other_host_compiler(conn: sqlite3.Connection) -> None:
                  " FROM compilers WHERE id = ?", (_digest("other nvcc"), other_host, nvcc_id))
     other = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
     conn.execute("UPDATE records SET compiler_id = ? WHERE kernel IN"
-                 f" ({', '.join('?' * ODD_COMPILER_KERNELS)})",
+                 f" ({', '.join('?' * ODD_COMPILER_KERNELS)}){where}",
                  (other, *[f"kernel_{n}" for n in range(ODD_COMPILER_KERNELS)]))
 
 
@@ -189,8 +189,113 @@ def _check(found, hosts: int) -> None:  # type: ignore[no-untyped-def]
     assert len(found.hosts) == hosts and found.compiles == hosts * RECORDS_PER_HOST
 
 
+def direct_combined(template: str, path: str, hosts: int) -> None:
+    """The ledger `combine` makes of `hosts` host ledgers, made directly in SQL: the template's
+    records once per host, under the host's name, run and record ids, the odd hosts changed as
+    `host_ledger` changes them. The copies share every graph, state, compiler and value, as
+    `combine` (content-addressed) makes them share: only the records and runs are new. For the
+    diff's cost at a scale whose `combine` takes too long to wait for."""
+    shutil.copyfile(template, path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        conn.execute("CREATE TEMP TABLE fleet (i INTEGER PRIMARY KEY)")
+        conn.executemany("INSERT INTO fleet (i) VALUES (?)", [(i,) for i in range(hosts)])
+        conn.execute("INSERT INTO runs (run_uuid, started_ns, host, pid, label, command,"
+                     " cacheaudit_version) SELECT printf('node-%04d-run', f.i), started_ns,"
+                     " printf('node-%04d', f.i), pid, label, command, cacheaudit_version"
+                     " FROM runs CROSS JOIN temp.fleet f WHERE run_uuid = 'template-run'")
+        columns = ("event, runtime, kernel, key, entry_id, compiler_id, argv_id,"
+                   " effective_argv_id, env_id, cwd_id, sources_id, graph_id, outputs_id,"
+                   " tracked_id, exit_code, signal, started_ns, duration_ns, pid, test_id,"
+                   " observer, notes_id, extra_id")
+        conn.execute(
+            f"INSERT INTO records (record_uuid, run_id, host, {columns})"
+            " SELECT printf('node-%04d-', f.i) || r.record_uuid, u.id, u.host,"
+            f" {', '.join('r.' + c.strip() for c in columns.split(','))}"
+            " FROM temp.fleet f JOIN runs u ON u.run_uuid = printf('node-%04d-run', f.i)"
+            " CROSS JOIN records r WHERE r.host = 'template'")
+        conn.execute("DELETE FROM records WHERE host = 'template'")
+        conn.execute("DELETE FROM runs WHERE run_uuid = 'template-run'")
+        odd_compiler = [f"node-{i:04d}" for i in range(hosts) if i % 100 == 3]
+        odd_flags = [f"node-{i:04d}" for i in range(hosts) if i % 100 == 7]
+        _odd_in(conn, odd_compiler, _other_host_compiler)
+        _odd_in(conn, odd_flags, _append_flags_shared)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def _odd_in(conn: sqlite3.Connection, hosts: list[str], change) -> None:  # type: ignore[no-untyped-def]
+    """`change` (written for one host's ledger) applied to the records of `hosts` only."""
+    if not hosts:
+        return
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS odd_hosts (host TEXT PRIMARY KEY)")
+    conn.execute("DELETE FROM temp.odd_hosts")
+    conn.executemany("INSERT INTO temp.odd_hosts (host) VALUES (?)", [(h,) for h in hosts])
+    change(conn, " AND host IN (SELECT host FROM temp.odd_hosts)")
+
+
+def _append_flags_shared(conn: sqlite3.Connection, where: str) -> None:
+    """`_append_flags` where the binary's state is shared by every host: the odd hosts' kernel
+    5 gets a binary (state, outputs graph) of its own."""
+    body = '{"CUDA_HOME": "/usr/local/cuda", "NVCC_APPEND_FLAGS": "-DX=1"}'
+    conn.execute("INSERT INTO blobs (digest, body) VALUES (?, ?)", (_digest(body), body))
+    blob = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
+    conn.execute("INSERT INTO file_states (file_id, present, size, mtime_ns, ctime_ns, inode,"
+                 " digest, settled, error) SELECT s.file_id, s.present, s.size, s.mtime_ns,"
+                 " s.ctime_ns, s.inode, ?, s.settled, s.error FROM records r JOIN graph_files g"
+                 " ON g.graph_id = r.outputs_id JOIN file_states s ON s.id = g.state_id"
+                 " WHERE r.kernel = 'kernel_5' LIMIT 1", (_digest("another binary"),))
+    state = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
+    conn.execute("INSERT INTO graphs (digest, method, file_count) VALUES (?, 'outputs', 1)",
+                 (_digest("another binary graph"),))
+    graph = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
+    conn.execute("INSERT INTO graph_files (graph_id, position, state_id, written_id)"
+                 " SELECT ?, 0, ?, file_id FROM file_states WHERE id = ?", (graph, state, state))
+    conn.execute(f"UPDATE records SET env_id = ?, outputs_id = ? WHERE kernel = 'kernel_5'"
+                 f"{where}", (blob, graph))
+
+
+def measure_diff_only(workdir: str, hosts: int, template: str) -> dict[str, float]:
+    path = os.path.join(workdir, f"direct-{hosts}.db")
+    start = time.perf_counter()
+    direct_combined(template, path, hosts)
+    built = time.perf_counter() - start
+    start = time.perf_counter()
+    with Ledger.open(path, create=False) as ledger:
+        found = diff_by_host(ledger)
+    diffed = time.perf_counter() - start
+    _check(found, hosts)
+    size = os.path.getsize(path)
+    os.remove(path)
+    return {"build_s": built, "diff_s": diffed, "bytes": size,
+            "differing": len(found.differing)}
+
+
+def main_diff_only(hosts: int) -> None:
+    """`python -m benchmarks.bench_fleet --diff-only 1000`: the diff alone, over a combined
+    ledger made in SQL (`direct_combined`)."""
+    workdir = tempfile.mkdtemp(prefix="cacheaudit-fleet-")
+    try:
+        template = os.path.join(workdir, "template.db")
+        template_ledger(template, RECORDS_PER_HOST)
+        figures = measure_diff_only(workdir, hosts, template)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    report(f"fleet diff by host alone {hosts} hosts", [], {
+        "records": f"{hosts * RECORDS_PER_HOST:,} ({RECORDS_PER_HOST:,} per host)",
+        "combined ledger made in SQL in": f"{figures['build_s']:.1f} s "
+                                          f"({figures['bytes'] / 2**30:.1f} GiB)",
+        "diff --by-host": f"{figures['diff_s']:.1f} s ({figures['differing']} kernels differ)"})
+
+
 def main(argv: list[str] | None = None) -> None:
-    scales = [int(a) for a in (argv if argv is not None else sys.argv[1:])] or [10, 100]
+    args = list(argv if argv is not None else sys.argv[1:])
+    if args[:1] == ["--diff-only"]:
+        main_diff_only(int(args[1]))
+        return
+    scales = [int(a) for a in args] or [10, 100]
     workdir = tempfile.mkdtemp(prefix="cacheaudit-fleet-")
     try:
         template = os.path.join(workdir, "template.db")
