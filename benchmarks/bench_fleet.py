@@ -199,6 +199,13 @@ def direct_combined(template: str, path: str, hosts: int) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("BEGIN")
+        # Millions of rows go in faster with the records' indexes made afterwards, in one
+        # sorted pass each, than kept up to date row by row.
+        indexes = [row for row in conn.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'records'"
+            " AND sql IS NOT NULL")]
+        for name, _sql in indexes:
+            conn.execute(f"DROP INDEX {name}")
         conn.execute("CREATE TEMP TABLE fleet (i INTEGER PRIMARY KEY)")
         conn.executemany("INSERT INTO fleet (i) VALUES (?)", [(i,) for i in range(hosts)])
         conn.execute("INSERT INTO runs (run_uuid, started_ns, host, pid, label, command,"
@@ -217,6 +224,8 @@ def direct_combined(template: str, path: str, hosts: int) -> None:
             " CROSS JOIN records r WHERE r.host = 'template'")
         conn.execute("DELETE FROM records WHERE host = 'template'")
         conn.execute("DELETE FROM runs WHERE run_uuid = 'template-run'")
+        for _name, sql in indexes:
+            conn.execute(sql)
         odd_compiler = [f"node-{i:04d}" for i in range(hosts) if i % 100 == 3]
         odd_flags = [f"node-{i:04d}" for i in range(hosts) if i % 100 == 7]
         _odd_in(conn, odd_compiler, _other_host_compiler)
