@@ -9,7 +9,6 @@ and one pass; only the kernels that differ are read back as records, to say how.
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -91,27 +90,40 @@ def _group(compiles: Iterable[HostCompile]) -> tuple[list[HostGroup], list[str]]
     return groups, parts
 
 
+def _order(identity: tuple[str | None, ...]) -> tuple[tuple[bool, str], ...]:
+    return tuple((value is not None, value or "") for value in identity)
+
+
 def diff_by_host(ledger: Ledger, *, explain: int = 50) -> FleetDiff:
     """Every kernel compiled on two hosts or more, grouped by host; the first `explain`
-    differing kernels are read back and compared record against record (how they differ)."""
+    differing kernels are read back and compared record against record (how they differ).
+
+    Two passes: the first reads every compile once, in the table's order, and keeps per kernel
+    only its first host, whether another host built it, and its distinct signatures (one, on
+    a fleet that agrees); the second reads the compiles of the differing kernels alone, by
+    the kernel index, and groups their hosts."""
     classes = content_classes(ledger)
     hosts: set[str] = set()
-    kernels = compiles = 0
-    differing: list[HostKernel] = []
-    for identity, group in itertools.groupby(host_compiles(ledger, classes),
-                                             key=lambda c: c.identity):
-        members = list(group)
-        compiles += len(members)
-        hosts.update(c.host for c in members)
-        if len(members) < 2:
+    compiles = 0
+    seen: dict[tuple[str | None, ...], list] = {}  # identity -> [first host, many, signatures]
+    for compile_ in host_compiles(ledger, classes):
+        compiles += 1
+        hosts.add(compile_.host)
+        kernel = seen.get(compile_.identity)
+        if kernel is None:
+            seen[compile_.identity] = [compile_.host, False, {compile_.signature}]
             continue
-        if len({c.host for c in members}) > 1:
-            kernels += 1
-        found = _group(members)
+        if not kernel[1] and compile_.host != kernel[0]:
+            kernel[1] = True
+        kernel[2].add(compile_.signature)
+    shared = [identity for identity, (_host, many, _sigs) in seen.items() if many]
+    differing: list[HostKernel] = []
+    for identity in sorted((i for i in shared if len(seen[i][2]) > 1), key=_order):
+        found = _group(host_compiles(ledger, classes, identity))  # type: ignore[arg-type]
         if found is not None:
             differing.append(HostKernel(*identity, groups=found[0], parts=found[1]))
     _explain(ledger, differing[:explain])
-    return FleetDiff(ledger.path, sorted(hosts), kernels, compiles, differing)
+    return FleetDiff(ledger.path, sorted(hosts), len(shared), compiles, differing)
 
 
 def _explain(ledger: Ledger, kernels: list[HostKernel]) -> None:

@@ -120,17 +120,24 @@ def content_classes(ledger: Ledger) -> ContentClasses:
     return ContentClasses(_compiler_classes(conn), inputs, binaries)
 
 
-def host_compiles(ledger: Ledger, classes: ContentClasses) -> Iterator[HostCompile]:
-    """Every successful compile of the ledger as a `HostCompile`, kernel by kernel (the rows of
-    one identity together)."""
-    rows = ledger.conn.execute(
-        "SELECT runtime, kernel, key, host, compiler_id, effective_argv_id, env_id, sources_id,"
-        " graph_id, outputs_id, record_uuid FROM records"
-        " WHERE event = 'compile' AND coalesce(exit_code, 0) = 0 AND signal IS NULL"
-        " ORDER BY runtime, kernel, key")
+def host_compiles(ledger: Ledger, classes: ContentClasses,
+                  identity: tuple[str | None, str | None, str | None] | None = None
+                  ) -> Iterator[HostCompile]:
+    """Every successful compile of the ledger as a `HostCompile`, in the table's order (no
+    sort: a fleet's ten million rows are read as they lie); only those of one kernel
+    `identity` (runtime, kernel, key) when given, through the records' kernel index."""
+    sql = ("SELECT runtime, kernel, key, host, compiler_id, effective_argv_id, env_id,"
+           " sources_id, graph_id, outputs_id, record_uuid FROM records"
+           " WHERE event = 'compile' AND coalesce(exit_code, 0) = 0 AND signal IS NULL")
+    params: list[str] = []
+    if identity is not None:
+        for column, value in zip(("runtime", "kernel", "key"), identity, strict=True):
+            sql += f" AND {column} IS NULL" if value is None else f" AND {column} = ?"
+            params += [] if value is None else [value]
+        sql += " ORDER BY host, started_ns"
     compilers, graphs, binaries = classes.compilers, classes.graphs, classes.binaries
     for (runtime, kernel, key, host, compiler_id, options, env, sources, graph, outputs,
-         uuid) in rows:
+         uuid) in ledger.conn.execute(sql, params):
         yield HostCompile((runtime, kernel, key), host, (
             compilers.get(compiler_id, -1), options or 0, env or 0, graphs.get(sources, -1),
             graphs.get(graph, -1), binaries.get(outputs, -1)), uuid)
