@@ -1,8 +1,9 @@
 """The `cacheaudit` command: parse, call the library, render. Decisions live elsewhere.
 
-The commands live in modules by concern (`cli_audit`, `cli_records`, `cli_cache`, `cli_env`), what
-they share in `cli_shared`, the checks of their input in `cli_checks`; this module is the app they
-are registered on, in the order `cacheaudit --help` lists them, and how the process ends."""
+The commands live in modules by concern (`cli_audit`, `cli_records`, `cli_cache`, `cli_env`,
+`cli_diff`), what they share in `cli_shared`, the checks of their input in `cli_checks`; this
+module is the app they are registered on, in the order `cacheaudit --help` lists them, and how
+the process ends."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from cacheaudit import cli_audit, cli_cache, cli_env, cli_records
+from cacheaudit import cli_audit, cli_cache, cli_diff, cli_env, cli_records
 from cacheaudit import cli_checks as checks
 from cacheaudit.exceptions import CacheAuditError, ExitCode
 
@@ -60,7 +61,7 @@ app.command()(cli_audit.explain)
 app.command(context_settings=cli_records.RUN_CONTEXT)(cli_records.run)
 app.command()(cli_records.combine)
 app.command()(cli_env.snapshot)
-app.command("diff")(cli_env.diff_snapshots)
+app.command("diff")(cli_diff.diff)
 app.command()(cli_env.demo)
 shim_app.command("install", help=cli_env.SHIM_INSTALL_HELP)(cli_env.shim_install)
 

@@ -1,5 +1,5 @@
-"""The commands about the machine and its set-up: `snapshot` (the environment for a bug report),
-`diff` (two snapshots compared), `demo` (a cache going stale, caught) and `shim install` (the
+"""The commands about the machine and its set-up: `snapshot` (the environment for a bug report;
+`diff`, in cli_diff, compares two), `demo` (a cache going stale, caught) and `shim install` (the
 masquerade directory). cli.py registers them on the app."""
 
 from __future__ import annotations
@@ -54,23 +54,6 @@ def snapshot(
     else:
         _write_output(out, text)
         typer.echo(f"wrote {out}", err=True)
-
-
-def diff_snapshots(
-    before: Annotated[Path, typer.Argument(help="A snapshot taken with --json.")],
-    after: Annotated[Path, typer.Argument(help="Another one.")],
-    json_output: JsonOption = False,
-) -> None:
-    """What differs between two snapshots (two machines, before and after an upgrade), grouped
-    by compilers, packages, environment and caches."""
-    from cacheaudit import documents, output
-    from cacheaudit.snapshot import diff, load_snapshot
-
-    groups = diff(load_snapshot(str(before)), load_snapshot(str(after)))
-    if json_output:
-        sys.stdout.write(documents.snapshot_diff_json(groups) + "\n")
-    else:
-        output.render_snapshot_diff(groups, shared.console())
 
 
 def demo(

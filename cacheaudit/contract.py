@@ -42,6 +42,8 @@ VERSIONS: dict[str, int] = {
     # 1 was the snapshot's own `"format": 1`, before the envelope; `diff` still reads it.
     "snapshot": 2,
     "snapshot-diff": 1,
+    "run-diff": 1,
+    "host-diff": 1,
     "evict": 1,
     "stats": 1,
 }

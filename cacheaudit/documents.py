@@ -276,3 +276,72 @@ def stats_json(stats: Stats) -> str:
         "judged": stats.judged, "ledger": stats.ledger, "roots": _roots(stats.roots),
         "tallies": [tally_summary(t) for t in stats.tallies],
         "total": tally_summary(stats.total(), total=True)}))
+
+
+# ------------------------------------------------------------------------------ run and host diffs
+
+
+def _use(record: CompileRecord) -> dict[str, Any]:
+    """A kernel use as a diff names it: enough to find the record again, and its binary."""
+    from cacheaudit.audit.diff import binary_digests
+
+    return {"record_id": record.record_id, "run_uuid": record.run_uuid, "host": record.host,
+            "event": record.event, "started": utc_iso(record.started_ns),
+            "started_ns": record.started_ns, "binaries": binary_digests(record.outputs)}
+
+
+def _changes(changes: Sequence[Any]) -> list[dict[str, Any]]:
+    return [{"subject": c.subject, "a": c.before, "b": c.after} for c in changes]
+
+
+def kernel_diff_summary(kernel: Any) -> dict[str, Any]:
+    """One matched kernel (`audit.diff.KernelDiff`): which answers differ, and how."""
+    return {
+        "runtime": kernel.runtime, "kernel": kernel.kernel, "key_a": kernel.key_a,
+        "key_b": kernel.key_b, "matched_by": kernel.matched_by, "position": kernel.position,
+        "differs": kernel.differs, "binary_or_inputs_differ": kernel.binary_or_inputs_differ,
+        "answers": kernel.answers, "why": kernel.why,
+        "a": _use(kernel.record_a), "b": _use(kernel.record_b),
+        "compiler": _changes(kernel.compiler), "environment": _changes(kernel.environment),
+        "options": [{"change": t.change, "token": t.text, "origin": t.origin}
+                    for t in kernel.options],
+        "event": _changes(kernel.event), "key": _changes(kernel.key),
+        "inputs": [{"change": f.change, "path": f.path, "a": f.before, "b": f.after}
+                   for f in kernel.inputs],
+        "binary": _changes(kernel.binary),
+    }
+
+
+def run_diff_json(found: Any) -> str:
+    """`diff A B --json` over ledgers or runs (`audit.diff.RunDiff`)."""
+    first = found.first
+    return contract.dumps(contract.document("run-diff", "diff", {
+        "a": found.a, "b": found.b, "same": found.same,
+        "totals": {"uses_a": found.uses_a, "uses_b": found.uses_b,
+                   "matched": len(found.kernels), "identical": found.identical,
+                   "differing": len(found.differing),
+                   "only_a": sum(1 for o in found.only if o.side == "a"),
+                   "only_b": sum(1 for o in found.only if o.side == "b")},
+        "first_differing": None if first is None else kernel_diff_summary(first),
+        "kernels": [kernel_diff_summary(k) for k in found.differing],
+        "only": [{"side": o.side, "position": o.position, "runtime": o.record.runtime,
+                  "kernel": o.record.kernel, "key": o.record.key, **_use(o.record)}
+                 for o in found.only],
+    }))
+
+
+def host_diff_json(found: Any) -> str:
+    """`diff --by-host --json` (`audit.diff_hosts.FleetDiff`)."""
+    return contract.dumps(contract.document("host-diff", "diff", {
+        "ledger": found.ledger, "same": found.same, "hosts": found.hosts,
+        "totals": {"hosts": len(found.hosts), "kernels": found.kernels,
+                   "compiles": found.compiles, "differing": len(found.differing)},
+        "odd_hosts": [{"host": host, "kernels": count}
+                      for host, count in found.odd_hosts.most_common()],
+        "kernels": [{
+            "runtime": k.runtime, "kernel": k.kernel, "key": k.key, "parts": k.parts,
+            "groups": [{"hosts": g.hosts, "record_id": g.record_uuid} for g in k.groups],
+            "odd_hosts": k.odd_hosts,
+            "odd": [kernel_diff_summary(d) for d in k.odd],
+        } for k in found.differing],
+    }))

@@ -1,0 +1,180 @@
+"""`cacheaudit diff --by-host` over a combined ledger: three "hosts", each a real UTS namespace
+with its own host name (`unshare --uts`), each recording the same job through the real shim
+into its own ledger, then `cacheaudit combine`d. One host builds one kernel with another
+compiler: behind nvcc (NVCC_CCBIN naming a directory whose gcc is the g++ driver), or g++
+itself resolving to another binary (a PATH directory whose g++ is the gcc driver). The ground
+truth of each compiler identity is the real binary behind it, read from disk."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cacheaudit.exceptions import ExitCode
+from cacheaudit.model import content_digest
+
+from diff_support import Job, cacheaudit, diff_json
+from support import GXX, NVCC, ShimEnv, needs_gxx, needs_nvcc
+
+HOSTS = ("node-a", "node-b", "node-c")
+ODD = "node-b"
+
+
+@functools.cache
+def _uts_namespaces() -> bool:
+    try:
+        done = subprocess.run(["unshare", "--uts", "--map-root-user", "sh", "-c",
+                               "hostname probe-host && hostname"], capture_output=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and done.stdout.strip() == b"probe-host"
+
+
+needs_hosts = pytest.mark.skipif(not _uts_namespaces(),
+                                 reason="no unprivileged UTS namespaces: cannot name hosts")
+
+
+def as_host(name: str) -> list[str]:
+    """The prefix that runs a command on a machine called `name`, as far as
+    `socket.gethostname()` can tell."""
+    return ["unshare", "--uts", "--map-root-user", "sh", "-c", 'hostname "$0" && exec "$@"',
+            name]
+
+
+def _fleet(shim: ShimEnv, tmp_path: Path, compiler: str, odd_env: dict[str, str]
+           ) -> tuple[Job, Path, dict[str, dict[str, str]]]:
+    job = Job(tmp_path / "job", compiler)
+    job.setup()
+    digests = {}
+    ledgers = []
+    for host in HOSTS:
+        ledger = tmp_path / f"{host}.db"
+        env_for = {"k2": odd_env} if host == ODD else {}
+        digests[host] = job.run(shim, f"{host}-job", ledger=ledger, env_for=env_for,
+                                prefix=as_host(host))
+        ledgers.append(str(ledger))
+    combined = tmp_path / "combined.db"
+    done = cacheaudit(shim.env, "combine", *ledgers, "--ledger", str(combined), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr.decode()
+    return job, combined, digests
+
+
+def _odd_kernel(document: dict[str, Any]) -> dict[str, Any]:
+    assert document["hosts"] == list(HOSTS)
+    assert [k["kernel"] for k in document["kernels"]] == ["k2"], \
+        "k1 and k3 are built alike on every host"
+    [kernel] = document["kernels"]
+    assert [g["hosts"] for g in kernel["groups"]] == [["node-a", "node-c"], [ODD]]
+    assert kernel["odd_hosts"] == [ODD]
+    assert document["odd_hosts"] == [{"host": ODD, "kernels": 1}]
+    [odd] = kernel["odd"]
+    assert (odd["a"]["host"], odd["b"]["host"]) == ("node-a", ODD)
+    return kernel
+
+
+def _real(path: str) -> tuple[str, str]:
+    real = os.path.realpath(path)
+    return real, content_digest(Path(real).read_bytes())
+
+
+@needs_hosts
+@needs_nvcc
+def test_one_host_with_another_host_compiler_behind_nvcc_is_the_odd_one_out(
+        shim_env: ShimEnv, tmp_path: Path):
+    other = tmp_path / "other-host-compiler"
+    other.mkdir()
+    (other / "gcc").symlink_to(os.path.realpath("/usr/bin/g++-12") if os.path.exists(
+        "/usr/bin/g++-12") else os.path.realpath(str(GXX)))
+    _job, combined, _digests = _fleet(shim_env, tmp_path, "nvcc", {"NVCC_CCBIN": str(other)})
+    status, document = diff_json(shim_env.env, "--by-host", "--ledger", str(combined),
+                                 cwd=tmp_path, kind="host-diff")
+    assert status == ExitCode.FINDINGS
+    kernel = _odd_kernel(document)
+    assert "compiler" in kernel["parts"]
+    [odd] = kernel["odd"]
+    changes = {c["subject"]: (c["a"], c["b"]) for c in odd["compiler"]}
+    # Ground truth: the real binaries behind each host compiler.
+    usual_path, usual_digest = _real(str(shutil.which("gcc", path=shim_env.bare_env()["PATH"])))
+    other_path, other_digest = _real(str(other / "gcc"))
+    assert usual_digest != other_digest
+    assert changes["host resolved"] == (usual_path, other_path)
+    assert changes["host digest"] == (usual_digest, other_digest)
+    assert changes["host path"][1] == str(other / "gcc")
+    assert "path" not in changes and "digest" not in changes, "nvcc itself is the same"
+    assert {"subject": "NVCC_CCBIN", "a": None, "b": str(other)} in odd["environment"]
+
+    table = cacheaudit(shim_env.env, "diff", "--by-host", "--ledger", str(combined),
+                       cwd=tmp_path)
+    assert table.returncode == ExitCode.FINDINGS
+    text = table.stdout.decode()
+    assert "odd ones out: node-b (1 kernel)" in text
+    assert "k2: " in text and "majority: node-a, node-c" in text and "odd: node-b" in text
+    assert usual_digest in text and other_digest in text
+
+
+@needs_hosts
+@needs_gxx
+def test_one_host_whose_gxx_is_another_binary_is_named_with_both_identities(
+        shim_env: ShimEnv, tmp_path: Path):
+    other = tmp_path / "other-bin"
+    other.mkdir()
+    gcc = os.path.realpath(str(shutil.which("gcc", path=shim_env.bare_env()["PATH"])))
+    (other / "g++").symlink_to(gcc)
+    rest = shim_env.env["PATH"].split(os.pathsep)[1:]
+    path = os.pathsep.join([str(shim_env.bin), str(other), *rest])
+    _job, combined, _digests = _fleet(shim_env, tmp_path, "g++", {"PATH": path})
+    status, document = diff_json(shim_env.env, "--by-host", str(combined), cwd=tmp_path,
+                                 kind="host-diff")
+    assert status == ExitCode.FINDINGS
+    kernel = _odd_kernel(document)
+    assert kernel["parts"][0] == "compiler"
+    [odd] = kernel["odd"]
+    changes = {c["subject"]: (c["a"], c["b"]) for c in odd["compiler"]}
+    usual_path, usual_digest = _real(str(GXX))
+    assert changes["resolved"] == (usual_path, gcc)
+    assert changes["digest"] == (usual_digest, content_digest(Path(gcc).read_bytes()))
+    assert changes["path"][1] == str(other / "g++")
+    concise = cacheaudit(shim_env.env, "diff", "--by-host", str(combined), "--format",
+                         "concise", cwd=tmp_path).stdout.decode()
+    assert concise.splitlines()[0].startswith(f"k2: compiler, environment: odd {ODD}: ")
+    assert gcc in concise.splitlines()[0]
+    markdown = cacheaudit(shim_env.env, "diff", "--by-host", str(combined), "--format",
+                          "markdown", cwd=tmp_path).stdout.decode()
+    assert f"| compiler | `resolved` | `{usual_path}` | `{gcc}` |" in markdown
+    assert "- majority: node-a, node-c" in markdown and f"- odd: {ODD}" in markdown
+
+
+@needs_hosts
+@needs_gxx
+def test_hosts_that_agree_exit_zero_and_list_nothing(shim_env: ShimEnv, tmp_path: Path):
+    _job, combined, digests = _fleet(shim_env, tmp_path, "g++", {})
+    assert digests["node-a"] == digests["node-b"] == digests["node-c"]
+    status, document = diff_json(shim_env.env, "--by-host", "--ledger", str(combined),
+                                 cwd=tmp_path, kind="host-diff")
+    assert status == ExitCode.CLEAN
+    assert document["same"] is True and document["kernels"] == []
+    assert document["totals"] == {"hosts": 3, "kernels": 3, "compiles": 9, "differing": 0}
+    table = cacheaudit(shim_env.env, "diff", "--by-host", str(combined), cwd=tmp_path)
+    assert table.returncode == ExitCode.CLEAN
+    assert table.stdout.decode().splitlines()[-1] == "no differences between hosts"
+
+
+def test_by_host_refuses_two_arguments_and_a_missing_ledger(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEAUDIT")}
+    env["CACHEAUDIT_LEDGER"] = str(tmp_path / "none.db")
+    two = cacheaudit(env, "diff", "--by-host", "a", "b", cwd=tmp_path)
+    missing = cacheaudit(env, "diff", "--by-host", cwd=tmp_path)
+    for done, expected in ((two, "--by-host compares the hosts of one ledger"),
+                           (missing, f"no ledger at {tmp_path / 'none.db'}")):
+        assert done.returncode == ExitCode.USAGE
+        assert len(done.stderr.decode().splitlines()) == 1 and expected in done.stderr.decode()
+
+
+__all__ = ["NVCC"]
