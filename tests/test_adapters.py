@@ -48,7 +48,7 @@ def test_the_runtime_table_names_each_adapters_runtime() -> None:
             name = declared.package.rsplit(".", 1)[-1]
             assert runtimes.adapter(name).module == declared.adapter_imports
     assert runtimes.available() == ["deepgemm", "torch_ext", "triton", "nvrtc", "cuda_core",
-                                    "flashinfer"]
+                                    "flashinfer", "inductor"]
 
 
 def test_activation_imports_no_adapter_until_its_runtime_is_imported() -> None:
@@ -67,7 +67,7 @@ def test_activation_imports_no_adapter_until_its_runtime_is_imported() -> None:
     assert done.returncode == 0, done.stderr
     armed, before, still = json.loads(done.stdout)
     assert armed == ["deepgemm", "torch_ext", "triton", "nvrtc", "cuda_core",
-                     "flashinfer"]
+                     "flashinfer", "inductor"]
     assert before == still == []
 
 
