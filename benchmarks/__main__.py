@@ -10,6 +10,7 @@ gets `results.json` (every report, with the core count, the load and the tool ve
     python -m benchmarks --quick --only ledger # fewer repeats, the smaller sizes
     python -m benchmarks --plot                # the growth curves of the last run, as PNG
     python -m benchmarks --docs                # run all, then the table and PNGs into docs/
+    python -m benchmarks --plot --docs         # the last run's table and PNGs into docs/
 """
 
 from __future__ import annotations
@@ -280,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=_harness.RESULTS, metavar="DIR",
                         help="where the table and the JSON go (default benchmarks/results)")
     parser.add_argument("--plot", action="store_true",
-                        help="plot the growth curves of DIR/results.json into DIR/plots")
+                        help="run nothing: plot the growth curves of DIR/results.json into"
+                             " DIR/plots (with --docs: its table and plots into docs/)")
     parser.add_argument("--docs", action="store_true",
                         help="run, then write the table and the plots into docs/performance*")
     parser.add_argument("--list", action="store_true", help="name the benchmarks and stop")
@@ -293,9 +295,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print("\n".join(known))
         return 0
-    if args.plot and not args.docs:
+    if args.plot:
         with open(os.path.join(results, "results.json"), encoding="utf-8") as handle:
             run = json.load(handle)
+        if args.docs:
+            write_docs(run)
+            return 0
         for path in plot(run, os.path.join(results, "plots")):
             print(f"wrote {path}")
         return 0
