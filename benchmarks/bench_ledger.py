@@ -147,7 +147,7 @@ def history_read(path: str, kernels: int = 20) -> tuple[float, int]:
 
 def main(quick_run: bool | None = None, batch: int = 10_000) -> None:
     is_quick = quick() if quick_run is None else quick_run
-    sizes = [10_000] if is_quick else [10_000, 100_000, 1_000_000]
+    sizes = [10_000, 100_000] if is_quick else [10_000, 100_000, 1_000_000]
     workdir = tempfile.mkdtemp(prefix="cacheaudit-bench-ledger-")
     ratios, facts = [], {"batch": batch, "kernels": KERNELS}
     curves: dict[str, dict[str, Any]] = {

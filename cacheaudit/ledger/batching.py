@@ -50,6 +50,19 @@ def chunked(values: Iterable[Any], size: int) -> Iterator[list[Any]]:
         yield batch
 
 
+PAGE_CACHE_KIB = 65_536
+"""SQLite's page cache for a connection that writes by the batch (the default is 2 MiB): a
+ledger of a million records has indexes of random keys (record ids, digests, paths) far larger
+than that, and each insertion into one then reads its pages back in. Bounded: 64 MiB."""
+
+
+def widen_page_cache(ledger: LedgerWrites) -> None:
+    current = int(_value(ledger.conn, "PRAGMA cache_size"))
+    # Negative values are KiB, positive ones pages; only ever widened.
+    if -current < PAGE_CACHE_KIB and current < PAGE_CACHE_KIB // 4:
+        ledger.conn.execute(f"PRAGMA cache_size = -{PAGE_CACHE_KIB}")
+
+
 def bound_memo(ledger: LedgerWrites) -> None:
     if len(ledger._ids) > MEMO_LIMIT:
         ledger._ids.clear()

@@ -135,6 +135,7 @@ class LedgerWrites(LedgerConnection):
         Returns how many were new. A batch that fails is rolled back whole and its error
         raised; every batch before it stays committed, and none after it is tried."""
         added = 0
+        batching.widen_page_cache(self)
         for batch in batching.chunked(records, batch_size):
             batching.bound_memo(self)
             added += self.add_records(batch, run)
