@@ -173,7 +173,7 @@ def test_schema_is_created_through_recorded_migrations_in_wal_mode(tmp_path):
     applied = [r[0] for r in conn.execute(
         "SELECT name FROM _sqlite_migrations WHERE migration_set = 'cacheaudit'")]
     assert applied == ["0001_initial", "0002_records_by_run_and_test", "0003_entry_identity",
-                       "0004_evictions"]
+                       "0004_evictions", "0005_records_by_kernel_name"]
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == (
         str(SCHEMA_VERSION))
@@ -350,7 +350,7 @@ def test_a_version_1_ledger_is_upgraded_by_a_reader_and_keeps_its_records(tmp_pa
             "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
     assert {"records_by_run", "records_by_test", "records_by_sources", "records_by_outputs",
             "graph_files_by_state", "file_states_by_digest"} <= indexes
-    assert version == str(SCHEMA_VERSION) == "4"
+    assert version == str(SCHEMA_VERSION) == "5"
 
 
 def test_upgrading_to_version_3_forgets_the_entries_scans_gave_shim_records(tmp_path):
@@ -382,7 +382,9 @@ def test_a_version_3_ledger_gains_the_evictions_table_and_keeps_its_records(tmp_
         ledger.add_records([record], RUN)
     conn = sqlite3.connect(path)
     conn.execute("DROP TABLE evictions")
-    conn.execute("DELETE FROM _sqlite_migrations WHERE name = '0004_evictions'")
+    # A version 3 ledger has neither of the later migrations recorded.
+    conn.execute("DELETE FROM _sqlite_migrations WHERE name IN ('0004_evictions',"
+                 " '0005_records_by_kernel_name')")
     conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
@@ -394,7 +396,34 @@ def test_a_version_3_ledger_gains_the_evictions_table_and_keeps_its_records(tmp_
         version = ledger.conn.execute(
             "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
     assert "evictions_by_entry" in indexes
-    assert version == "4"
+    assert version == str(SCHEMA_VERSION)
+
+
+def test_a_kernels_history_is_read_by_index_with_or_without_its_runtime(tmp_path):
+    # Version 5: `report --kernel K` without --runtime read every record's index entry.
+    path = str(tmp_path / "ledger.db")
+    with Ledger.open(path) as ledger:
+        ledger.add_records([_record(f"k{i % 3}", started_ns=i) for i in range(9)], RUN)
+    conn = sqlite3.connect(path)
+    conn.execute("DROP INDEX records_by_kernel_name")
+    conn.execute("DELETE FROM _sqlite_migrations WHERE name = '0005_records_by_kernel_name'")
+    conn.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with Ledger.open(path, create=False) as ledger:
+        statements: list[str] = []
+        ledger.conn.set_trace_callback(statements.append)
+        by_name = ledger.recent_records(kernel="k1", limit=2)
+        count = ledger.count_records(kernel="k1")
+        both = ledger.recent_records(kernel="k1", runtime="deepjit", limit=2)
+        ledger.conn.set_trace_callback(None)
+        plans = [_plan(ledger, sql, ()) for sql in statements
+                 if sql.startswith("SELECT") and "r.kernel = " in sql]
+    assert [r.started_ns for r in by_name] == [4, 7] == [r.started_ns for r in both]
+    assert count == 3
+    assert len(plans) == 3
+    for plan in plans:
+        assert "SCAN r" not in plan and "records_by_kernel" in plan, plan
 
 
 def test_identity_candidates_are_found_by_entry_source_and_output(tmp_path):

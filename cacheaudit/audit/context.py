@@ -94,6 +94,7 @@ class Memos:
     graph_paths: dict[str, frozenset[str]] = field(default_factory=dict)
     untracked: dict[tuple[object, ...], tuple[int, str]] = field(default_factory=dict)
     search: dict[tuple[object, ...], tuple[str, ...]] = field(default_factory=dict)
+    system: dict[tuple[object, ...], tuple[str, ...]] = field(default_factory=dict)
     shadows: dict[tuple[str, tuple[str, ...]], list[tuple[str, str]]] = field(
         default_factory=dict)
     process_firsts: dict[tuple[str, str], dict[ProcessKey, FirstCompile]] = field(

@@ -36,7 +36,7 @@ class LedgerConnection:
         self._told = False
         self.unseen: str | None = None
         """What a read-only connection cannot read (a WAL it cannot share), or None."""
-        self._ids: dict[tuple[str, str], int] = {}
+        self._ids: dict[tuple[str, Any], int] = {}
         self._graph_cache: dict[int, IncludeGraph] = {}
         self._compiler_cache: dict[int, CompilerIdentity] = {}
         self._blob_cache: dict[int, Any] = {}

@@ -14,6 +14,7 @@ session exports as that variable) keeps command lines verbatim; docs/security.md
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Mapping, Sequence
 
@@ -31,18 +32,29 @@ def argv_redaction(env: Mapping[str, str] | None = None) -> bool:
     return value.strip().lower() not in ("0", "false", "no", "off")
 
 
+@functools.lru_cache(maxsize=4096)
+def _redacted_argv(words: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    # Records written by the batch share their command lines: each is judged once.
+    return redaction.redact_argv(words)
+
+
+@functools.lru_cache(maxsize=4096)
+def _redacted_text(text: str) -> str:
+    return redaction.redact("", text)
+
+
 def redact_record(record: CompileRecord, env: Mapping[str, str] | None = None) -> CompileRecord:
     """`record` as the ledger keeps it: argv, effective argv and notes redacted, the redacted
     argv positions added to those already marked. The same record when nothing changed."""
     if not argv_redaction(env):
         return record
-    argv, changed = redaction.redact_argv(record.argv)
-    texts, _ = redaction.redact_argv([t.text for t in record.effective_argv])
+    argv, changed = _redacted_argv(tuple(record.argv))
+    texts, _ = _redacted_argv(tuple(t.text for t in record.effective_argv))
     effective = tuple(t if t.text == text else ArgToken(text, t.origin)
                       for t, text in zip(record.effective_argv, texts, strict=True))
-    notes = tuple(redaction.redact("", note) for note in record.notes)
+    notes = tuple(_redacted_text(note) for note in record.notes)
     # Messages that may quote a command: the runtime's refusal, why there is no graph.
-    messages = {name: redaction.redact("", value) for name in ("runtime_error", "graph_problem")
+    messages = {name: _redacted_text(value) for name in ("runtime_error", "graph_problem")
                 if (value := getattr(record, name)) is not None}
     if not changed and effective == record.effective_argv and notes == record.notes and all(
             getattr(record, name) == value for name, value in messages.items()):

@@ -49,7 +49,7 @@ def _blob_json(value: Any) -> str:
 def _storable(value: Any) -> Any:
     """A str SQLite can hold: paths and compiler output may carry undecodable bytes as surrogate
     escapes, which UTF-8 TEXT refuses; those are stored as their original bytes instead."""
-    if isinstance(value, str):
+    if isinstance(value, str) and not value.isascii():
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
@@ -58,7 +58,12 @@ def _storable(value: Any) -> Any:
 
 
 def _params(values: Sequence[Any]) -> tuple[Any, ...]:
-    return tuple(_storable(v) for v in values)
+    # Nearly every value is ASCII (or not text): convert only when one is not. A batch of
+    # records passes millions of values through here.
+    for value in values:
+        if isinstance(value, str) and not value.isascii():
+            return tuple(_storable(v) for v in values)
+    return tuple(values)
 
 
 def _text(value: Any) -> Any:

@@ -41,7 +41,9 @@ APPLICATION_ID = 0x43414144  # "CAAD": lets `file` and our own open() tell a led
 #      before it attributed to shim records by the binary's digest alone are forgotten (made
 #      again by the next scan, by the identity rule of docs/design.md).
 #   4: evictions, what `cacheaudit evict` removed (or failed to remove) and the finding why.
-SCHEMA_VERSION = 4
+#   5: records by kernel name alone (`report --kernel K` without --runtime read every
+#      record's index entry: 10^6 records, a scan of the whole index per report).
+SCHEMA_VERSION = 5
 
 SCHEMA = """
 -- Properties of this ledger file: schema_version, ledger_id, created_at, created_by.
@@ -161,6 +163,8 @@ CREATE TABLE IF NOT EXISTS records (
 );
 
 CREATE INDEX IF NOT EXISTS records_by_kernel ON records (runtime, kernel, started_ns);
+
+CREATE INDEX IF NOT EXISTS records_by_kernel_name ON records (kernel, started_ns);
 
 CREATE INDEX IF NOT EXISTS records_by_key ON records (key);
 
@@ -306,7 +310,15 @@ def _build_migrations() -> Any:
             db.conn.execute(statement)
         db.conn.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
 
+    @migrations(name="0005_records_by_kernel_name")
+    def records_by_kernel_name(db: sqlite_utils.Database) -> None:
+        db.conn.execute(_KERNEL_NAME_INDEX)
+        db.conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+
     return migrations
+
+
+_KERNEL_NAME_INDEX = next(s for s in _statements(SCHEMA) if " records_by_kernel_name " in s)
 
 
 _IDENTITY_INDEXES = [s for s in _statements(SCHEMA) if s.startswith("CREATE INDEX") and any(

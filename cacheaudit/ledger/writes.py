@@ -1,15 +1,17 @@
 """The ledger's write path: records, findings, tests, cache roots, seen states and
 attributions, each in one short transaction, with paths, file states, include graphs, compiler
-identities, runs and JSON values interned (stored once, referenced by id)."""
+identities, runs and JSON values interned (stored once, referenced by id). Records go in by
+the batch (`batching`: a few statements per batch, not a few per record)."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from cacheaudit import __version__
+from cacheaudit.ledger import batching
 from cacheaudit.ledger.connection import LedgerConnection
 from cacheaudit.ledger.redact import redact_record, redact_run
 from cacheaudit.ledger.rows import _blob_json, _params, _value
@@ -19,8 +21,6 @@ from cacheaudit.model import (
     CompilerIdentity,
     FileState,
     Finding,
-    GraphFile,
-    IncludeGraph,
     content_digest,
 )
 
@@ -31,7 +31,7 @@ class LedgerWrites(LedgerConnection):
     # ---------------------------------------------------------------- interning
 
     def _intern(self, kind: str, insert: str, select: str, params: tuple[Any, ...],
-                memo_key: str, key_params: int | None = None) -> int:
+                memo_key: Any, key_params: int | None = None) -> int:
         """The id of a row, inserting it first if new; `select` takes the first `key_params`
         of `params` (all of them by default)."""
         cached = self._ids.get((kind, memo_key))
@@ -61,35 +61,7 @@ class LedgerWrites(LedgerConnection):
             "SELECT id FROM file_states WHERE file_id = ? AND present = ? AND size = ? AND"
             " mtime_ns = ? AND ctime_ns = ? AND inode = ? AND digest = ? AND settled = ? AND"
             " error = ?",
-            params, repr(params))
-
-    def _graph_id(self, graph: IncludeGraph | None) -> int | None:
-        if graph is None:
-            return None
-        digest = graph.digest
-        cached = self._ids.get(("graph", digest))
-        if cached is not None:
-            return cached
-        stored_id = _value(self.conn, "SELECT id FROM graphs WHERE digest = ?", (digest,))
-        if stored_id is not None:
-            self._ids[("graph", digest)] = int(stored_id)
-            return int(stored_id)
-        cursor = self.conn.execute(
-            "INSERT INTO graphs (digest, method, file_count) VALUES (?, ?, ?)",
-            (digest, graph.method, len(graph.files)))
-        graph_id = int(cursor.lastrowid or 0)
-        self.conn.executemany(
-            "INSERT INTO graph_files (graph_id, position, state_id, written_id)"
-            " VALUES (?, ?, ?, ?)",
-            [(graph_id, position, self._state_id(f.state), self._file_id(f.written))
-             for position, f in enumerate(graph.files)])
-        self._ids[("graph", digest)] = graph_id
-        return graph_id
-
-    def _states_graph_id(self, states: Sequence[FileState], method: str) -> int | None:
-        if not states:
-            return None
-        return self._graph_id(IncludeGraph(tuple(GraphFile(s, s.path) for s in states), method))
+            params, params)
 
     def _blob_id(self, value: Any) -> int | None:
         if value is None:
@@ -142,6 +114,7 @@ class LedgerWrites(LedgerConnection):
         Returns how many were new. Retries while other writers hold the lock, for at most the
         ledger's patience (then `LedgerBusy`). Command lines are stored redacted
         (`ledger.redact`; a recorder redacts before it seals, so this changes nothing there).
+        A failure rolls the whole call back: none of its records is stored.
         """
         batch = [redact_record(r) for r in records]
         run = redact_run(run)
@@ -149,39 +122,24 @@ class LedgerWrites(LedgerConnection):
         def write() -> int:
             with self._write():
                 run_id = self._run_id(run)
-                return sum(self._insert_record(r, run_id) for r in batch)
+                return batching.insert_records(self, batch, run_id)
 
         return self._retry(write)
 
-    def _insert_record(self, record: CompileRecord, run_id: int) -> int:
-        stored_extra = record.stored_extra()
-        cursor = self.conn.execute(
-            "INSERT INTO records (record_uuid, run_id, event, runtime, kernel, key,"
-            " entry_id, compiler_id, argv_id, effective_argv_id, env_id, cwd_id, sources_id,"
-            " graph_id, outputs_id, tracked_id, exit_code, signal, started_ns, duration_ns, pid,"
-            " host, test_id, observer, notes_id, extra_id)"
-            # Only a record already present is skipped: OR IGNORE would also drop, without a
-            # word, a record that breaks NOT NULL or CHECK (an unknown event, say).
-            f" VALUES ({', '.join('?' * 26)}) ON CONFLICT(record_uuid) DO NOTHING",
-            _params((
-                record.record_id, run_id, record.event, record.runtime, record.kernel, record.key,
-                self._file_id(record.entry) if record.entry else None,
-                self._compiler_id(record.compiler),
-                self._blob_id(list(record.argv)) if record.argv else None,
-                self._blob_id([t.to_list() for t in record.effective_argv])
-                if record.effective_argv else None,
-                self._blob_id(dict(record.env)) if record.env else None,
-                self._file_id(record.cwd) if record.cwd else None,
-                self._states_graph_id(record.sources, "sources"),
-                self._graph_id(record.graph),
-                self._states_graph_id(record.outputs, "outputs"),
-                self._blob_id(list(record.tracked)) if record.tracked is not None else None,
-                record.exit_code, record.signal, record.started_ns, record.duration_ns,
-                record.pid, record.host, record.test_id, record.observer,
-                self._blob_id(list(record.notes)) if record.notes else None,
-                self._blob_id(stored_extra) if stored_extra else None,
-            )))
-        return cursor.rowcount
+    def add_records_in_batches(self, records: Iterable[CompileRecord], run: RunInfo, *,
+                               batch_size: int = batching.BATCH_SIZE) -> int:
+        """Store many records, `batch_size` to a transaction (`add_records` for each batch),
+        reading `records` as it goes: an importer or a benchmark with a million records holds
+        one batch at a time, and the ids remembered between batches are bounded.
+
+        Returns how many were new. A batch that fails is rolled back whole and its error
+        raised; every batch before it stays committed, and none after it is tried."""
+        added = 0
+        batching.widen_page_cache(self)
+        for batch in batching.chunked(records, batch_size):
+            batching.bound_memo(self)
+            added += self.add_records(batch, run)
+        return added
 
     def add_findings(self, findings: Iterable[Finding], audit_uuid: str | None = None) -> str:
         """Store the findings of one audit pass; returns its audit id."""

@@ -115,8 +115,8 @@ def input_findings(context: AuditContext, entry: CacheEntry, record: CompileReco
     if not tracked.known:
         return findings  # which files are untracked is what cannot be said
     count, top = context.untracked(graph, tracked.paths | seen,
-                                   trees=search_directories(record),
-                                   system=system_directories(record))
+                                   trees=_search(context, record),
+                                   system=_system(context, record))
     if count:
         findings.append(make_finding(
             "CA102", subject=f"{count} untracked dependenc{'y' if count == 1 else 'ies'}",
@@ -295,15 +295,33 @@ def find_shadows(graph: IncludeGraph, directories: Sequence[str],
     return shadows
 
 
+def _search(context: AuditContext, record: CompileRecord) -> tuple[str, ...]:
+    """`search_directories`, once per scan for each command line: thousands of entries share
+    one, and each directory costs a realpath."""
+    key = (record.compiler.kind if record.compiler else None,
+           tuple(t.text for t in record.effective_argv), record.cwd,
+           tuple(record.env.get(n) for n in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH")))
+    found = context.memos.search.get(key)
+    if found is None:
+        found = context.memos.search[key] = tuple(search_directories(record))
+    return found
+
+
+def _system(context: AuditContext, record: CompileRecord) -> tuple[str, ...]:
+    """`system_directories`, once per scan for each compiler and toolkit."""
+    compiler = record.compiler
+    key = (compiler.kind, compiler.resolved, compiler.path) if compiler else None, (
+        record.cwd, record.env.get("CUDA_HOME"), record.env.get("CUDA_PATH"))
+    found = context.memos.system.get(key)
+    if found is None:
+        found = context.memos.system[key] = system_directories(record)
+    return found
+
+
 def _shadows(context: AuditContext, record: CompileRecord, graph: IncludeGraph
              ) -> list[tuple[str, str]]:
     memos = context.memos
-    argv_key = (tuple(t.text for t in record.effective_argv), record.cwd,
-                tuple(record.env.get(n) for n in ("CPATH", "C_INCLUDE_PATH",
-                                                  "CPLUS_INCLUDE_PATH")))
-    if argv_key not in memos.search:
-        memos.search[argv_key] = tuple(search_directories(record))
-    directories = memos.search[argv_key]
+    directories = _search(context, record)
     memo_key = (graph.digest, directories)
     if memo_key not in memos.shadows:
         memos.shadows[memo_key] = find_shadows(graph, directories, record.started_ns)
