@@ -476,6 +476,15 @@ class Adapter:
         text = problem if isinstance(problem, str) else f"{type(problem).__name__}: {problem}"
         self._problem(text, kind=where)
 
+    def _guard(self, action: Callable[..., Any], *args: Any) -> Any:
+        """Run cacheaudit's own work; any failure is reported once and swallowed (the
+        runtime's call goes on as if cacheaudit were absent)."""
+        try:
+            return action(*args)
+        except Exception as exc:  # noqa: BLE001 - fail open inside the runtime
+            self._problem(f"{type(exc).__name__}: {exc}")
+            return None
+
     # ---------------------------------------------------------------- writing
 
     def _write_with_hits(self, observed: Sequence[Any]) -> None:

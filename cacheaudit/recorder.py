@@ -32,6 +32,7 @@ from cacheaudit.ledger import (
 )
 from cacheaudit.ledger.redact import redact_record, redact_run
 from cacheaudit.ledger.schema import WRITER_PATIENCE_S
+from cacheaudit.ledger.values import IDENTITY_MEMO_SUFFIX
 from cacheaudit.model import ArgToken, CompileRecord, CompilerIdentity, FileState, IncludeGraph
 from cacheaudit.problems import report_problem
 from cacheaudit.processes import runtime_process
@@ -489,7 +490,7 @@ _POLL_S = 0.005
 
 def identity_memo_path(env: Mapping[str, str]) -> str:
     """The compilers' identities file beside the ledger (`compilers.FileMemo`)."""
-    return default_ledger_path(env) + ".compilers.json"
+    return default_ledger_path(env) + IDENTITY_MEMO_SUFFIX
 
 
 def _checked(sources: tuple[FileState, ...], include_graph: IncludeGraph, cache: StateCache

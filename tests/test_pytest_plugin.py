@@ -67,6 +67,10 @@ def project(pytester: pytest.Pytester, tmp_path: Path,
     pytester.makeconftest(CONFTEST)
     pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
     monkeypatch.setenv("CACHEAUDIT_LEDGER", str(tmp_path / "ledger.db"))
+    # The inner session audits the known runtimes' default roots too; Inductor's lies under
+    # $TMPDIR (torchinductor_<user>), where another torch job on this machine may have left one.
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     # This suite may itself run under xdist: the inner sessions must not think they are workers.
     for name in ("PYTEST_ADDOPTS", "CACHEAUDIT", "CACHEAUDIT_RUN", "CACHEAUDIT_SHIMS",
                  "CACHEAUDIT_TEST_ID", "CACHEAUDIT_RUN_LABEL", "PYTEST_XDIST_WORKER",

@@ -11,7 +11,7 @@ from cacheaudit.exceptions import LedgerError
 from cacheaudit.ledger.rows import _named_params, _rows, _value
 from cacheaudit.ledger.spool import ingest_spool
 from cacheaudit.ledger.store import Ledger
-from cacheaudit.ledger.values import RunInfo, TestWindow
+from cacheaudit.ledger.values import COMPANION_SUFFIXES, RunInfo, TestWindow
 from cacheaudit.model import CompileRecord
 
 
@@ -66,7 +66,7 @@ def combine(target: Ledger, sources: Sequence[str], *, keep: bool = True,
         if not keep:
             with contextlib.suppress(OSError):
                 os.remove(path)
-                for suffix in ("-wal", "-shm"):
+                for suffix in COMPANION_SUFFIXES:
                     if os.path.exists(path + suffix):
                         os.remove(path + suffix)
     return result

@@ -25,6 +25,14 @@ def default_ledger_path(env: Mapping[str, str] | None = None) -> str:
     return os.path.join(cache_home, "cacheaudit", "ledger.db")
 
 
+IDENTITY_MEMO_SUFFIX = ".compilers.json"
+"""The compilers' identities file beside a ledger (`<ledger>.compilers.json`, the shim's memo)."""
+
+COMPANION_SUFFIXES = ("-wal", "-shm", IDENTITY_MEMO_SUFFIX)
+"""The files SQLite and the shim keep beside a ledger: removed with it when `combine` takes it
+in."""
+
+
 class Attribution(NamedTuple):
     """What an audit learnt about a compile record: the entry it built, and so its runtime,
     kernel and key."""

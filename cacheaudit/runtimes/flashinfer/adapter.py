@@ -200,14 +200,6 @@ class FlashInferAdapter(Adapter):
 
         return try_load
 
-    def _guard(self, action: Callable[..., Any], *args: Any) -> Any:
-        """Run cacheaudit's own work; any failure is reported once and swallowed."""
-        try:
-            return action(*args)
-        except Exception as exc:  # noqa: BLE001 - fail open inside the runtime
-            self._problem(f"{type(exc).__name__}: {exc}")
-            return None
-
     def _begin(self, spec: Any) -> _Call:
         given = os.fspath(spec.build_dir)
         build_dir = self._real_dirs.get(given)

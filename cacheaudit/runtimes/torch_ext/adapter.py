@@ -290,14 +290,6 @@ class TorchExtAdapter(Adapter):
 
         return _run_ninja_build
 
-    def _guard(self, action: Callable[..., Any], *args: Any) -> Any:
-        """Run cacheaudit's own work; any failure is reported once and swallowed."""
-        try:
-            return action(*args)
-        except Exception as exc:  # noqa: BLE001 - fail open inside the runtime
-            self._problem(f"{type(exc).__name__}: {exc}")
-            return None
-
     def _stack(self) -> list[_Call]:
         stack = getattr(self._local, "calls", None)
         if stack is None:
