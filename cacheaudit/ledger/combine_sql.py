@@ -1,0 +1,200 @@
+"""`combine`'s set-wise copy: another ledger of the same schema `ATTACH`ed to the target and
+copied table by table with `INSERT ... SELECT`, in one write transaction.
+
+The content-addressed tables (paths, file states, JSON values, compilers, graphs) are merged by
+their natural keys, the source's ids remapped through temporary tables; records go in by their
+`record_uuid` (one already present is skipped: combining twice adds nothing). What it stores is
+what the per-record path (`combine._combine_records`) stores for the same source: the runs
+that records or tests belong to (stamped with this cacheaudit's version, as `_run_id` stamps
+them), the records in the order `started_ns, id`, the test windows, the settled seen states,
+the findings not yet present (the first of duplicates within the source) and the cache roots
+(the latest scan time kept).
+
+Two differences, neither visible through the ledger's read API: paths and file states of the
+source that nothing it copies refers to are copied too (the per-record path interns only
+those its records, graphs and seen states name), and values are copied as the source stored
+them, where the per-record path redacts them again with the combining process's setting (the
+same text, unless the source was recorded with redaction off and is combined with it on).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from cacheaudit import __version__
+
+SOURCE = "combine_source"
+"""The schema name the source ledger is attached under."""
+
+_STATE_KEY = ("present", "size", "mtime_ns", "ctime_ns", "inode", "digest", "settled", "error")
+
+_COMPILER_COLUMNS = ("invoked", "path", "resolved", "wrappers", "kind", "version_text",
+                     "binary_digest", "size", "mtime_ns", "error")
+
+_RECORD_PLAIN = ("record_uuid", "event", "runtime", "kernel", "key", "exit_code", "signal",
+                 "started_ns", "duration_ns", "pid", "host", "test_id", "observer")
+
+_RECORD_REFERENCES = {
+    "entry_id": "file", "cwd_id": "file", "compiler_id": "compiler", "argv_id": "blob",
+    "effective_argv_id": "blob", "env_id": "blob", "tracked_id": "blob", "notes_id": "blob",
+    "extra_id": "blob", "sources_id": "graph", "graph_id": "graph", "outputs_id": "graph",
+}
+"""The records' columns that hold ids of another table, and which map remaps them."""
+
+_FINDING_COLUMNS = ("audit_uuid", "found_ns", "code", "severity", "subject", "message",
+                    "recorded", "current", "how", "inferred", "record_uuid", "entry",
+                    "runtime", "kernel", "hint")
+
+_FINDING_KEY = ("audit_uuid", "code", "subject", "record_uuid", "entry", "message")
+"""What makes a finding already present (`combine._copy_findings_and_roots`'s test)."""
+
+_MAPS = ("file", "state", "blob", "compiler", "graph", "run")
+
+
+def copy_ledger(conn: sqlite3.Connection, source_path: str) -> int:
+    """Copy the ledger at `source_path` into the one `conn` is open on; returns how many
+    records were new. One write transaction: a failure leaves the target as it was."""
+    conn.execute(f"ATTACH DATABASE ? AS {SOURCE}", (source_path,))
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            added = _copy(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    finally:
+        for name in _MAPS:
+            conn.execute(f"DROP TABLE IF EXISTS temp.combine_{name}_map")
+        conn.execute("DROP TABLE IF EXISTS temp.combine_new_graphs")
+        conn.execute(f"DETACH DATABASE {SOURCE}")
+    return added
+
+
+def _map_table(conn: sqlite3.Connection, name: str) -> str:
+    table = f"temp.combine_{name}_map"
+    conn.execute(f"DROP TABLE IF EXISTS {table}")
+    conn.execute(f"CREATE TABLE {table} (old INTEGER PRIMARY KEY, new INTEGER NOT NULL)")
+    return table
+
+
+def _copy(conn: sqlite3.Connection) -> int:
+    s = SOURCE
+    files = _map_table(conn, "file")
+    conn.execute(f"INSERT INTO main.files (path) SELECT path FROM {s}.files WHERE true"
+                 " ON CONFLICT DO NOTHING")
+    conn.execute(f"INSERT INTO {files} (old, new) SELECT o.id, m.id FROM {s}.files o"
+                 " JOIN main.files m ON m.path = o.path")
+
+    states = _map_table(conn, "state")
+    key = ", ".join(_STATE_KEY)
+    conn.execute(f"INSERT INTO main.file_states (file_id, {key}) SELECT f.new,"
+                 f" {', '.join('o.' + c for c in _STATE_KEY)} FROM {s}.file_states o"
+                 f" JOIN {files} f ON f.old = o.file_id WHERE true ON CONFLICT DO NOTHING")
+    conn.execute(f"INSERT INTO {states} (old, new) SELECT o.id, m.id FROM {s}.file_states o"
+                 f" JOIN {files} f ON f.old = o.file_id JOIN main.file_states m"
+                 " ON m.file_id = f.new AND "
+                 + " AND ".join(f"m.{c} = o.{c}" for c in _STATE_KEY))
+
+    blobs = _map_table(conn, "blob")
+    conn.execute(f"INSERT INTO main.blobs (digest, body) SELECT digest, body FROM {s}.blobs"
+                 " WHERE true ON CONFLICT DO NOTHING")
+    conn.execute(f"INSERT INTO {blobs} (old, new) SELECT o.id, m.id FROM {s}.blobs o"
+                 " JOIN main.blobs m ON m.digest = o.digest")
+
+    compilers = _map_table(conn, "compiler")
+    _copy_compilers(conn, compilers)
+
+    graphs = _map_table(conn, "graph")
+    # Only a graph the target lacks brings its members: one it has (same digest) is the same.
+    conn.execute("DROP TABLE IF EXISTS temp.combine_new_graphs")
+    conn.execute("CREATE TABLE temp.combine_new_graphs (old INTEGER PRIMARY KEY)")
+    conn.execute(f"INSERT INTO temp.combine_new_graphs (old) SELECT o.id FROM {s}.graphs o"
+                 " WHERE NOT EXISTS (SELECT 1 FROM main.graphs m WHERE m.digest = o.digest)")
+    conn.execute(f"INSERT INTO main.graphs (digest, method, file_count) SELECT o.digest,"
+                 f" o.method, o.file_count FROM {s}.graphs o JOIN temp.combine_new_graphs n"
+                 " ON n.old = o.id WHERE true ON CONFLICT DO NOTHING")
+    conn.execute(f"INSERT INTO {graphs} (old, new) SELECT o.id, m.id FROM {s}.graphs o"
+                 " JOIN main.graphs m ON m.digest = o.digest")
+    conn.execute(f"INSERT INTO main.graph_files (graph_id, position, state_id, written_id)"
+                 f" SELECT g.new, o.position, st.new, w.new FROM {s}.graph_files o"
+                 " JOIN temp.combine_new_graphs n ON n.old = o.graph_id"
+                 f" JOIN {graphs} g ON g.old = o.graph_id JOIN {states} st ON st.old = o.state_id"
+                 f" JOIN {files} w ON w.old = o.written_id WHERE true ON CONFLICT DO NOTHING")
+
+    runs = _map_table(conn, "run")
+    # The runs the per-record path writes: those a record or a test window belongs to.
+    conn.execute("INSERT INTO main.runs (run_uuid, started_ns, host, pid, label, command,"
+                 " cacheaudit_version) SELECT run_uuid, started_ns, host, pid, label, command,"
+                 f" ? FROM {s}.runs WHERE id IN (SELECT run_id FROM {s}.records UNION"
+                 f" SELECT run_id FROM {s}.tests) ON CONFLICT DO NOTHING", (__version__,))
+    conn.execute(f"INSERT INTO {runs} (old, new) SELECT o.id, m.id FROM {s}.runs o"
+                 " JOIN main.runs m ON m.run_uuid = o.run_uuid")
+
+    before = conn.total_changes
+    joins, values = [], []
+    for n, (column, kind) in enumerate(_RECORD_REFERENCES.items()):
+        alias = f"m{n}"
+        joins.append(f" LEFT JOIN temp.combine_{kind}_map {alias} ON {alias}.old = o.{column}")
+        values.append(f"{alias}.new")
+    conn.execute(
+        f"INSERT INTO main.records (run_id, {', '.join(_RECORD_PLAIN)},"
+        f" {', '.join(_RECORD_REFERENCES)}) SELECT r.new,"
+        f" {', '.join('o.' + c for c in _RECORD_PLAIN)}, {', '.join(values)}"
+        f" FROM {s}.records o JOIN {runs} r ON r.old = o.run_id{''.join(joins)}"
+        " WHERE true ORDER BY o.started_ns, o.id ON CONFLICT(record_uuid) DO NOTHING")
+    added = conn.total_changes - before
+
+    conn.execute("INSERT INTO main.tests (run_id, nodeid, started_ns, finished_ns, outcome,"
+                 " worker) SELECT r.new, o.nodeid, o.started_ns, o.finished_ns, o.outcome,"
+                 f" o.worker FROM {s}.tests o JOIN {runs} r ON r.old = o.run_id"
+                 " WHERE true ORDER BY o.started_ns, o.id ON CONFLICT DO NOTHING")
+    # `remember_states` keeps only settled states with a digest.
+    conn.execute("INSERT OR REPLACE INTO main.seen_states (file_id, state_id)"
+                 f" SELECT f.new, st.new FROM {s}.seen_states o JOIN {s}.file_states x"
+                 f" ON x.id = o.state_id JOIN {files} f ON f.old = o.file_id"
+                 f" JOIN {states} st ON st.old = o.state_id"
+                 " WHERE x.settled != 0 AND x.digest != ''")
+    _copy_findings_and_roots(conn)
+    return added
+
+
+def _copy_compilers(conn: sqlite3.Connection, compilers: str) -> None:
+    """Compilers by digest, each after its host compiler (whose id it holds): in rounds, as
+    many as the deepest chain of host compilers."""
+    s = SOURCE
+    columns = ", ".join(_COMPILER_COLUMNS)
+    while True:
+        conn.execute(
+            f"INSERT INTO main.compilers (digest, {columns}, host_id) SELECT o.digest,"
+            f" {', '.join('o.' + c for c in _COMPILER_COLUMNS)}, h.new FROM {s}.compilers o"
+            f" LEFT JOIN {compilers} h ON h.old = o.host_id"
+            f" WHERE (o.host_id IS NULL OR h.new IS NOT NULL)"
+            f" AND o.id NOT IN (SELECT old FROM {compilers}) ON CONFLICT(digest) DO NOTHING")
+        before = conn.total_changes
+        conn.execute(
+            f"INSERT INTO {compilers} (old, new) SELECT o.id, m.id FROM {s}.compilers o"
+            f" JOIN main.compilers m ON m.digest = o.digest"
+            f" WHERE o.id NOT IN (SELECT old FROM {compilers})"
+            f" AND (o.host_id IS NULL OR o.host_id IN (SELECT old FROM {compilers}))")
+        if conn.total_changes == before:
+            return
+
+
+def _copy_findings_and_roots(conn: sqlite3.Connection) -> None:
+    s = SOURCE
+    columns = ", ".join(_FINDING_COLUMNS)
+    partition = ", ".join(_FINDING_KEY)
+    present = " AND ".join(f"m.{c} IS o.{c}" for c in _FINDING_KEY)
+    # PARTITION BY groups NULLs together, as the `IS` of the per-record test does.
+    conn.execute(
+        f"INSERT INTO main.findings ({columns}) SELECT {columns} FROM (SELECT o.*,"
+        f" row_number() OVER (PARTITION BY {partition} ORDER BY o.id) AS nth"
+        f" FROM {s}.findings o WHERE NOT EXISTS (SELECT 1 FROM main.findings m"
+        f" WHERE {present})) WHERE nth = 1 ORDER BY id")
+    conn.execute("INSERT INTO main.cache_roots (path, layout, last_scan_ns)"
+                 f" SELECT path, layout, last_scan_ns FROM {s}.cache_roots WHERE true"
+                 " ON CONFLICT(path) DO UPDATE SET layout = excluded.layout,"
+                 " last_scan_ns = excluded.last_scan_ns"
+                 " WHERE excluded.last_scan_ns > cache_roots.last_scan_ns")
