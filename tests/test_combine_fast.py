@@ -233,3 +233,27 @@ def test_spooled_records_of_a_source_come_along_set_wise(tmp_path, monkeypatch):
         got = ledger.record(spooled.record_id)
     assert copied == ["rank0.db"]
     assert result.records == 5 and got is not None and got.run_uuid == "late"
+
+
+def test_a_source_recorded_without_redaction_goes_record_by_record_and_is_redacted(
+        tmp_path, monkeypatch):
+    token = "hf_" + "aB3dE5gH7jK9mN1pQ3sT5vW7yZ"
+    secret = _record("leaky", argv=("kernel.cu", f"-DHF_TOKEN={token}"))
+    source = str(tmp_path / "verbatim.db")
+    monkeypatch.setenv("CACHEAUDIT_REDACT_ARGV", "0")
+    with Ledger.open(source) as ledger:
+        ledger.add_records([secret], RUN_VERBATIM)
+        stored = ledger.record(secret.record_id)
+    assert stored is not None and stored.argv[1] == f"-DHF_TOKEN={token}"
+    monkeypatch.delenv("CACHEAUDIT_REDACT_ARGV")
+    copied = _spy_on_set_wise_copies(monkeypatch)
+    with Ledger.open(str(tmp_path / "all.db")) as ledger:
+        result = combine(ledger, [source], keep=True)
+        combined = ledger.record(secret.record_id)
+        bodies = [b for (b,) in ledger.conn.execute("SELECT body FROM blobs")]
+    assert copied == [] and result.records == 1
+    assert combined is not None and token not in combined.argv[1], combined.argv
+    assert not any(token in body for body in bodies), "the token reached the combined ledger"
+
+
+RUN_VERBATIM = RunInfo(run_uuid="verbatim", label="test")

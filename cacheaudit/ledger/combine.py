@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cacheaudit.exceptions import LedgerError
-from cacheaudit.ledger.combine_sql import copy_ledger
+from cacheaudit.ledger.combine_sql import copy_ledger, needs_redaction
 from cacheaudit.ledger.rows import _named_params, _rows, _value
 from cacheaudit.ledger.schema import SCHEMA_VERSION, stored_version
 from cacheaudit.ledger.spool import ingest_spool
@@ -39,8 +39,9 @@ def combine(target: Ledger, sources: Sequence[str], *, keep: bool = True,
 
     A source of this cacheaudit's schema version is copied set-wise (`combine_sql`: attached,
     `INSERT ... SELECT`, ids remapped by natural keys), at SQLite's speed; one of another
-    version (upgraded when opened), or any source when not `set_wise`, record by record
-    through the ledger's write path, as before. Both store the same.
+    version (upgraded when opened), one recorded without redaction (`needs_redaction`), or any
+    source when not `set_wise`, record by record through the ledger's write path, as before.
+    Both store the same.
     """
     result = CombineResult()
     for source in sources:
@@ -55,7 +56,7 @@ def combine(target: Ledger, sources: Sequence[str], *, keep: bool = True,
             continue
         with opened:
             ingest_spool(opened)
-            if same_schema:
+            if same_schema and not needs_redaction(opened.conn):
                 result.records += target._retry(functools.partial(copy_ledger, target.conn, path))
             else:
                 result.records += _combine_records(target, opened, batch)

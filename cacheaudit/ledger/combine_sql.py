@@ -10,18 +10,27 @@ them), the records in the order `started_ns, id`, the test windows, the settled 
 the findings not yet present (the first of duplicates within the source) and the cache roots
 (the latest scan time kept).
 
-Two differences, neither visible through the ledger's read API: paths and file states of the
-source that nothing it copies refers to are copied too (the per-record path interns only
-those its records, graphs and seen states name), and values are copied as the source stored
-them, where the per-record path redacts them again with the combining process's setting (the
-same text, unless the source was recorded with redaction off and is combined with it on).
+Values are copied as the source stored them, where the per-record path redacts them again
+with the combining process's setting: the same text for a ledger recorded with redaction on
+(every ledger of this schema version, unless `CACHEAUDIT_REDACT_ARGV=0`). A source in which
+redaction would change a command line, a note or a message (`needs_redaction`) is left to the
+per-record path, so that combine never stores a credential the per-record path would not.
+
+What differs stays out of the read API's sight: paths and file states of the source that
+nothing it copies refers to are copied too (the per-record path interns only those its records,
+graphs and seen states name), and a value too deep to read (`bounded`) is copied as it is,
+where the per-record path stores what its reader made of it (left out, with a note); both
+read back the same.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from typing import Any
 
 from cacheaudit import __version__
+from cacheaudit.ledger.redact import _redacted_argv, _redacted_text, argv_redaction
 
 SOURCE = "combine_source"
 """The schema name the source ledger is attached under."""
@@ -70,6 +79,54 @@ def copy_ledger(conn: sqlite3.Connection, source_path: str) -> int:
         conn.execute("DROP TABLE IF EXISTS temp.combine_new_graphs")
         conn.execute(f"DETACH DATABASE {SOURCE}")
     return added
+
+
+def needs_redaction(source: sqlite3.Connection) -> bool:
+    """Whether redaction, as this process is set to do it, would change a value of `source`'s
+    records or runs (recorded with `CACHEAUDIT_REDACT_ARGV=0`, say): each distinct value is
+    judged once, a few per ledger where the records share their command lines."""
+    if not argv_redaction():
+        return False
+    judges = {"argv_id": _argv_changes, "effective_argv_id": _effective_changes,
+              "notes_id": _notes_change, "extra_id": _messages_change}
+    for column, changes in judges.items():
+        for (body,) in source.execute(
+                f"SELECT b.body FROM blobs b WHERE b.id IN (SELECT DISTINCT {column}"
+                " FROM records)"):
+            if changes(_loads(body)):
+                return True
+    return any(_argv_changes(_loads(command)) for (command,) in source.execute(
+        "SELECT DISTINCT command FROM runs WHERE command IS NOT NULL"))
+
+
+def _loads(body: Any) -> Any:
+    try:
+        return json.loads(body)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def _argv_changes(value: Any) -> bool:
+    if not isinstance(value, list) or not all(isinstance(w, str) for w in value):
+        return False
+    return bool(_redacted_argv(tuple(value))[1])
+
+
+def _effective_changes(value: Any) -> bool:
+    if not isinstance(value, list):
+        return False
+    return _argv_changes([t[0] for t in value if isinstance(t, list) and t])
+
+
+def _notes_change(value: Any) -> bool:
+    return isinstance(value, list) and any(
+        isinstance(n, str) and _redacted_text(n) != n for n in value)
+
+
+def _messages_change(value: Any) -> bool:
+    return isinstance(value, dict) and any(
+        isinstance(value.get(name), str) and _redacted_text(value[name]) != value[name]
+        for name in ("runtime_error", "graph_problem"))
 
 
 def _map_table(conn: sqlite3.Connection, name: str) -> str:
