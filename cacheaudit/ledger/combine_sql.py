@@ -83,18 +83,17 @@ def copy_ledger(conn: sqlite3.Connection, source_path: str) -> int:
 
 def needs_redaction(source: sqlite3.Connection) -> bool:
     """Whether redaction, as this process is set to do it, would change a value of `source`'s
-    records or runs (recorded with `CACHEAUDIT_REDACT_ARGV=0`, say): each distinct value is
-    judged once, a few per ledger where the records share their command lines."""
+    records or runs (recorded with `CACHEAUDIT_REDACT_ARGV=0`, say)."""
     if not argv_redaction():
         return False
-    judges = {"argv_id": _argv_changes, "effective_argv_id": _effective_changes,
-              "notes_id": _notes_change, "extra_id": _messages_change}
-    for column, changes in judges.items():
-        for (body,) in source.execute(
-                f"SELECT b.body FROM blobs b WHERE b.id IN (SELECT DISTINCT {column}"
-                " FROM records)"):
-            if changes(_loads(body)):
-                return True
+    # Every value judged as each kind it could be, rather than found by the records that use
+    # it (a pass over every record): the values are few, the records many. A value that
+    # only looks like a command line with a credential sends the source the slower way.
+    judges = (_argv_changes, _effective_changes, _notes_change, _messages_change)
+    for (body,) in source.execute("SELECT body FROM blobs"):
+        value = _loads(body)
+        if any(changes(value) for changes in judges):
+            return True
     return any(_argv_changes(_loads(command)) for (command,) in source.execute(
         "SELECT DISTINCT command FROM runs WHERE command IS NOT NULL"))
 
