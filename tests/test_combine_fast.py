@@ -9,9 +9,10 @@ import os
 import shutil
 import sqlite3
 
+import pytest
 from test_ledger import FACTS, _downgrade_to_version_1, _graph, _record, _state
 
-from cacheaudit.ledger import Ledger, RunInfo, combine
+from cacheaudit.ledger import Ledger, RunInfo, combine, combine_sql
 from cacheaudit.ledger import TestWindow as Window
 from cacheaudit.ledger.combine_sql import SOURCE
 from cacheaudit.ledger.values import Attribution
@@ -137,12 +138,22 @@ def _spy_on_set_wise_copies(monkeypatch) -> list[str]:
     return copied
 
 
-def test_set_wise_combine_of_three_ledgers_stores_what_the_per_record_one_does(tmp_path):
+def _record_indexes(ledger: Ledger) -> set[str]:
+    return {r[0] for r in ledger.conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'records'"
+        " AND sql IS NOT NULL")}
+
+
+@pytest.mark.parametrize("rebuild_from", [2, 100], ids=["indexes-built-once", "indexes-kept"])
+def test_set_wise_combine_of_three_ledgers_stores_what_the_per_record_one_does(
+        tmp_path, monkeypatch, rebuild_from):
+    monkeypatch.setattr(combine_sql, "REBUILD_FROM_SOURCES", rebuild_from)
     sources = _sources(tmp_path, 3)
     old, new = str(tmp_path / "old.db"), str(tmp_path / "new.db")
     _target_with_one_record(old)
     shutil.copyfile(old, new)  # the same target twice, its root's scan time included
     with Ledger.open(old) as ledger:
+        indexes_before = _record_indexes(ledger)
         by_record = combine(ledger, sources, keep=True, set_wise=False)
         expected = _logical(ledger)
     with Ledger.open(new) as ledger:
@@ -169,6 +180,19 @@ def test_set_wise_combine_of_three_ledgers_stores_what_the_per_record_one_does(t
     assert len(expected["findings"]) == 4  # audit-0, -1, -2 and audit-shared once
     with Ledger.open(new) as ledger:
         assert ledger.integrity_check() == "ok"
+        assert _record_indexes(ledger) == indexes_before, "a records index is missing"
+
+
+def test_a_combine_killed_with_the_indexes_dropped_is_mended_by_the_next(tmp_path):
+    [source] = _sources(tmp_path, 1)
+    target = str(tmp_path / "all.db")
+    with Ledger.open(target) as ledger:
+        expected = _record_indexes(ledger)
+        for name in expected:  # as `record_indexes_built_once` leaves them, killed inside it
+            ledger.conn.execute(f"DROP INDEX {name}")
+        assert _record_indexes(ledger) == set()
+        combine(ledger, [source], keep=True)
+        assert _record_indexes(ledger) == expected and ledger.integrity_check() == "ok"
 
 
 def test_set_wise_combine_twice_adds_nothing(tmp_path):

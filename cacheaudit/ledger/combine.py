@@ -11,7 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cacheaudit.exceptions import LedgerError
-from cacheaudit.ledger.combine_sql import copy_ledger, needs_redaction
+from cacheaudit.ledger.combine_sql import (
+    copy_ledger,
+    needs_redaction,
+    record_indexes_built_once,
+)
 from cacheaudit.ledger.rows import _named_params, _rows, _value
 from cacheaudit.ledger.schema import SCHEMA_VERSION, stored_version
 from cacheaudit.ledger.spool import ingest_spool
@@ -44,29 +48,31 @@ def combine(target: Ledger, sources: Sequence[str], *, keep: bool = True,
     Both store the same.
     """
     result = CombineResult()
-    for source in sources:
-        path = os.path.abspath(source)
-        if path == os.path.abspath(target.path):
-            continue
-        same_schema = set_wise and _schema_version(path) == SCHEMA_VERSION
-        try:
-            opened = Ledger.open(path, create=False)
-        except LedgerError as exc:
-            result.skipped.append(f"{source}: {exc}")
-            continue
-        with opened:
-            ingest_spool(opened)
-            if same_schema and not needs_redaction(opened.conn):
-                result.records += target._retry(functools.partial(copy_ledger, target.conn, path))
-            else:
-                result.records += _combine_records(target, opened, batch)
-        result.combined.append(source)
-        if not keep:
-            with contextlib.suppress(OSError):
-                os.remove(path)
-                for suffix in COMPANION_SUFFIXES:
-                    if os.path.exists(path + suffix):
-                        os.remove(path + suffix)
+    with record_indexes_built_once(target.conn, target._retry, len(sources) if set_wise else 0):
+        for source in sources:
+            path = os.path.abspath(source)
+            if path == os.path.abspath(target.path):
+                continue
+            same_schema = set_wise and _schema_version(path) == SCHEMA_VERSION
+            try:
+                opened = Ledger.open(path, create=False)
+            except LedgerError as exc:
+                result.skipped.append(f"{source}: {exc}")
+                continue
+            with opened:
+                ingest_spool(opened)
+                if same_schema and not needs_redaction(opened.conn):
+                    copy = functools.partial(copy_ledger, target.conn, path)
+                    result.records += target._retry(copy)
+                else:
+                    result.records += _combine_records(target, opened, batch)
+            result.combined.append(source)
+            if not keep:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+                    for suffix in COMPANION_SUFFIXES:
+                        if os.path.exists(path + suffix):
+                            os.remove(path + suffix)
     return result
 
 
