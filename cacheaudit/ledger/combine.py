@@ -48,7 +48,8 @@ def combine(target: Ledger, sources: Sequence[str], *, keep: bool = True,
     Both store the same.
     """
     result = CombineResult()
-    with record_indexes_built_once(target.conn, target._retry, len(sources) if set_wise else 0):
+    with record_indexes_built_once(target.conn, target._retry,
+                                   list(sources) if set_wise else [], target.path):
         for source in sources:
             path = os.path.abspath(source)
             if path == os.path.abspath(target.path):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -97,9 +98,12 @@ _RECORD_INDEXES = [s for s in _statements(SCHEMA)
 
 @contextlib.contextmanager
 def record_indexes_built_once(conn: sqlite3.Connection, retry: Callable[[Any], Any],
-                              sources: int) -> Iterator[None]:
-    """Around a combine of `sources` ledgers: the records' secondary indexes dropped first and
-    made again at the end (`REBUILD_FROM_SOURCES`), even when the combine fails. Every
+                              sources: list[str], target_path: str) -> Iterator[None]:
+    """Around a combine of `sources` into the ledger at `target_path`: the records' secondary
+    indexes dropped first and made again at the end, even when the combine fails, where there
+    are `REBUILD_FROM_SOURCES` sources or more and together they are larger than the target
+    (a long-lived ledger that gains a pytest session's workers keeps its indexes: building
+    them again would cost more than the few records added). Every
     combine first makes any of them that is missing, so that one killed in between (the
     indexes gone, the records all there) is mended by the next; readers meanwhile read the
     same rows, only slower."""
@@ -118,7 +122,7 @@ def record_indexes_built_once(conn: sqlite3.Connection, retry: Callable[[Any], A
         return run
 
     retry(transaction(_RECORD_INDEXES))
-    if sources < REBUILD_FROM_SOURCES:
+    if len(sources) < REBUILD_FROM_SOURCES or _size(sources) <= _size([target_path]):
         yield
         return
     names = [s.split(" EXISTS ", 1)[1].split()[0] for s in _RECORD_INDEXES]
@@ -127,6 +131,14 @@ def record_indexes_built_once(conn: sqlite3.Connection, retry: Callable[[Any], A
         yield
     finally:
         retry(transaction(_RECORD_INDEXES))
+
+
+def _size(paths: list[str]) -> int:
+    total = 0
+    for path in paths:
+        with contextlib.suppress(OSError):
+            total += os.path.getsize(path)
+    return total
 
 
 def needs_redaction(source: sqlite3.Connection) -> bool:
