@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import sqlite3
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cacheaudit.exceptions import LedgerError
+from cacheaudit.ledger.combine_sql import (
+    copy_ledger,
+    needs_redaction,
+    record_indexes_built_once,
+)
 from cacheaudit.ledger.rows import _named_params, _rows, _value
+from cacheaudit.ledger.schema import SCHEMA_VERSION, stored_version
 from cacheaudit.ledger.spool import ingest_spool
 from cacheaudit.ledger.store import Ledger
 from cacheaudit.ledger.values import COMPANION_SUFFIXES, RunInfo, TestWindow
@@ -23,7 +32,7 @@ class CombineResult:
 
 
 def combine(target: Ledger, sources: Sequence[str], *, keep: bool = True,
-            batch: int = 500) -> CombineResult:
+            batch: int = 500, set_wise: bool = True) -> CombineResult:
     """Merge ledgers (pytest-xdist workers, ranks, hosts) into `target`.
 
     Records keep their ids, so combining twice adds nothing; file states, graphs, compilers and
@@ -31,45 +40,82 @@ def combine(target: Ledger, sources: Sequence[str], *, keep: bool = True,
     still share one copy. Findings (deduplicated) and known cache roots come along too. A source
     that cannot be read is skipped, named, and left in place (coverage.py's `combine` does the
     same); the others are deleted unless `keep`.
+
+    A source of this cacheaudit's schema version is copied set-wise (`combine_sql`: attached,
+    `INSERT ... SELECT`, ids remapped by natural keys), at SQLite's speed; one of another
+    version (upgraded when opened), one recorded without redaction (`needs_redaction`), or any
+    source when not `set_wise`, record by record through the ledger's write path, as before.
+    Both store the same.
     """
     result = CombineResult()
-    for source in sources:
-        path = os.path.abspath(source)
-        if path == os.path.abspath(target.path):
-            continue
-        try:
-            opened = Ledger.open(path, create=False)
-        except LedgerError as exc:
-            result.skipped.append(f"{source}: {exc}")
-            continue
-        with opened:
-            ingest_spool(opened)
-            runs = opened.runs()
-            records = opened.records(order="r.started_ns, r.id")
-            for start in range(0, len(records), batch):
-                by_run: dict[str, list[CompileRecord]] = {}
-                for record in records[start:start + batch]:
-                    by_run.setdefault(str(record.run_uuid), []).append(record)
-                for run_uuid, group in by_run.items():
-                    # Stored under `run`: a record's own run_uuid is never written with it.
-                    run = runs.get(run_uuid) or RunInfo(run_uuid=run_uuid, label="combined")
-                    result.records += target.add_records(group, run)
-            windows: dict[str, list[TestWindow]] = {}
-            for window in opened.tests():
-                windows.setdefault(window.run_uuid, []).append(window)
-            for run_uuid, group in windows.items():
-                target.add_tests(runs.get(run_uuid) or RunInfo(run_uuid=run_uuid,
-                                                               label="combined"), group)
-            target.remember_states(opened.seen_states())
-            _copy_findings_and_roots(target, opened)
-        result.combined.append(source)
-        if not keep:
-            with contextlib.suppress(OSError):
-                os.remove(path)
-                for suffix in COMPANION_SUFFIXES:
-                    if os.path.exists(path + suffix):
-                        os.remove(path + suffix)
+    with record_indexes_built_once(target.conn, target._retry,
+                                   list(sources) if set_wise else [], target.path):
+        for source in sources:
+            path = os.path.abspath(source)
+            if path == os.path.abspath(target.path):
+                continue
+            same_schema = set_wise and _schema_version(path) == SCHEMA_VERSION
+            try:
+                opened = Ledger.open(path, create=False)
+            except LedgerError as exc:
+                result.skipped.append(f"{source}: {exc}")
+                continue
+            with opened:
+                ingest_spool(opened)
+                if same_schema and not needs_redaction(opened.conn):
+                    copy = functools.partial(copy_ledger, target.conn, path)
+                    result.records += target._retry(copy)
+                else:
+                    result.records += _combine_records(target, opened, batch)
+            result.combined.append(source)
+            if not keep:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+                    for suffix in COMPANION_SUFFIXES:
+                        if os.path.exists(path + suffix):
+                            os.remove(path + suffix)
     return result
+
+
+def _schema_version(path: str) -> int | None:
+    """The source's schema version before `Ledger.open` upgrades it; None when it cannot be
+    read here (`Ledger.open` then says why)."""
+    try:
+        conn = sqlite3.connect(f"file:{urllib.parse.quote(path)}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        conn.row_factory = sqlite3.Row
+        return stored_version(conn, path)
+    except (sqlite3.Error, LedgerError, ValueError):
+        return None
+    finally:
+        conn.close()
+
+
+def _combine_records(target: Ledger, opened: Ledger, batch: int) -> int:
+    """The per-record copy: every record, test window, seen state, finding and root of
+    `opened` read into objects and written through `target`'s write path."""
+    added = 0
+    runs = opened.runs()
+    records = opened.records(order="r.started_ns, r.id")
+    for start in range(0, len(records), batch):
+        by_run: dict[str, list[CompileRecord]] = {}
+        for record in records[start:start + batch]:
+            by_run.setdefault(str(record.run_uuid), []).append(record)
+        for run_uuid, group in by_run.items():
+            # Stored under `run`: a record's own run_uuid is never written with it.
+            run = runs.get(run_uuid) or RunInfo(run_uuid=run_uuid, label="combined")
+            added += target.add_records(group, run)
+    windows: dict[str, list[TestWindow]] = {}
+    for window in opened.tests():
+        windows.setdefault(window.run_uuid, []).append(window)
+    for run_uuid, group in windows.items():
+        target.add_tests(runs.get(run_uuid) or RunInfo(run_uuid=run_uuid,
+                                                       label="combined"), group)
+    target.remember_states(opened.seen_states())
+    _copy_findings_and_roots(target, opened)
+    return added
 
 
 _FINDING_COLUMNS = ("audit_uuid", "found_ns", "code", "severity", "subject", "message",
