@@ -38,6 +38,15 @@ def _stat_key(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
+def path_stat_key(path: str) -> tuple[int, int, int, int] | None:
+    """What says a file was not rewritten since it was last looked at (size, mtime, ctime,
+    inode); None when it cannot be stat'ed."""
+    try:
+        return _stat_key(os.stat(path))
+    except OSError:
+        return None
+
+
 def is_settled(st: os.stat_result, now_ns: int, window_ns: int = SETTLE_WINDOW_NS) -> bool:
     return now_ns - max(st.st_mtime_ns, st.st_ctime_ns) > window_ns
 

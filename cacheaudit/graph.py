@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from cacheaudit import children
-from cacheaudit.digest import StateCache, normalise_path
+from cacheaudit.digest import StateCache, normalise_path, path_stat_key
 from cacheaudit.model import FileState, GraphFile, IncludeGraph
 
 __all__ = [
@@ -415,14 +415,6 @@ def _truncate(data: bytes, limit: int = STDERR_LIMIT, tail: int = _STDERR_TAIL) 
     return f"{head}\n[... {len(data) - limit} bytes left out ...]\n{rest}"
 
 
-def _stat_key(path: str) -> tuple[int, int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-
-
 class DependencyPass:
     """A compiler's `-M` pass running in the background: a child of cacheaudit's own
     (`cacheaudit.children`), in its own process group, within `limits`, killed with its parent.
@@ -444,7 +436,7 @@ class DependencyPass:
         self._stdout: IO[bytes] | None = None
         self._stderr: IO[bytes] | None = None
         # A depfile already there must not pass for this run's output.
-        self._depfile_before = _stat_key(depfile) if depfile else None
+        self._depfile_before = path_stat_key(depfile) if depfile else None
         try:
             # Closed in _close(), once the pass has ended: they outlive this method.
             self._stdout = tempfile.TemporaryFile()  # noqa: SIM115
@@ -531,7 +523,7 @@ class DependencyPass:
     def _read_depfile(self, stdout: bytes) -> tuple[str | None, str | None]:
         if self.depfile is None:
             return decode_depfile(stdout), None
-        key = _stat_key(self.depfile)
+        key = path_stat_key(self.depfile)
         if key is None:
             return None, f"depfile not written: {self.depfile}"
         if key == self._depfile_before:

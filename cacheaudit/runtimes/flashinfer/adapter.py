@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cacheaudit.adapter import Adapter, Switch
+from cacheaudit.digest import path_stat_key
 
 if TYPE_CHECKING:
     from cacheaudit.digest import StateCache
@@ -59,17 +60,9 @@ class _Call:
         self.build_dir = build_dir
         self.toolchain = toolchain
         self.started_ns = started_ns
-        self.before: dict[str, tuple[int, int, int] | None] = {}
+        self.before: dict[str, tuple[int, int, int, int] | None] = {}
         self.launcher: str | None = None
         """The launcher this call set, to be taken back when the build returns."""
-
-
-def _stat_key(path: str) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 class _Parsed:
@@ -79,12 +72,12 @@ class _Parsed:
 
     __slots__ = ("build", "build_stat", "deps_stat", "outputs", "tracked")
 
-    def __init__(self, build: BuildFile, build_stat: tuple[int, int, int] | None,
+    def __init__(self, build: BuildFile, build_stat: tuple[int, int, int, int] | None,
                  outputs: list[str]) -> None:
         self.build = build
         self.build_stat = build_stat
         self.outputs = outputs
-        self.deps_stat: tuple[int, int, int] | None = None
+        self.deps_stat: tuple[int, int, int, int] | None = None
         self.tracked: tuple[str, ...] | None = None
 
 
@@ -138,7 +131,7 @@ class FlashInferAdapter(Adapter):
         from cacheaudit.runtimes._ninja.build import BUILD_FILE, build_path, read_build_file
 
         path = os.path.join(build_dir, BUILD_FILE)
-        stat = _stat_key(path)
+        stat = path_stat_key(path)
         if stat is None:
             return None
         parsed = self._parsed.get(build_dir)
@@ -155,7 +148,7 @@ class FlashInferAdapter(Adapter):
         from cacheaudit.graph import NinjaDepsLogError
         from cacheaudit.runtimes._ninja.build import read_deps_log, tracked_paths
 
-        stat = _stat_key(os.path.join(build_dir, ".ninja_deps"))
+        stat = path_stat_key(os.path.join(build_dir, ".ninja_deps"))
         if parsed.tracked is not None and parsed.deps_stat == stat:
             return parsed.tracked
         try:
@@ -212,9 +205,9 @@ class FlashInferAdapter(Adapter):
         # Outputs of the build.ninja there before the call; the build rewrites it only when its
         # text changed, and an output it adds is new anyway.
         parsed = self._build_file(build_dir)
-        call.before = {path: _stat_key(path) for path in (parsed.outputs if parsed else ())}
+        call.before = {path: path_stat_key(path) for path in (parsed.outputs if parsed else ())}
         library = os.path.join(build_dir, f"{call.name}.so")
-        call.before.setdefault(library, _stat_key(library))
+        call.before.setdefault(library, path_stat_key(library))
         self._take_launcher(call)
         return call
 
@@ -284,7 +277,7 @@ class FlashInferAdapter(Adapter):
         if parsed is None:
             return
         written = sorted(path for path in set(call.before) | set(parsed.outputs)
-                         if _stat_key(path) != call.before.get(path))
+                         if path_stat_key(path) != call.before.get(path))
         if error is None and not written:
             self._record_build(call, parsed, "disk-hit", written, None)
         else:

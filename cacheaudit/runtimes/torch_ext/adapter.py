@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cacheaudit.adapter import Adapter, Switch
+from cacheaudit.digest import path_stat_key
 
 if TYPE_CHECKING:
     import inspect
@@ -186,7 +187,7 @@ class _Call:
         self.started_ns = started_ns
         self.ninja = False
         self.build: BuildFile | None = None
-        self.before: dict[str, tuple[int, int, int] | None] = {}
+        self.before: dict[str, tuple[int, int, int, int] | None] = {}
         self.dry: DryRun | None = None
         self.passes: list[_Pass] = []
         self.scheduler: _Passes | None = None
@@ -212,14 +213,6 @@ class _Seen:
         self.failed = failed
         self.hit_signature: tuple[tuple[str, str | None], ...] | None = None
         self.hits_not_recorded = 0
-
-
-def _stat_key(path: str) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 # ------------------------------------------------------------------------------ the adapter
@@ -327,7 +320,7 @@ class TorchExtAdapter(Adapter):
 
         call.ninja = True
         build = call.build = read_build_file(os.path.join(call.build_dir, BUILD_FILE))
-        call.before = {o: _stat_key(os.path.join(call.build_dir, o))
+        call.before = {o: path_stat_key(os.path.join(call.build_dir, o))
                        for e in build.edges for o in e.outputs}
         call.dry = ninja_dry_run(call.build_dir)
         if call.dry.error:
@@ -441,7 +434,7 @@ class TorchExtAdapter(Adapter):
         if build is None:
             return
         changed = [o for o in call.before
-                   if _stat_key(os.path.join(call.build_dir, o)) != call.before[o]]
+                   if path_stat_key(os.path.join(call.build_dir, o)) != call.before[o]]
         dry = call.dry
         if dry is not None and dry.work is False and changed:
             call.notes.append(f"ninja wrote {', '.join(changed)} although its dry run found "
