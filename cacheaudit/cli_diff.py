@@ -22,33 +22,33 @@ DiffFormatOption = Annotated[str | None, typer.Option(
 
 
 def diff(
-    a: Annotated[str | None, typer.Argument(
-        metavar="A", help="A ledger file, a run id in --ledger (or its prefix), or a snapshot "
-        "taken with --json.", show_default=False)] = None,
-    b: Annotated[str | None, typer.Argument(
-        metavar="B", help="The same kind as A (a ledger or a run id; a snapshot with a "
-        "snapshot).", show_default=False)] = None,
+    targets: Annotated[list[str] | None, typer.Argument(
+        metavar="A B", help="Two things to compare: ledger files, run ids in --ledger (or "
+        "their prefixes), or snapshots taken with --json. With --by-host: a combined ledger, "
+        "or the hosts' own ledgers (files, or directories of them), read in place.",
+        show_default=False)] = None,
     by_host: Annotated[bool, typer.Option(
-        "--by-host", help="Compare the hosts of one combined ledger (A, else --ledger): the "
-        "kernels whose binary or inputs differ between hosts for the same key.")] = False,
+        "--by-host", help="Compare the hosts of a fleet: the kernels whose binary or inputs "
+        "differ between hosts for the same key. One combined ledger (`cacheaudit combine`; "
+        "else --ledger), or each host's ledger, without combining them first.")] = False,
     output_format: DiffFormatOption = None,
     json_output: JsonOption = False,
     ledger: LedgerOption = None,
 ) -> None:
     """What differs between two runs or ledgers, kernel by kernel (the first kernel whose
-    binary or inputs differ, and why), between the hosts of a combined ledger (--by-host), or
-    between two snapshots (environments). Exit 0 when identical, 1 when runs, ledgers or hosts
+    binary or inputs differ, and why), between the hosts of a fleet (--by-host), or between
+    two snapshots (environments). Exit 0 when identical, 1 when runs, ledgers or hosts
     differ."""
     chosen = diff_format(output_format, json_output)
+    given = list(targets or [])
     if by_host:
-        checks.refuse_conflicts((b is not None, f"--by-host compares the hosts of one ledger: "
-                                                f"give one ledger, not {a} and {b}"))
-        status = diff_hosts(a, ledger, chosen)
+        status = diff_hosts(given, ledger, chosen)
     else:
-        if a is None or b is None:
+        if len(given) != 2:
             raise UsageError("diff needs two things to compare: A and B (ledgers, run ids or "
-                             "snapshots), or --by-host")
-        status = diff_two(a, b, ledger, chosen, sys.stdout)
+                             "snapshots), or --by-host" + (f"; {len(given)} were given"
+                                                           if given else ""))
+        status = diff_two(given[0], given[1], ledger, chosen, sys.stdout)
     if status:
         raise typer.Exit(status)
 
@@ -134,29 +134,51 @@ def diff_two(a: str, b: str, ledger: os.PathLike[str] | None, chosen: str,
     return ExitCode.CLEAN if found.same else ExitCode.FINDINGS
 
 
-def diff_hosts(a: str | None, ledger: os.PathLike[str] | None, chosen: str) -> int:
+def diff_hosts(given: list[str], ledger: os.PathLike[str] | None, chosen: str) -> int:
     from cacheaudit import render_diff
     from cacheaudit.audit.diff_hosts import diff_by_host
     from cacheaudit.documents import host_diff_json
 
-    if a is not None:
-        if kind_of(a) != "ledger":
-            raise UsageError(f"{a}: not a ledger; --by-host compares the hosts of a combined "
-                             "ledger (`cacheaudit combine`)")
-        location = a
-    else:
-        location = shared.ledger_location(ledger)
-        if not os.path.exists(location):
-            raise UsageError(f"no ledger at {location}: combine the hosts' ledgers first "
-                             "(`cacheaudit combine`), or give one")
-    with _open(location) as opened:
-        found = diff_by_host(opened)
+    found = diff_by_host(fleet_ledgers(given, ledger))
+    if not found.ledgers:
+        raise UsageError("no ledger could be read: " + "; ".join(found.skipped))
     text = {"json": lambda: host_diff_json(found) + "\n",
             "table": lambda: render_diff.host_table(found),
             "concise": lambda: render_diff.host_concise(found),
             "markdown": lambda: render_diff.host_markdown(found)}[chosen]()
     sys.stdout.write(text)
+    if found.skipped:
+        # The hosts of an unreadable ledger went uncompared: never an all-clear.
+        for skipped in found.skipped:
+            print(f"cacheaudit: not compared: {skipped}", file=sys.stderr)
+        return ExitCode.USAGE
     return ExitCode.CLEAN if found.same else ExitCode.FINDINGS
+
+
+def fleet_ledgers(given: list[str], ledger: os.PathLike[str] | None) -> list[str]:
+    """The ledgers `--by-host` reads: each file given, every ledger file in each directory
+    given (by name, sorted), else the one at --ledger or the default location."""
+    if not given:
+        location = shared.ledger_location(ledger)
+        if not os.path.exists(location):
+            raise UsageError(f"no ledger at {location}: give the hosts' ledgers, or combine "
+                             "them first (`cacheaudit combine`)")
+        return [location]
+    found: list[str] = []
+    for argument in given:
+        if os.path.isdir(argument):
+            inside = sorted(os.path.join(argument, name) for name in os.listdir(argument)
+                            if name.endswith(LEDGER_SUFFIXES))
+            if not inside:
+                raise UsageError(f"{argument}: a directory with no ledger in it (files named "
+                                 f"{', '.join('*' + s for s in LEDGER_SUFFIXES)})")
+            found += inside
+        elif kind_of(argument) != "ledger":
+            raise UsageError(f"{argument}: not a ledger; --by-host compares the hosts of "
+                             "ledgers (each host's, or one `cacheaudit combine` made)")
+        else:
+            found.append(argument)
+    return found
 
 
 def _snapshots(a: str, b: str, chosen: str, out: IO[str]) -> int:

@@ -333,7 +333,8 @@ def run_diff_json(found: Any) -> str:
 def host_diff_json(found: Any) -> str:
     """`diff --by-host --json` (`audit.diff_hosts.FleetDiff`)."""
     return contract.dumps(contract.document("host-diff", "diff", {
-        "ledger": found.ledger, "same": found.same, "hosts": found.hosts,
+        "ledger": found.ledger, "ledgers": found.ledgers, "skipped": found.skipped,
+        "same": found.same, "hosts": found.hosts,
         "totals": {"hosts": len(found.hosts), "kernels": found.kernels,
                    "compiles": found.compiles, "differing": len(found.differing)},
         "odd_hosts": [{"host": host, "kernels": count}

@@ -50,18 +50,22 @@ def as_host(name: str) -> list[str]:
 
 def _fleet(shim: ShimEnv, tmp_path: Path, compiler: str, odd_env: dict[str, str]
            ) -> tuple[Job, Path, dict[str, dict[str, str]]]:
+    """The job run on each host into the host's own ledger (`tmp_path/hosts/<host>.db`, kept),
+    and those ledgers combined into `tmp_path/combined.db`."""
     job = Job(tmp_path / "job", compiler)
     job.setup()
     digests = {}
     ledgers = []
+    (tmp_path / "hosts").mkdir()
     for host in HOSTS:
-        ledger = tmp_path / f"{host}.db"
+        ledger = tmp_path / "hosts" / f"{host}.db"
         env_for = {"k2": odd_env} if host == ODD else {}
         digests[host] = job.run(shim, f"{host}-job", ledger=ledger, env_for=env_for,
                                 prefix=as_host(host))
         ledgers.append(str(ledger))
     combined = tmp_path / "combined.db"
-    done = cacheaudit(shim.env, "combine", *ledgers, "--ledger", str(combined), cwd=tmp_path)
+    done = cacheaudit(shim.env, "combine", *ledgers, "--ledger", str(combined), "--keep",
+                      cwd=tmp_path)
     assert done.returncode == 0, done.stderr.decode()
     return job, combined, digests
 
@@ -77,6 +81,18 @@ def _odd_kernel(document: dict[str, Any]) -> dict[str, Any]:
     [odd] = kernel["odd"]
     assert (odd["a"]["host"], odd["b"]["host"]) == ("node-a", ODD)
     return kernel
+
+
+def _same_in_place(env: dict[str, str], tmp_path: Path, combined_document: dict[str, Any],
+                   *arguments: str) -> None:
+    """The hosts' own ledgers, read in place (no combine), give the combined ledger's answer:
+    the same hosts, kernels, groups, odd ones out and explanations; only the ledgers differ."""
+    status, document = diff_json(env, "--by-host", *arguments, cwd=tmp_path, kind="host-diff")
+    assert status == (ExitCode.CLEAN if combined_document["same"] else ExitCode.FINDINGS)
+    assert document["ledgers"] == [str(tmp_path / "hosts" / f"{h}.db") for h in HOSTS]
+    assert combined_document["ledgers"] == [str(tmp_path / "combined.db")]
+    for field in ("same", "hosts", "totals", "odd_hosts", "kernels"):
+        assert document[field] == combined_document[field], field
 
 
 def _real(path: str) -> tuple[str, str]:
@@ -109,6 +125,7 @@ def test_one_host_with_another_host_compiler_behind_nvcc_is_the_odd_one_out(
     assert changes["host path"][1] == str(other / "gcc")
     assert "path" not in changes and "digest" not in changes, "nvcc itself is the same"
     assert {"subject": "NVCC_CCBIN", "a": None, "b": str(other)} in odd["environment"]
+    _same_in_place(shim_env.env, tmp_path, document, str(tmp_path / "hosts"))
 
     table = cacheaudit(shim_env.env, "diff", "--by-host", "--ledger", str(combined),
                        cwd=tmp_path)
@@ -141,6 +158,8 @@ def test_one_host_whose_gxx_is_another_binary_is_named_with_both_identities(
     assert changes["resolved"] == (usual_path, gcc)
     assert changes["digest"] == (usual_digest, content_digest(Path(gcc).read_bytes()))
     assert changes["path"][1] == str(other / "g++")
+    _same_in_place(shim_env.env, tmp_path, document,
+                   *(str(tmp_path / "hosts" / f"{h}.db") for h in HOSTS))
     concise = cacheaudit(shim_env.env, "diff", "--by-host", str(combined), "--format",
                          "concise", cwd=tmp_path).stdout.decode()
     assert concise.splitlines()[0].startswith(f"k2: compiler, environment: odd {ODD}: ")
@@ -161,20 +180,47 @@ def test_hosts_that_agree_exit_zero_and_list_nothing(shim_env: ShimEnv, tmp_path
     assert status == ExitCode.CLEAN
     assert document["same"] is True and document["kernels"] == []
     assert document["totals"] == {"hosts": 3, "kernels": 3, "compiles": 9, "differing": 0}
+    _same_in_place(shim_env.env, tmp_path, document, str(tmp_path / "hosts"))
     table = cacheaudit(shim_env.env, "diff", "--by-host", str(combined), cwd=tmp_path)
     assert table.returncode == ExitCode.CLEAN
     assert table.stdout.decode().splitlines()[-1] == "no differences between hosts"
 
 
-def test_by_host_refuses_two_arguments_and_a_missing_ledger(tmp_path: Path):
+def test_by_host_refuses_what_is_not_a_ledger_and_a_missing_ledger(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEAUDIT")}
     env["CACHEAUDIT_LEDGER"] = str(tmp_path / "none.db")
-    two = cacheaudit(env, "diff", "--by-host", "a", "b", cwd=tmp_path)
+    (tmp_path / "empty").mkdir()
+    not_ledger = cacheaudit(env, "diff", "--by-host", "a", "b", cwd=tmp_path)
     missing = cacheaudit(env, "diff", "--by-host", cwd=tmp_path)
-    for done, expected in ((two, "--by-host compares the hosts of one ledger"),
-                           (missing, f"no ledger at {tmp_path / 'none.db'}")):
+    empty = cacheaudit(env, "diff", "--by-host", str(tmp_path / "empty"), cwd=tmp_path)
+    for done, expected in ((not_ledger, "a: not a ledger"),
+                           (missing, f"no ledger at {tmp_path / 'none.db'}"),
+                           (empty, f"{tmp_path / 'empty'}: a directory with no ledger in it")):
         assert done.returncode == ExitCode.USAGE
         assert len(done.stderr.decode().splitlines()) == 1 and expected in done.stderr.decode()
+
+
+@needs_hosts
+@needs_gxx
+def test_an_unreadable_host_ledger_is_named_and_never_reads_as_all_clear(
+        shim_env: ShimEnv, tmp_path: Path):
+    _job, _combined, _digests = _fleet(shim_env, tmp_path, "g++", {})
+    damaged = tmp_path / "hosts" / "node-d.db"
+    damaged.write_bytes(b"SQLite format 3\x00" + b"\xff" * 4000)
+    status, document = diff_json(shim_env.env, "--by-host", str(tmp_path / "hosts"),
+                                 cwd=tmp_path, kind="host-diff", exits=(ExitCode.USAGE,))
+    # The three readable hosts agree; the fourth went uncompared, so the exit is not 0.
+    assert status == ExitCode.USAGE
+    assert document["hosts"] == list(HOSTS) and document["same"] is True
+    assert [s.split(":")[0] for s in document["skipped"]] == [str(damaged)]
+    done = cacheaudit(shim_env.env, "diff", "--by-host", str(tmp_path / "hosts"), cwd=tmp_path)
+    assert done.returncode == ExitCode.USAGE
+    assert done.stderr.decode().splitlines() == [
+        line for line in done.stderr.decode().splitlines() if str(damaged) in line]
+    alone = cacheaudit(shim_env.env, "diff", "--by-host", str(damaged), cwd=tmp_path)
+    assert alone.returncode == ExitCode.USAGE
+    assert len(alone.stderr.decode().splitlines()) == 1
+    assert f"no ledger could be read: {damaged}" in alone.stderr.decode()
 
 
 __all__ = ["NVCC"]

@@ -2,25 +2,23 @@
 differ between hosts for the same key, the hosts grouped by what they agree on, the odd ones
 out named, and what makes them odd (the compiler, host compiler, options, variables, inputs).
 
-The comparison runs over content classes (`diff_queries.host_compiles`), one compact row per
-compile, so that a fleet of a thousand hosts and ten million records is a few set-wise queries
-and one pass; only the kernels that differ are read back as records, to say how.
+The comparison runs over content classes (`diff_fleet.FleetReader`), folded per kernel while
+the compiles are read, from one combined ledger or from each host's ledger in place, so that a
+fleet of a thousand hosts and ten million records is one upsert a compile; only the kernels
+that differ are read back as records, to say how.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from cacheaudit.audit.diff import KernelDiff, compare_pair
-from cacheaudit.audit.diff_queries import (
-    SIGNATURE_PARTS,
-    HostCompile,
-    content_classes,
-    host_compiles,
-)
+from cacheaudit.audit.diff_fleet import SIGNATURE_PARTS, FleetReader, HostCompile, Identity
 from cacheaudit.ledger import Ledger
+from cacheaudit.ledger.spool import open_ledger
 
 PARTS = SIGNATURE_PARTS
 """What a host's compile of a kernel is compared on."""
@@ -32,6 +30,7 @@ class HostGroup:
 
     hosts: list[str]
     record_uuid: str  # one compile of the group, to read back
+    source: str = ""  # the ledger that holds it
 
 
 @dataclass
@@ -53,11 +52,13 @@ class HostKernel:
 
 @dataclass
 class FleetDiff:
-    ledger: str
+    ledger: str  # the first ledger read (the combined one, when one is given)
     hosts: list[str]
     kernels: int  # identities compared (compiled on two hosts or more)
     compiles: int
     differing: list[HostKernel]
+    ledgers: list[str] = field(default_factory=list)  # every ledger read
+    skipped: list[str] = field(default_factory=list)  # "path: why" of each that could not be
 
     @property
     def same(self) -> bool:
@@ -73,16 +74,17 @@ def _group(compiles: Iterable[HostCompile]) -> tuple[list[HostGroup], list[str]]
     """Hosts grouped by signature, largest group first (ties by first host name), and the parts
     that differ between the groups; None when every host agrees or one host built it. A host
     that built the kernel twice differently counts in both groups."""
-    by_signature: dict[tuple[int, ...], dict[str, str]] = {}
+    by_signature: dict[tuple[int, ...], dict[str, HostCompile]] = {}
     hosts: set[str] = set()
     for compile_ in compiles:
-        by_signature.setdefault(compile_.signature, {}).setdefault(compile_.host,
-                                                                   compile_.record_uuid)
+        by_signature.setdefault(compile_.signature, {}).setdefault(compile_.host, compile_)
         hosts.add(compile_.host)
     if len(by_signature) < 2 or len(hosts) < 2:
         return None
-    groups = [HostGroup(sorted(members), members[min(members)])
-              for members in by_signature.values()]
+    groups = []
+    for members in by_signature.values():
+        first = members[min(members)]
+        groups.append(HostGroup(sorted(members), first.record_uuid, first.source))
     groups.sort(key=lambda g: (-len(g.hosts), g.hosts[0]))
     signatures = list(by_signature)
     parts = [part for index, part in enumerate(PARTS)
@@ -90,46 +92,52 @@ def _group(compiles: Iterable[HostCompile]) -> tuple[list[HostGroup], list[str]]
     return groups, parts
 
 
-def _order(identity: tuple[str | None, ...]) -> tuple[tuple[bool, str], ...]:
+def _order(identity: Identity) -> tuple[tuple[bool, str], ...]:
     return tuple((value is not None, value or "") for value in identity)
 
 
-def diff_by_host(ledger: Ledger, *, explain: int = 50) -> FleetDiff:
-    """Every kernel compiled on two hosts or more, grouped by host; the first `explain`
-    differing kernels are read back and compared record against record (how they differ).
+def diff_by_host(sources: Ledger | Sequence[str], *, explain: int = 50) -> FleetDiff:
+    """Every kernel compiled on two hosts or more, grouped by host, over one combined ledger
+    or the hosts' own ledgers read in place; the first `explain` differing kernels are read
+    back and compared record against record (how they differ).
 
-    Two passes: the first reads every compile once, in the table's order, and keeps per kernel
-    only its first host, whether another host built it, and its distinct signatures (one, on
-    a fleet that agrees); the second reads the compiles of the differing kernels alone, by
-    the kernel index, and groups their hosts."""
-    classes = content_classes(ledger)
-    hosts: set[str] = set()
-    compiles = 0
-    seen: dict[tuple[str | None, ...], list] = {}  # identity -> [first host, many, signatures]
-    for compile_ in host_compiles(ledger, classes):
-        compiles += 1
-        hosts.add(compile_.host)
-        kernel = seen.get(compile_.identity)
-        if kernel is None:
-            seen[compile_.identity] = [compile_.host, False, {compile_.signature}]
-            continue
-        if not kernel[1] and compile_.host != kernel[0]:
-            kernel[1] = True
-        kernel[2].add(compile_.signature)
-    shared = [identity for identity, (_host, many, _sigs) in seen.items() if many]
+    Two passes (`FleetReader`): the first folds every compile into its kernel's signatures,
+    the second reads back the compiles of the kernels whose hosts disagree, and groups their
+    hosts. A ledger that cannot be read is skipped and named (`FleetDiff.skipped`)."""
+    paths = [sources.path] if isinstance(sources, Ledger) else [os.fspath(s) for s in sources]
+    with FleetReader(paths) as reader:
+        read = reader.read()
+        shared = [identity for identity, kernel in read.kernels.items() if kernel.many_hosts]
+        candidates = sorted((i for i in shared if len(read.kernels[i].signatures) > 1),
+                            key=_order)
+        compiles: dict[Identity, list[HostCompile]] = {}
+        for compile_ in reader.compiles_of(candidates):
+            compiles.setdefault(compile_.identity, []).append(compile_)
     differing: list[HostKernel] = []
-    for identity in sorted((i for i in shared if len(seen[i][2]) > 1), key=_order):
-        found = _group(host_compiles(ledger, classes, identity))  # type: ignore[arg-type]
+    for identity in candidates:
+        found = _group(compiles.get(identity, []))
         if found is not None:
             differing.append(HostKernel(*identity, groups=found[0], parts=found[1]))
-    _explain(ledger, differing[:explain])
-    return FleetDiff(ledger.path, sorted(hosts), len(shared), compiles, differing)
+    _explain(sources if isinstance(sources, Ledger) else None, differing[:explain])
+    first = read.sources[0] if read.sources else (paths[0] if paths else "")
+    return FleetDiff(first, sorted(read.hosts), len(shared), read.compiles, differing,
+                     read.sources, read.skipped)
 
 
-def _explain(ledger: Ledger, kernels: list[HostKernel]) -> None:
-    """Each odd group's compile compared with the majority's: what makes the odd ones odd."""
-    wanted = {g.record_uuid for kernel in kernels for g in kernel.groups}
-    records = ledger.records_by_uuid(wanted)
+def _explain(ledger: Ledger | None, kernels: list[HostKernel]) -> None:
+    """Each odd group's compile compared with the majority's: what makes the odd ones odd.
+    The records are read from the ledger that holds each (`ledger`, when it is the one)."""
+    wanted: dict[str, set[str]] = {}
+    for kernel in kernels:
+        for group in kernel.groups:
+            wanted.setdefault(group.source, set()).add(group.record_uuid)
+    records = {}
+    for source, uuids in wanted.items():
+        if ledger is not None and os.path.abspath(ledger.path) == source:
+            records.update(ledger.records_by_uuid(uuids))
+            continue
+        with open_ledger(source, create=False) as opened:
+            records.update(opened.records_by_uuid(uuids))
     for kernel in kernels:
         majority = records.get(kernel.groups[0].record_uuid)
         for group in kernel.groups[1:]:
