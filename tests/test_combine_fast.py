@@ -183,6 +183,21 @@ def test_set_wise_combine_of_three_ledgers_stores_what_the_per_record_one_does(
     with Ledger.open(new) as ledger:
         assert ledger.integrity_check() == "ok"
         assert _record_indexes(ledger) == indexes_before, "a records index is missing"
+    # Paths and states as the per-record path interns them: those the records, new graphs and
+    # seen states name, none besides.
+    assert _interned(new) == _interned(old)
+
+
+def _interned(path: str) -> tuple[set[str], set[tuple[object, ...]]]:
+    conn = sqlite3.connect(path)
+    try:
+        paths = {p for (p,) in conn.execute("SELECT path FROM files")}
+        states = set(conn.execute(
+            "SELECT f.path, s.present, s.size, s.mtime_ns, s.digest, s.settled FROM file_states"
+            " s JOIN files f ON f.id = s.file_id"))
+        return paths, states
+    finally:
+        conn.close()
 
 
 def test_a_combine_killed_with_the_indexes_dropped_is_mended_by_the_next(tmp_path):

@@ -16,11 +16,11 @@ with the combining process's setting: the same text for a ledger recorded with r
 redaction would change a command line, a note or a message (`needs_redaction`) is left to the
 per-record path, so that combine never stores a credential the per-record path would not.
 
-What differs stays out of the read API's sight: paths and file states of the source that
-nothing it copies refers to are copied too (the per-record path interns only those its records,
-graphs and seen states name), and a value too deep to read (`bounded`) is copied as it is,
-where the per-record path stores what its reader made of it (left out, with a note); both
-read back the same.
+Paths and file states are copied as the per-record path interns them: those that the new
+graphs, the records and the seen states name (a graph the target already has brings nothing).
+What differs stays out of the read API's sight: a value too deep to read (`bounded`) is copied
+as it is, where the per-record path stores what its reader made of it (left out, with a note);
+both read back the same.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ _FINDING_COLUMNS = ("audit_uuid", "found_ns", "code", "severity", "subject", "me
 _FINDING_KEY = ("audit_uuid", "code", "subject", "record_uuid", "entry", "message")
 """What makes a finding already present (`combine._copy_findings_and_roots`'s test)."""
 
-_MAPS = ("file", "state", "blob", "compiler", "graph", "run")
+_MAPS = ("file", "state", "blob", "compiler", "graph", "run", "needed_state", "needed_file")
 
 
 def copy_ledger(conn: sqlite3.Connection, source_path: str) -> int:
@@ -197,22 +197,6 @@ def _map_table(conn: sqlite3.Connection, name: str) -> str:
 
 def _copy(conn: sqlite3.Connection) -> int:
     s = SOURCE
-    files = _map_table(conn, "file")
-    conn.execute(f"INSERT INTO main.files (path) SELECT path FROM {s}.files WHERE true"
-                 " ON CONFLICT DO NOTHING")
-    conn.execute(f"INSERT INTO {files} (old, new) SELECT o.id, m.id FROM {s}.files o"
-                 " JOIN main.files m ON m.path = o.path")
-
-    states = _map_table(conn, "state")
-    key = ", ".join(_STATE_KEY)
-    conn.execute(f"INSERT INTO main.file_states (file_id, {key}) SELECT f.new,"
-                 f" {', '.join('o.' + c for c in _STATE_KEY)} FROM {s}.file_states o"
-                 f" JOIN {files} f ON f.old = o.file_id WHERE true ON CONFLICT DO NOTHING")
-    conn.execute(f"INSERT INTO {states} (old, new) SELECT o.id, m.id FROM {s}.file_states o"
-                 f" JOIN {files} f ON f.old = o.file_id JOIN main.file_states m"
-                 " ON m.file_id = f.new AND "
-                 + " AND ".join(f"m.{c} = o.{c}" for c in _STATE_KEY))
-
     blobs = _map_table(conn, "blob")
     conn.execute(f"INSERT INTO main.blobs (digest, body) SELECT digest, body FROM {s}.blobs"
                  " WHERE true ON CONFLICT DO NOTHING")
@@ -223,19 +207,60 @@ def _copy(conn: sqlite3.Connection) -> int:
     _copy_compilers(conn, compilers)
 
     graphs = _map_table(conn, "graph")
-    # Only a graph the target lacks brings its members: one it has (same digest) is the same.
+    # Graphs first: one the target has (same digest) is the same, members and all, so only
+    # the new graphs' members, and the files and states records and seen states name
+    # directly, are looked up and copied. A fleet's hosts share nearly every graph: most of
+    # a host's paths and states are never touched.
+    conn.execute(f"INSERT INTO {graphs} (old, new) SELECT o.id, m.id FROM {s}.graphs o"
+                 " JOIN main.graphs m ON m.digest = o.digest")
     conn.execute("DROP TABLE IF EXISTS temp.combine_new_graphs")
     conn.execute("CREATE TABLE temp.combine_new_graphs (old INTEGER PRIMARY KEY)")
     conn.execute(f"INSERT INTO temp.combine_new_graphs (old) SELECT o.id FROM {s}.graphs o"
-                 " WHERE NOT EXISTS (SELECT 1 FROM main.graphs m WHERE m.digest = o.digest)")
+                 f" WHERE o.id NOT IN (SELECT old FROM {graphs})")
     conn.execute(f"INSERT INTO main.graphs (digest, method, file_count) SELECT o.digest,"
                  f" o.method, o.file_count FROM {s}.graphs o JOIN temp.combine_new_graphs n"
                  " ON n.old = o.id WHERE true ON CONFLICT DO NOTHING")
     conn.execute(f"INSERT INTO {graphs} (old, new) SELECT o.id, m.id FROM {s}.graphs o"
+                 " JOIN temp.combine_new_graphs n ON n.old = o.id"
                  " JOIN main.graphs m ON m.digest = o.digest")
+
+    needed_states = _map_table(conn, "needed_state")
+    # CROSS JOIN: from the new graphs (none, from a fleet's second host on) to their members,
+    # never the other way round through every member of the source.
+    conn.execute(f"INSERT OR IGNORE INTO {needed_states} (old, new) SELECT o.state_id, 0"
+                 f" FROM temp.combine_new_graphs n CROSS JOIN {s}.graph_files o"
+                 f" ON o.graph_id = n.old UNION SELECT state_id, 0 FROM {s}.seen_states")
+    needed_files = _map_table(conn, "needed_file")
+    conn.execute(
+        f"INSERT OR IGNORE INTO {needed_files} (old, new) SELECT x.file_id, 0"
+        f" FROM {s}.file_states x JOIN {needed_states} n ON n.old = x.id"
+        " UNION SELECT o.written_id, 0 FROM temp.combine_new_graphs n"
+        f" CROSS JOIN {s}.graph_files o ON o.graph_id = n.old"
+        f" UNION SELECT entry_id, 0 FROM {s}.records WHERE entry_id IS NOT NULL"
+        f" UNION SELECT cwd_id, 0 FROM {s}.records WHERE cwd_id IS NOT NULL"
+        f" UNION SELECT file_id, 0 FROM {s}.seen_states")
+
+    files = _map_table(conn, "file")
+    conn.execute(f"INSERT INTO main.files (path) SELECT o.path FROM {s}.files o"
+                 f" JOIN {needed_files} n ON n.old = o.id WHERE true ON CONFLICT DO NOTHING")
+    conn.execute(f"INSERT INTO {files} (old, new) SELECT o.id, m.id FROM {s}.files o"
+                 f" JOIN {needed_files} n ON n.old = o.id JOIN main.files m ON m.path = o.path")
+
+    states = _map_table(conn, "state")
+    key = ", ".join(_STATE_KEY)
+    conn.execute(f"INSERT INTO main.file_states (file_id, {key}) SELECT f.new,"
+                 f" {', '.join('o.' + c for c in _STATE_KEY)} FROM {s}.file_states o"
+                 f" JOIN {needed_states} n ON n.old = o.id"
+                 f" JOIN {files} f ON f.old = o.file_id WHERE true ON CONFLICT DO NOTHING")
+    conn.execute(f"INSERT INTO {states} (old, new) SELECT o.id, m.id FROM {s}.file_states o"
+                 f" JOIN {needed_states} n ON n.old = o.id"
+                 f" JOIN {files} f ON f.old = o.file_id JOIN main.file_states m"
+                 " ON m.file_id = f.new AND "
+                 + " AND ".join(f"m.{c} = o.{c}" for c in _STATE_KEY))
+
     conn.execute(f"INSERT INTO main.graph_files (graph_id, position, state_id, written_id)"
-                 f" SELECT g.new, o.position, st.new, w.new FROM {s}.graph_files o"
-                 " JOIN temp.combine_new_graphs n ON n.old = o.graph_id"
+                 " SELECT g.new, o.position, st.new, w.new FROM temp.combine_new_graphs n"
+                 f" CROSS JOIN {s}.graph_files o ON o.graph_id = n.old"
                  f" JOIN {graphs} g ON g.old = o.graph_id JOIN {states} st ON st.old = o.state_id"
                  f" JOIN {files} w ON w.old = o.written_id WHERE true ON CONFLICT DO NOTHING")
 
