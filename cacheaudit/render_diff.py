@@ -5,7 +5,7 @@ its full length), names that are not UTF-8 shown with escapes (`render.printable
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from cacheaudit.render import count_text, printable
@@ -159,8 +159,19 @@ def _groups(kernel: HostKernel, limit: int = 8) -> list[str]:
     return lines
 
 
+def _read(fleet: FleetDiff, quote: Callable[[str], str] = str) -> list[str]:
+    """What was read: the ledger (or how many, the first and the last), and each one that
+    could not be, with why."""
+    if len(fleet.ledgers) > 1:
+        lines = [f"ledgers: {len(fleet.ledgers)}, {quote(fleet.ledgers[0])} to "
+                 f"{quote(fleet.ledgers[-1])}"]
+    else:
+        lines = [f"ledger: {quote(fleet.ledger)}"]
+    return lines + [f"not compared: {quote(skipped)}" for skipped in fleet.skipped]
+
+
 def host_table(fleet: FleetDiff) -> str:
-    lines = [f"ledger: {fleet.ledger}", _fleet_summary(fleet)]
+    lines = [*_read(fleet), _fleet_summary(fleet)]
     if fleet.same:
         lines.append("no differences between hosts")
         return printable("\n".join(lines) + "\n")
@@ -186,7 +197,8 @@ def host_concise(fleet: FleetDiff) -> str:
 
 
 def host_markdown(fleet: FleetDiff) -> str:
-    lines = ["## cacheaudit diff --by-host", "", f"- ledger: `{_md(fleet.ledger)}`",
+    lines = ["## cacheaudit diff --by-host", "",
+             *(f"- {line}" for line in _read(fleet, lambda text: f"`{_md(text)}`")),
              f"- {_fleet_summary(fleet)}", ""]
     if fleet.same:
         return "\n".join([*lines, "No differences between hosts.", ""])

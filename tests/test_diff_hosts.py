@@ -215,6 +215,10 @@ def test_an_unreadable_host_ledger_is_named_and_never_reads_as_all_clear(
     assert [s.split(":")[0] for s in document["skipped"]] == [str(damaged)]
     done = cacheaudit(shim_env.env, "diff", "--by-host", str(tmp_path / "hosts"), cwd=tmp_path)
     assert done.returncode == ExitCode.USAGE
+    hosts_dir = tmp_path / "hosts"
+    assert done.stdout.decode().splitlines()[:2] == [
+        f"ledgers: 3, {hosts_dir / 'node-a.db'} to {hosts_dir / 'node-c.db'}",
+        f"not compared: {document['skipped'][0]}"]
     assert done.stderr.decode().splitlines() == [
         line for line in done.stderr.decode().splitlines() if str(damaged) in line]
     alone = cacheaudit(shim_env.env, "diff", "--by-host", str(damaged), cwd=tmp_path)
