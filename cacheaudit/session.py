@@ -35,6 +35,7 @@ from cacheaudit.switches import (
     ACTIVE,
     ADAPTER_IMPORTS,
     LEDGER,
+    REDACT_ARGV,
     RUN_LABEL_VARIABLE,
     RUN_VARIABLE,
     SHIMS,
@@ -133,16 +134,15 @@ def _keep_argv_setting(child: dict[str, str]) -> None:
     CACHEAUDIT_REDACT_ARGV=0 (a variable the user set wins); a table that cannot be read
     leaves redaction on."""
     from cacheaudit.config import load_settings
-    from cacheaudit.ledger.redact import REDACT_ARGV_VARIABLE
 
-    if REDACT_ARGV_VARIABLE in child:
+    if REDACT_ARGV in child:
         return
     try:
         keep = not load_settings().redact_argv
     except Exception:  # noqa: BLE001 - fail open: redaction stays on
         return
     if keep:
-        child[REDACT_ARGV_VARIABLE] = "0"
+        child[REDACT_ARGV] = "0"
 
 
 def shared_shims(env: Mapping[str, str]) -> str | None:
