@@ -20,7 +20,7 @@ helpers go through sqlite-utils on the same connection.
 # `store` (the `Ledger`: opened, closed, all of the above), `spool` (records kept aside, atomic
 # and swept; the readers' way in), `combine`, `evictions`.
 
-import sys
+from cacheaudit.lazy import export_lazily
 
 # Annotations only: `typing` would cost every process that imports the package.
 TYPE_CHECKING = False
@@ -45,10 +45,10 @@ if TYPE_CHECKING:
         new_record_id,
     )
 
-# The public names, each imported from its module on first use (PEP 562): a process that needs
-# one value (a session: the redaction switch; the start-up hook: the spool's directory) does not
-# pay for `combine` and the SQL of a fleet, the readers and the writers.
-_HOMES = {
+# The public names, each imported from its module on first use: a process that needs one value
+# (the start-up hook: the spool's directory; the shim, before its dependency pass) does not pay
+# for `combine` and the SQL of a fleet, the readers and the writers.
+export_lazily(__name__, {
     "CombineResult": "combine", "combine": "combine",
     "APPLICATION_ID": "schema", "BUSY_TIMEOUT_S": "schema", "SCHEMA": "schema",
     "SCHEMA_VERSION": "schema",
@@ -58,36 +58,7 @@ _HOMES = {
     "Ledger": "store",
     "Attribution": "values", "RunInfo": "values", "TestWindow": "values",
     "default_ledger_path": "values", "new_record_id": "values",
-}
-
-
-def __getattr__(name: str) -> object:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    __import__(f"{__name__}.{home}")
-    value = getattr(sys.modules[f"{__name__}.{home}"], name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
-
-
-class _Package(type(sys)):  # type: ignore[misc]
-    """The package's module type: importing the submodule `combine` binds the package's
-    `combine` to the function, as the eager `from .combine import combine` did, not to the
-    module (the import system sets a submodule as its package's attribute after loading it)."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _HOMES and isinstance(value, type(sys)) and value.__name__ == (
-                f"{__name__}.{name}"):
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+})
 
 __all__ = [
     "APPLICATION_ID", "BUSY_TIMEOUT_S", "SCHEMA", "SCHEMA_VERSION", "Attribution", "CombineResult",
