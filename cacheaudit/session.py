@@ -19,7 +19,6 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from cacheaudit import scratch
 from cacheaudit.exceptions import UsageError
 from cacheaudit.shim import (
     MASQUERADE_NAMES,
@@ -112,6 +111,8 @@ def prepare(env: Mapping[str, str], *, ledger: str, label: str,
     if not (shims and os.path.isdir(shims)):
         shims = shared_shims(env)
         if shims is None:
+            from cacheaudit import scratch
+
             shims = scratch.make_directory("shims")
             install_masquerade(shims)
             owns = True

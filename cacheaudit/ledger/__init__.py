@@ -33,7 +33,6 @@ if TYPE_CHECKING:
         open_ledger,
         record_from_json,
         record_to_json,
-        spool_dir,
         spool_record,
     )
     from cacheaudit.ledger.store import Ledger
@@ -43,6 +42,7 @@ if TYPE_CHECKING:
         TestWindow,
         default_ledger_path,
         new_record_id,
+        spool_dir,
     )
 
 # The public names, each imported from its module on first use: a process that needs one value
@@ -53,11 +53,10 @@ export_lazily(__name__, {
     "APPLICATION_ID": "schema", "BUSY_TIMEOUT_S": "schema", "SCHEMA": "schema",
     "SCHEMA_VERSION": "schema",
     "ingest_spool": "spool", "open_existing": "spool", "open_ledger": "spool",
-    "record_from_json": "spool", "record_to_json": "spool", "spool_dir": "spool",
-    "spool_record": "spool",
+    "record_from_json": "spool", "record_to_json": "spool", "spool_record": "spool",
     "Ledger": "store",
     "Attribution": "values", "RunInfo": "values", "TestWindow": "values",
-    "default_ledger_path": "values", "new_record_id": "values",
+    "default_ledger_path": "values", "new_record_id": "values", "spool_dir": "values",
 })
 
 __all__ = [

@@ -33,6 +33,11 @@ COMPANION_SUFFIXES = ("-wal", "-shm", IDENTITY_MEMO_SUFFIX)
 in."""
 
 
+def spool_dir(ledger_path: str) -> str:
+    """Where records kept aside for the ledger at `ledger_path` wait (`cacheaudit.ledger.spool`)."""
+    return ledger_path + ".spool"
+
+
 class Attribution(NamedTuple):
     """What an audit learnt about a compile record: the entry it built, and so its runtime,
     kernel and key."""
