@@ -68,14 +68,14 @@ def plan_watch(ledger: Ledger | None, env: Mapping[str, str],
     """Every entry of the known roots and the directory of its binary, read by the layouts
     (stat-only where the ledger remembers the files). Never raises: a root that cannot be read
     is in `problems`."""
-    cache = StateCache()
-    if ledger is not None:
-        with contextlib.suppress(Exception):
-            cache.remember(ledger.seen_states())
     entries: dict[str, str] = {}
     binaries: dict[str, str] = {}
     problems: dict[str, str] = {}
     known = known_roots(ledger, env, roots)
+    cache = StateCache()
+    if ledger is not None and known:  # no root, no entry to read: the states are not needed
+        with contextlib.suppress(Exception):
+            cache.remember(ledger.seen_states())
     for root in known:
         for layout in layouts():
             try:
