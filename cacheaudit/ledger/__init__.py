@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     )
 
 # The public names, each imported from its module on first use: a process that needs one value
-# (the start-up hook: the spool's directory; the shim, before its dependency pass) does not pay
-# for `combine` and the SQL of a fleet, the readers and the writers.
+# (a session: the default place; the start-up hook: the spool's directory) does not pay for
+# `combine` and the SQL of a fleet, the readers and the writers.
 export_lazily(__name__, {
     "CombineResult": "combine", "combine": "combine",
     "APPLICATION_ID": "schema", "BUSY_TIMEOUT_S": "schema", "SCHEMA": "schema",
