@@ -81,11 +81,12 @@ def test_a_process_inside_a_session_imports_only_the_hooks_minimum(tmp_path: Pat
 OWN_SESSION_NEVER = ("cacheaudit.audit", "cacheaudit.ledger.store", "cacheaudit.ledger.spool",
                      "cacheaudit.ledger.combine", "cacheaudit.ledger.combine_sql",
                      "cacheaudit.scratch", "cacheaudit.recorder", "cacheaudit.compilers",
-                     "cacheaudit.runtimes.triton.policy", "tomllib", "sqlite3")
+                     "cacheaudit.runtimes.triton.policy", "cacheaudit.children", "subprocess",
+                     "tomllib", "sqlite3")
 """What a process that prepares its own session (`CACHEAUDIT=1`, no session above it) and
 compiles nothing never imports, from start-up to its exit audit, while no ledger file exists
 yet and no pyproject.toml is above it: the judge, the ledger's readers and writers, the shim's
-recorder, a runtime's policy, the TOML parser."""
+recorder, a runtime's policy, cacheaudit's child processes, the TOML parser."""
 
 
 def test_a_process_preparing_its_own_session_imports_no_judge_and_no_ledger(tmp_path: Path):
