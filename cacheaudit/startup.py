@@ -163,8 +163,8 @@ def _nothing_seen(observation: Observation) -> bool:
 
 def _recorded(prepared: Session) -> bool:
     """Whether anything of the run reached the ledger or its spool (cheap: no record is read
-    in full; no ledger module beyond its values where there is no ledger file)."""
-    from cacheaudit.ledger.values import spool_dir
+    in full; nothing of the ledger but its places where there is no ledger file)."""
+    from cacheaudit.ledger.places import spool_dir
 
     spool = spool_dir(prepared.ledger)
     if os.path.isdir(spool) and any(name.endswith(".json") for name in os.listdir(spool)):

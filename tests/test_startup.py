@@ -79,6 +79,7 @@ def test_a_process_inside_a_session_imports_only_the_hooks_minimum(tmp_path: Pat
 
 
 OWN_SESSION_NEVER = ("cacheaudit.audit", "cacheaudit.ledger.store", "cacheaudit.ledger.spool",
+                     "cacheaudit.ledger.values",
                      "cacheaudit.ledger.combine", "cacheaudit.ledger.combine_sql",
                      "cacheaudit.scratch", "cacheaudit.recorder", "cacheaudit.compilers",
                      "cacheaudit.runtimes.triton.policy", "cacheaudit.children", "subprocess",

@@ -11,14 +11,15 @@ sqlite-utils costs ~200 ms there (it probes for numpy). Schema creation, migrati
 helpers go through sqlite-utils on the same connection.
 """
 
-# The package, lowest first: `values` (runs, test windows, attributions, the default path),
-# `private` (0600 files in 0700 directories), `redact` (command lines as stored), `rows`
-# (values in, rows out by name, retries), `schema` (the SQL, its history, migrations, the
-# writers' and readers' patience), `opening` (writable or read-only connections), `connection`
-# (what a ledger's writes and reads share: its state, short write transactions), `writes`
-# (content-addressed interning, the write path), `reads` (rows back into records), `queries`,
-# `store` (the `Ledger`: opened, closed, all of the above), `spool` (records kept aside, atomic
-# and swept; the readers' way in), `combine`, `evictions`.
+# The package, lowest first: `places` (the default path, the spool's and the companions' names),
+# `values` (runs, test windows, attributions, record ids), `private` (0600 files in 0700
+# directories), `redact` (command lines as stored), `rows` (values in, rows out by name,
+# retries), `schema` (the SQL, its history, migrations, the writers' and readers' patience),
+# `opening` (writable or read-only connections), `connection` (what a ledger's writes and reads
+# share: its state, short write transactions), `writes` (content-addressed interning, the write
+# path), `reads` (rows back into records), `queries`, `store` (the `Ledger`: opened, closed, all
+# of the above), `spool` (records kept aside, atomic and swept; the readers' way in), `combine`,
+# `evictions`.
 
 from cacheaudit.lazy import export_lazily
 
@@ -26,6 +27,7 @@ from cacheaudit.lazy import export_lazily
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from cacheaudit.ledger.combine import CombineResult, combine
+    from cacheaudit.ledger.places import default_ledger_path, spool_dir
     from cacheaudit.ledger.schema import APPLICATION_ID, BUSY_TIMEOUT_S, SCHEMA, SCHEMA_VERSION
     from cacheaudit.ledger.spool import (
         ingest_spool,
@@ -40,9 +42,7 @@ if TYPE_CHECKING:
         Attribution,
         RunInfo,
         TestWindow,
-        default_ledger_path,
         new_record_id,
-        spool_dir,
     )
 
 # The public names, each imported from its module on first use: a process that needs one value
@@ -56,7 +56,7 @@ export_lazily(__name__, {
     "record_from_json": "spool", "record_to_json": "spool", "spool_record": "spool",
     "Ledger": "store",
     "Attribution": "values", "RunInfo": "values", "TestWindow": "values",
-    "default_ledger_path": "values", "new_record_id": "values", "spool_dir": "values",
+    "default_ledger_path": "places", "new_record_id": "values", "spool_dir": "places",
 })
 
 __all__ = [
