@@ -25,11 +25,6 @@ from typing import Any
 
 from cacheaudit.exceptions import ConfigError
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - 3.10
-    import tomli as tomllib
-
 FAIL_ON_CHOICES = ("error", "warning", "info", "never")
 
 
@@ -85,11 +80,13 @@ def resolve_path(value: str, base: str) -> str:
 def ledger_location(option: str | os.PathLike[str] | None, settings: Settings) -> str:
     """The ledger a command uses: `--ledger` (or CACHEAUDIT_LEDGER), else `[tool.cacheaudit]`
     ledger, else the default place."""
-    from cacheaudit.ledger import default_ledger_path
-
     if option:
         return os.path.abspath(os.path.expanduser(os.fspath(option)))
-    return settings.ledger or default_ledger_path()
+    if settings.ledger:
+        return settings.ledger
+    from cacheaudit.ledger import default_ledger_path
+
+    return default_ledger_path()
 
 
 def effective_fail_on(option: str | None, settings: Settings) -> str:
@@ -129,6 +126,12 @@ def load_settings(start: str | None = None) -> Settings:
             raw = handle.read()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from exc
+    # Imported only now: a process with no pyproject.toml above it (most of a session's) never
+    # parses TOML.
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - 3.10
+        import tomli as tomllib
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:

@@ -24,11 +24,12 @@ import pytest
 from cacheaudit.config import FAIL_ON_CHOICES
 
 if TYPE_CHECKING:
-    from cacheaudit.audit import RunReport, ScopeObserver
+    from cacheaudit.audit import RunReport
     from cacheaudit.ledger import Ledger, TestWindow
     from cacheaudit.model import CompileRecord, Finding
     from cacheaudit.render import Line
     from cacheaudit.session import Session
+    from cacheaudit.watch import ScopeObserver
 
 MARKER = "no_cacheaudit"
 _PLUGIN_NAME = "_cacheaudit_session"
@@ -163,7 +164,9 @@ class _Session:
             os.environ.update(self.session.env)
             self.ledger = self.session.ledger
             self.run_uuid = self.session.run_uuid
-        from cacheaudit.audit import ScopeObserver
+        # The observer alone, not the audit package: a session that records nothing and knows no
+        # cache root never imports the judge (`_finish`).
+        from cacheaudit.watch import ScopeObserver
 
         # The opens of every cache entry known at the start, watched until the end (in each
         # process that runs tests, for the fixture; the controller's serves the report).
@@ -232,7 +235,8 @@ class _Session:
             self.problem = f"{type(exc).__name__}: {exc}"
 
     def _finish(self, session: pytest.Session) -> None:
-        from cacheaudit.audit import audit_run, fails
+        from cacheaudit.audit.options import fails
+        from cacheaudit.audit.report import RunReport, nothing_to_audit
         from cacheaudit.ledger import Ledger, RunInfo, combine, open_ledger
         from cacheaudit.runtimes import flush_all
 
@@ -247,9 +251,15 @@ class _Session:
             combine(ledger, sorted(glob.glob(glob.escape(self.ledger) + ".gw*[0-9]")),
                     keep=False)
             ledger.add_tests(run, self.windows)
-            self.report = audit_run(ledger, self.run_uuid, os.environ,
-                                    started_ns=self.started_ns, roots=self.roots,
-                                    observation=observation)
+            if nothing_to_audit(ledger, self.run_uuid, os.environ, self.roots, observation):
+                # What `audit_run` reports of such a run, without importing the judge.
+                self.report = RunReport(self.run_uuid, [], [])
+            else:
+                from cacheaudit.audit import audit_run
+
+                self.report = audit_run(ledger, self.run_uuid, os.environ,
+                                        started_ns=self.started_ns, roots=self.roots,
+                                        observation=observation)
             if self.report.findings:
                 ledger.add_findings(self.report.findings)
         if fails(self.report.findings, self.fail_on):

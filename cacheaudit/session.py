@@ -19,7 +19,6 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from cacheaudit import scratch
 from cacheaudit.exceptions import UsageError
 from cacheaudit.shim import (
     MASQUERADE_NAMES,
@@ -35,6 +34,7 @@ from cacheaudit.switches import (
     ACTIVE,
     ADAPTER_IMPORTS,
     LEDGER,
+    REDACT_ARGV,
     RUN_LABEL_VARIABLE,
     RUN_VARIABLE,
     SHIMS,
@@ -111,6 +111,8 @@ def prepare(env: Mapping[str, str], *, ledger: str, label: str,
     if not (shims and os.path.isdir(shims)):
         shims = shared_shims(env)
         if shims is None:
+            from cacheaudit import scratch
+
             shims = scratch.make_directory("shims")
             install_masquerade(shims)
             owns = True
@@ -133,16 +135,15 @@ def _keep_argv_setting(child: dict[str, str]) -> None:
     CACHEAUDIT_REDACT_ARGV=0 (a variable the user set wins); a table that cannot be read
     leaves redaction on."""
     from cacheaudit.config import load_settings
-    from cacheaudit.ledger.redact import REDACT_ARGV_VARIABLE
 
-    if REDACT_ARGV_VARIABLE in child:
+    if REDACT_ARGV in child:
         return
     try:
         keep = not load_settings().redact_argv
     except Exception:  # noqa: BLE001 - fail open: redaction stays on
         return
     if keep:
-        child[REDACT_ARGV_VARIABLE] = "0"
+        child[REDACT_ARGV] = "0"
 
 
 def shared_shims(env: Mapping[str, str]) -> str | None:

@@ -163,12 +163,16 @@ def _nothing_seen(observation: Observation) -> bool:
 
 def _recorded(prepared: Session) -> bool:
     """Whether anything of the run reached the ledger or its spool (cheap: no record is read
-    in full)."""
-    from cacheaudit.ledger import open_existing, spool_dir
+    in full; nothing of the ledger but its places where there is no ledger file)."""
+    from cacheaudit.ledger.places import spool_dir
 
     spool = spool_dir(prepared.ledger)
     if os.path.isdir(spool) and any(name.endswith(".json") for name in os.listdir(spool)):
         return True
+    if not os.path.exists(prepared.ledger):  # `open_existing`'s own answer, before its import
+        return False
+    from cacheaudit.ledger import open_existing
+
     opened = open_existing(prepared.ledger)
     if opened is None:
         return False

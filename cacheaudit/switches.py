@@ -29,6 +29,8 @@ ADAPTER_IMPORTS = "CACHEAUDIT_ADAPTER_IMPORTS"
 adapters (`cacheaudit.runtimes.arming_names`), so that their start-up hook reads no spec."""
 RUN_VARIABLE = "CACHEAUDIT_RUN"
 RUN_LABEL_VARIABLE = "CACHEAUDIT_RUN_LABEL"
+REDACT_ARGV = "CACHEAUDIT_REDACT_ARGV"
+"""Set to 0 (or false, no, off) to store command lines verbatim (`cacheaudit.ledger.redact`)."""
 
 MARKER = ".cacheaudit-shim"
 """The file that marks a masquerade directory as ours (to every shim and `shim install`)."""

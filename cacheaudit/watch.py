@@ -14,13 +14,15 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cacheaudit.digest import StateCache
-from cacheaudit.ledger import Ledger, open_existing
 from cacheaudit.model import CacheEntry
 from cacheaudit.opens import ObservedOpens, OpenObserver
 from cacheaudit.runtimes import layouts
+
+if TYPE_CHECKING:
+    from cacheaudit.ledger import Ledger
 
 
 class Window(Protocol):
@@ -66,14 +68,14 @@ def plan_watch(ledger: Ledger | None, env: Mapping[str, str],
     """Every entry of the known roots and the directory of its binary, read by the layouts
     (stat-only where the ledger remembers the files). Never raises: a root that cannot be read
     is in `problems`."""
-    cache = StateCache()
-    if ledger is not None:
-        with contextlib.suppress(Exception):
-            cache.remember(ledger.seen_states())
     entries: dict[str, str] = {}
     binaries: dict[str, str] = {}
     problems: dict[str, str] = {}
     known = known_roots(ledger, env, roots)
+    cache = StateCache()
+    if ledger is not None and known:  # no root, no entry to read: the states are not needed
+        with contextlib.suppress(Exception):
+            cache.remember(ledger.seen_states())
     for root in known:
         for layout in layouts():
             try:
@@ -178,7 +180,13 @@ class ScopeObserver:
               roots: Sequence[str] = ()) -> ScopeObserver:
         """An observer of the entries known to the ledger at `ledger` (read, never created) and
         to `env`; never raises."""
+        if ledger and not os.path.exists(os.path.abspath(ledger)):
+            # `open_existing`'s own answer, before importing the ledger's readers and writers:
+            # a session's first process has no ledger yet.
+            return cls(None, env, roots)
         try:
+            from cacheaudit.ledger import open_existing
+
             opened = open_existing(ledger)
         except Exception:  # noqa: BLE001 - the roots of the environment are watched still
             opened = None

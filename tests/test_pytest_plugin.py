@@ -237,6 +237,55 @@ def test_one(runtime):
     assert json.dumps(result.stdout.str()).count("cacheaudit") >= 1
 
 
+JUDGE = ("cacheaudit.audit.scope", "cacheaudit.audit.scan", "cacheaudit.audit.checks",
+         "cacheaudit.audit.context", "cacheaudit.audit.run")
+"""Modules of the judge that a session that compiles nothing and knows no cache root never
+needs: `pytest --cacheaudit` on such a suite must stay cheap."""
+
+
+def test_a_session_that_compiles_nothing_and_knows_no_root_reports_without_the_judge(
+        project: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The report of a session with no record and no cache root to scan is what the judge says
+    of that run, read afterwards from the same ledger; the session got it without importing the
+    judge, and kept its tests in the ledger."""
+    import os
+
+    from cacheaudit.audit import audit_run
+    from cacheaudit.ledger import open_existing
+    from cacheaudit.watch import known_roots
+
+    for name in ("HOME", "XDG_CACHE_HOME"):
+        (tmp_path / name.lower()).mkdir()
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+    # The precondition of the cheap report: no runtime's default cache root exists here.
+    assert known_roots(None, os.environ) == [], "a cache root exists: the judge would run"
+    modules = tmp_path / "modules.json"
+    project.makeconftest(CONFTEST + f"""
+import json
+def pytest_unconfigure(config):
+    with open({str(modules)!r}, "w") as handle:
+        json.dump(sorted(sys.modules), handle)
+""")
+    project.makepyfile(test_quiet="".join(f"def test_{n}():\n    assert {n} >= 0\n"
+                                          for n in range(5)))
+    result = project.runpytest_subprocess("--cacheaudit")
+    result.assert_outcomes(passed=5)
+    imported = set(json.loads(modules.read_text()))
+    assert "cacheaudit.watch" in imported, "the session did not start its observer"
+    assert not imported & set(JUDGE), f"imported by the session: {sorted(imported & set(JUDGE))}"
+    out = " ".join(result.stdout.str().split())
+    run_uuid = re.search(r"in run ([0-9a-f]{32})", out).group(1)
+    opened = open_existing(str(tmp_path / "ledger.db"))
+    assert opened is not None, "the session wrote no ledger"
+    with opened:
+        truth = audit_run(opened, run_uuid, os.environ)
+        tests = opened.tests(run_uuid)
+    assert truth.findings == [] and truth.records == []
+    assert f"{truth.summary()} in run {run_uuid}" in out
+    assert "cacheaudit: no findings" in out
+    assert sorted(w.nodeid for w in tests) == [f"test_quiet.py::test_{n}" for n in range(5)]
+
+
 def test_a_misspelt_ini_fail_on_is_a_usage_error(project: pytest.Pytester):
     project.makeini("[pytest]\naddopts = -p no:cacheprovider\ncacheaudit = true\n"
                     "cacheaudit_fail_on = errors\n")

@@ -78,6 +78,41 @@ def test_a_process_inside_a_session_imports_only_the_hooks_minimum(tmp_path: Pat
     assert added <= HOOK_MINIMUM, f"imported at start-up: {sorted(added - HOOK_MINIMUM)}"
 
 
+OWN_SESSION_NEVER = ("cacheaudit.audit", "cacheaudit.ledger.store", "cacheaudit.ledger.spool",
+                     "cacheaudit.ledger.values",
+                     "cacheaudit.ledger.combine", "cacheaudit.ledger.combine_sql",
+                     "cacheaudit.scratch", "cacheaudit.recorder", "cacheaudit.compilers",
+                     "cacheaudit.runtimes.triton.policy", "cacheaudit.children", "subprocess",
+                     "tomllib", "sqlite3")
+"""What a process that prepares its own session (`CACHEAUDIT=1`, no session above it) and
+compiles nothing never imports, from start-up to its exit audit, while no ledger file exists
+yet and no pyproject.toml is above it: the judge, the ledger's readers and writers, the shim's
+recorder, a runtime's policy, cacheaudit's child processes, the TOML parser."""
+
+
+def test_a_process_preparing_its_own_session_imports_no_judge_and_no_ledger(tmp_path: Path):
+    from cacheaudit.config import find_pyproject
+
+    work = tmp_path / "work"
+    work.mkdir()
+    assert find_pyproject(str(work)) is None, "a pyproject.toml above the test directory"
+    ledger = tmp_path / "ledger.db"
+    env = _clean_env(tmp_path, CACHEAUDIT="1", CACHEAUDIT_LEDGER=str(ledger))
+    # The exit audit is called here, before the modules are listed; at the real exit it finds
+    # the observer stopped already and does nothing more.
+    done = subprocess.run(
+        [sys.executable, "-c", "import json, sys\nfrom cacheaudit import startup\n"
+         "assert startup._audit is not None, 'the hook prepared no session'\nstartup._audit()\n"
+         "print(json.dumps(sorted(sys.modules)))"],
+        capture_output=True, text=True, env=env, cwd=work, timeout=300)
+    assert done.returncode == 0, done.stderr
+    modules = set(json.loads(done.stdout))
+    assert "cacheaudit.session" in modules and "cacheaudit.watch" in modules, sorted(modules)
+    imported = sorted(m for m in modules if m.startswith(OWN_SESSION_NEVER))
+    assert imported == [], f"imported by a process that compiled nothing: {imported}"
+    assert not ledger.exists(), "a process that recorded nothing created the ledger"
+
+
 def test_the_arming_names_are_the_adapters_top_level_packages():
     names = runtimes.arming_text().rpartition(";")[2].split(":")
     expected = {declared.adapter_imports.split(".")[0] for declared in runtimes.specs()

@@ -25,10 +25,11 @@ import dataclasses
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from cacheaudit.audit.observations import ObservedEnvironments
 from cacheaudit.audit.options import AuditOptions, keep
+from cacheaudit.audit.report import Counts, RunReport
 from cacheaudit.audit.run import audit_records, roots_of
 from cacheaudit.audit.scan import ScanResult, scan
 from cacheaudit.ledger import Ledger, TestWindow
@@ -68,67 +69,6 @@ class Scope:
         if ns is None or ns < self.started_ns:
             return False
         return self.finished_ns is None or ns <= self.finished_ns
-
-
-# ------------------------------------------------------------------------------ the report
-
-
-@dataclass(frozen=True)
-class Counts:
-    """What a scope did, counted once for every output.
-
-    `compiles`: builds (an in-process observer's compile record, or a compile through the shim
-    that no such record's span holds; link steps are invocations, not builds); `disk_hits`:
-    disk-hit records plus the entries seen hit only by a marker or by their opens;
-    `invocations`: compiler processes the shim recorded; `entries_judged`: the entries the scope
-    answers for, `possibly_served` of them because their opens could not be observed."""
-
-    compiles: int = 0
-    disk_hits: int = 0
-    disk_hits_unrecorded: int = 0
-    memory_hits: int = 0
-    invocations: int = 0
-    entries_judged: int = 0
-    possibly_served: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
-
-    def text(self) -> str:
-        hits = _many(self.disk_hits, "disk hit")
-        if self.disk_hits_unrecorded:
-            hits += f" ({self.disk_hits_unrecorded} seen by a hit marker or file opens)"
-        judged = f"{_many(self.entries_judged, 'entry', 'entries')} judged"
-        if self.possibly_served:
-            judged += f" ({self.possibly_served} may have been served: opens not observed)"
-        return (f"{_many(self.compiles, 'compile')}, {hits}, "
-                f"{_many(self.memory_hits, 'memory hit')}, "
-                f"{_many(self.invocations, 'compiler invocation')} through the shim; {judged}")
-
-
-def _many(number: int, one: str, many: str | None = None) -> str:
-    return f"{number} {one if number == 1 else many or one + 's'}"
-
-
-@dataclass
-class RunReport:
-    """What a scope did with JIT caches, and the findings about it."""
-
-    run_uuid: str
-    records: list[CompileRecord]
-    findings: list[Finding]
-    roots: list[tuple[str, str]] = field(default_factory=list)
-    counts: Counts = field(default_factory=Counts)
-    unobserved: dict[str, str] = field(default_factory=dict)
-    """Entry -> why the run may have been served it unseen (only those with findings kept)."""
-
-    def events(self) -> dict[str, int]:
-        """The counts under the record event names (`--report-json`'s `events`)."""
-        return {"compile": self.counts.compiles, "disk-hit": self.counts.disk_hits,
-                "memory-hit": self.counts.memory_hits}
-
-    def summary(self) -> str:
-        return self.counts.text()
 
 
 SHIM_OBSERVER = "shim:"

@@ -11,34 +11,53 @@ sqlite-utils costs ~200 ms there (it probes for numpy). Schema creation, migrati
 helpers go through sqlite-utils on the same connection.
 """
 
-# The package, lowest first: `values` (runs, test windows, attributions, the default path),
-# `private` (0600 files in 0700 directories), `redact` (command lines as stored), `rows`
-# (values in, rows out by name, retries), `schema` (the SQL, its history, migrations, the
-# writers' and readers' patience), `opening` (writable or read-only connections), `connection`
-# (what a ledger's writes and reads share: its state, short write transactions), `writes`
-# (content-addressed interning, the write path), `reads` (rows back into records), `queries`,
-# `store` (the `Ledger`: opened, closed, all of the above), `spool` (records kept aside, atomic
-# and swept; the readers' way in), `combine`, `evictions`.
+# The package, lowest first: `places` (the default path, the spool's and the companions' names),
+# `values` (runs, test windows, attributions, record ids), `private` (0600 files in 0700
+# directories), `redact` (command lines as stored), `rows` (values in, rows out by name,
+# retries), `schema` (the SQL, its history, migrations, the writers' and readers' patience),
+# `opening` (writable or read-only connections), `connection` (what a ledger's writes and reads
+# share: its state, short write transactions), `writes` (content-addressed interning, the write
+# path), `reads` (rows back into records), `queries`, `store` (the `Ledger`: opened, closed, all
+# of the above), `spool` (records kept aside, atomic and swept; the readers' way in), `combine`,
+# `evictions`.
 
-from cacheaudit.ledger.combine import CombineResult, combine
-from cacheaudit.ledger.schema import APPLICATION_ID, BUSY_TIMEOUT_S, SCHEMA, SCHEMA_VERSION
-from cacheaudit.ledger.spool import (
-    ingest_spool,
-    open_existing,
-    open_ledger,
-    record_from_json,
-    record_to_json,
-    spool_dir,
-    spool_record,
-)
-from cacheaudit.ledger.store import Ledger
-from cacheaudit.ledger.values import (
-    Attribution,
-    RunInfo,
-    TestWindow,
-    default_ledger_path,
-    new_record_id,
-)
+from cacheaudit.lazy import export_lazily
+
+# Annotations only: `typing` would cost every process that imports the package.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from cacheaudit.ledger.combine import CombineResult, combine
+    from cacheaudit.ledger.places import default_ledger_path, spool_dir
+    from cacheaudit.ledger.schema import APPLICATION_ID, BUSY_TIMEOUT_S, SCHEMA, SCHEMA_VERSION
+    from cacheaudit.ledger.spool import (
+        ingest_spool,
+        open_existing,
+        open_ledger,
+        record_from_json,
+        record_to_json,
+        spool_record,
+    )
+    from cacheaudit.ledger.store import Ledger
+    from cacheaudit.ledger.values import (
+        Attribution,
+        RunInfo,
+        TestWindow,
+        new_record_id,
+    )
+
+# The public names, each imported from its module on first use: a process that needs one value
+# (a session: the default place; the start-up hook: the spool's directory) does not pay for
+# `combine` and the SQL of a fleet, the readers and the writers.
+export_lazily(__name__, {
+    "CombineResult": "combine", "combine": "combine",
+    "APPLICATION_ID": "schema", "BUSY_TIMEOUT_S": "schema", "SCHEMA": "schema",
+    "SCHEMA_VERSION": "schema",
+    "ingest_spool": "spool", "open_existing": "spool", "open_ledger": "spool",
+    "record_from_json": "spool", "record_to_json": "spool", "spool_record": "spool",
+    "Ledger": "store",
+    "Attribution": "values", "RunInfo": "values", "TestWindow": "values",
+    "default_ledger_path": "places", "new_record_id": "values", "spool_dir": "places",
+})
 
 __all__ = [
     "APPLICATION_ID", "BUSY_TIMEOUT_S", "SCHEMA", "SCHEMA_VERSION", "Attribution", "CombineResult",

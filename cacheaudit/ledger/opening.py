@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import urllib.parse
 
 
 def writable(path: str) -> bool:
@@ -24,6 +23,8 @@ def connect_read_only(path: str, patience_s: float) -> tuple[sqlite3.Connection,
     """A connection that never writes, and how it reads: `mode=ro` where SQLite can share the
     WAL index, else `immutable=1` (nothing at all is written, not even the SHM file, and a WAL
     file's last transactions are not seen)."""
+    import urllib.parse  # here: a writer (the shim) never needs it
+
     uri = "file:" + urllib.parse.quote(path)
     conn = sqlite3.connect(uri + "?mode=ro", uri=True, timeout=patience_s,
                            isolation_level=None, check_same_thread=False)

@@ -21,9 +21,7 @@ from collections.abc import Mapping, Sequence
 from cacheaudit.envvars import redaction
 from cacheaudit.ledger.values import RunInfo
 from cacheaudit.model import ArgToken, CompileRecord
-
-REDACT_ARGV_VARIABLE = "CACHEAUDIT_REDACT_ARGV"
-"""Set to 0 (or false, no, off) to store command lines verbatim."""
+from cacheaudit.switches import REDACT_ARGV as REDACT_ARGV_VARIABLE
 
 
 def argv_redaction(env: Mapping[str, str] | None = None) -> bool:

@@ -25,7 +25,7 @@ from cacheaudit.exceptions import LedgerError
 from cacheaudit.ledger import private
 from cacheaudit.ledger.redact import redact_record, redact_run
 from cacheaudit.ledger.store import Ledger
-from cacheaudit.ledger.values import RunInfo, default_ledger_path
+from cacheaudit.ledger.values import RunInfo, default_ledger_path, spool_dir
 from cacheaudit.model import (
     ArgToken,
     CompileRecord,
@@ -127,10 +127,6 @@ def record_from_json(data: Mapping[str, Any]) -> tuple[CompileRecord, RunInfo]:
         test_id=r.get("test_id"), observer=r.get("observer") or "",
         notes=tuple(r.get("notes") or ()), extra=extra, **facts)
     return record, run
-
-
-def spool_dir(ledger_path: str) -> str:
-    return ledger_path + ".spool"
 
 
 def spool_record(ledger_path: str, record: CompileRecord, run: RunInfo) -> str:

@@ -1,5 +1,5 @@
 """What the ledger takes and gives besides the model's records: runs, test windows, attributions,
-record ids, and where the ledger lives when nothing says otherwise."""
+record ids (where the ledger lives when nothing says otherwise: `places`)."""
 
 from __future__ import annotations
 
@@ -7,30 +7,16 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-
-def default_ledger_path(env: Mapping[str, str] | None = None) -> str:
-    """CACHEAUDIT_LEDGER, else `$XDG_CACHE_HOME/cacheaudit/ledger.db`, else ~/.cache/..."""
-    env = os.environ if env is None else env
-    explicit = env.get("CACHEAUDIT_LEDGER")
-    if explicit:
-        return os.path.abspath(os.path.expanduser(explicit))
-    cache_home = env.get("XDG_CACHE_HOME")
-    if not cache_home or not os.path.isabs(cache_home):
-        # The XDG spec: a relative value is invalid and must be ignored.
-        cache_home = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache_home, "cacheaudit", "ledger.db")
-
-
-IDENTITY_MEMO_SUFFIX = ".compilers.json"
-"""The compilers' identities file beside a ledger (`<ledger>.compilers.json`, the shim's memo)."""
-
-COMPANION_SUFFIXES = ("-wal", "-shm", IDENTITY_MEMO_SUFFIX)
-"""The files SQLite and the shim keep beside a ledger: removed with it when `combine` takes it
-in."""
+# Re-exported: they were defined here first.
+from cacheaudit.ledger.places import (  # noqa: F401
+    COMPANION_SUFFIXES,
+    IDENTITY_MEMO_SUFFIX,
+    default_ledger_path,
+    spool_dir,
+)
 
 
 class Attribution(NamedTuple):

@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cacheaudit import children
 from cacheaudit.layout import read_file
 from cacheaudit.model import json_digest
 
@@ -406,6 +404,12 @@ def ninja_dry_run(directory: str, env: Mapping[str, str] | None = None,
     `-n` writes neither .ninja_log nor .ninja_deps; `-d explain` adds, on stderr, why each output
     is dirty (an input newer than it, a changed command, a missing deps record).
     """
+    # Here, not at the top: the layouts that read this module are loaded by every observer
+    # (the start-up hook, the pytest plugin), which never asks ninja anything.
+    import subprocess
+
+    from cacheaudit import children
+
     started = time.monotonic_ns()
     try:
         done = children.run(["ninja", "-n", "-v", "-d", "explain"], cwd=directory,

@@ -38,7 +38,6 @@ thousands).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import struct
@@ -84,6 +83,8 @@ def split_file(data: bytes) -> tuple[bytes | None, bytes, str | None]:
     if not re.fullmatch(rb"[0-9a-f]{40}", prefix):
         return None, payload, ("the first 40 bytes are not a hex SHA-1: not written by CuPy's "
                                "cache backend (or overwritten); CuPy treats it as a miss")
+    import hashlib  # here: every observer loads this layout, and most never decode an entry
+
     if hashlib.sha1(payload, usedforsecurity=False).hexdigest().encode("ascii") != prefix:
         return prefix, payload, ("the payload's SHA-1 does not match the one stored in front of "
                                  "it (truncated or modified after it was written): CuPy "

@@ -43,6 +43,8 @@ Triton version of every entry.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -65,7 +67,6 @@ from cacheaudit.layout import (
     unreachable_reason,
 )
 from cacheaudit.model import CacheEntry, CacheLeftover
-from cacheaudit.runtimes.triton.policy import base32_name, key_from_name
 
 RUNTIME = "triton"
 LAYOUT_NAME = "triton"
@@ -81,6 +82,22 @@ TMP_REASON = ("a write that never finished: Triton writes each file into tmp.pid
               "and moves it into place; this one's writer died first")
 ODD_REASON = ("directory in Triton's cache whose name is not a key (base32 of a sha256): "
               "Triton never looks it up")
+
+
+def base32_name(key: str) -> str:
+    """The entry directory's name for a hex key (`runtime/cache.py` `_base32`)."""
+    return base64.b32encode(bytes.fromhex(key)).decode("ascii").rstrip("=")
+
+
+def key_from_name(name: str) -> str | None:
+    """The hex key behind an entry directory's name, or None when it is not one."""
+    if len(name) != 52:
+        return None
+    try:
+        raw = base64.b32decode(name + "====", casefold=False)
+    except (binascii.Error, ValueError):
+        return None
+    return raw.hex() if len(raw) == 32 else None
 
 
 class TritonReader(Layout):

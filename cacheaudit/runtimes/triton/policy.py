@@ -41,8 +41,6 @@ the files and the ptxas on disk now.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 import hashlib
 import os
@@ -57,6 +55,9 @@ from cacheaudit.findings import file_evidence, make_finding
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import KeyCheck, KeyComponent, Policy, TrackedSet
 from cacheaudit.runtimes.triton import environment
+
+# The entry directories' names (the layout reads them; the adapter and tests ask the recipe).
+from cacheaudit.runtimes.triton.layout import base32_name, key_from_name  # noqa: F401
 
 RUNTIME = "triton"
 
@@ -139,22 +140,6 @@ def compose_key(triton_key: str, src: str, backend: str, options: str, env_part:
     """`compile`'s hash: sha256 of `get_cache_key`'s string."""
     text = f"{triton_key}-{src}-{backend}-{options}-{env_part}"
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def base32_name(key: str) -> str:
-    """The entry directory's name for a hex key (`runtime/cache.py` `_base32`)."""
-    return base64.b32encode(bytes.fromhex(key)).decode("ascii").rstrip("=")
-
-
-def key_from_name(name: str) -> str | None:
-    """The hex key behind an entry directory's name, or None when it is not one."""
-    if len(name) != 52:
-        return None
-    try:
-        raw = base64.b32decode(name + "====", casefold=False)
-    except (binascii.Error, ValueError):
-        return None
-    return raw.hex() if len(raw) == 32 else None
 
 
 @functools.lru_cache(maxsize=32)
