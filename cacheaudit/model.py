@@ -93,6 +93,17 @@ def json_digest(parts: Iterable[Any]) -> str:
     return hasher.hexdigest()
 
 
+def graph_digest(method: str, files: Iterable[tuple[str, FileState]]) -> str:
+    """`IncludeGraph.digest` of the graph of `files` ((path as written, state) pairs, in order)
+    obtained by `method`, without building the graph (the ledger's batch writer addresses a
+    record's sources and outputs by it)."""
+    return json_digest(
+        [method]
+        + [(written, s.path, s.exists, s.size, s.mtime_ns, s.ctime_ns, s.inode, s.digest,
+            s.settled) for written, s in files]
+    )
+
+
 class FileState(NamedTuple):
     """What a file was at one moment: the stat fields that betray a change, and its content hash.
 
@@ -162,12 +173,7 @@ class IncludeGraph:
 
     @functools.cached_property
     def digest(self) -> str:
-        return json_digest(
-            [self.method]
-            + [(f.written, f.state.path, f.state.exists, f.state.size, f.state.mtime_ns,
-                f.state.ctime_ns, f.state.inode, f.state.digest, f.state.settled)
-               for f in self.files]
-        )
+        return graph_digest(self.method, ((f.written, f.state) for f in self.files))
 
     @property
     def paths(self) -> tuple[str, ...]:

@@ -13,11 +13,18 @@ One record at a time (the shim's case) costs what it did: a handful of statement
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cacheaudit.ledger.rows import _blob_json, _chunks, _params, _rows, _value
-from cacheaudit.model import CompileRecord, FileState, GraphFile, IncludeGraph
+from cacheaudit.model import (
+    ArgToken,
+    CompileRecord,
+    CompilerIdentity,
+    FileState,
+    IncludeGraph,
+    graph_digest,
+)
 
 if TYPE_CHECKING:
     from cacheaudit.ledger.writes import LedgerWrites
@@ -73,10 +80,35 @@ def _state_params(file_id: int, state: FileState) -> tuple[Any, ...]:
             state.digest or "", int(state.settled), state.error or "")
 
 
-def _states_graph(states: tuple[FileState, ...], method: str) -> IncludeGraph | None:
+class _Member(NamedTuple):
+    """A `GraphFile` of a record's sources or outputs, as cheap as a tuple: a batch makes two
+    for every compile record."""
+
+    state: FileState
+    written: str
+
+    @property
+    def path(self) -> str:
+        return self.state.path
+
+
+class _StatesGraph(NamedTuple):
+    """A record's sources or outputs as the graph they are stored as (`IncludeGraph`'s files,
+    method and digest; the path as written is the state's own)."""
+
+    files: tuple[_Member, ...]
+    method: str
+    digest: str
+
+
+def _states_graph(states: tuple[FileState, ...], method: str) -> _StatesGraph | None:
     if not states:
         return None
-    return IncludeGraph(tuple(GraphFile(s, s.path) for s in states), method)
+    return _StatesGraph(tuple(_Member(s, s.path) for s in states), method,
+                        graph_digest(method, ((s.path, s) for s in states)))
+
+
+StoredGraph = IncludeGraph | _StatesGraph
 
 
 def _next_id(ledger: LedgerWrites, table: str) -> int:
@@ -137,7 +169,7 @@ def _intern_states(ledger: LedgerWrites, states: Iterable[FileState], new_files:
     memo.update((("state", params), first + n) for n, params in enumerate(new))
 
 
-def _intern_graphs(ledger: LedgerWrites, graphs: Iterable[IncludeGraph]) -> None:
+def _intern_graphs(ledger: LedgerWrites, graphs: Iterable[StoredGraph]) -> None:
     """Every graph of `graphs` gets an id in the memo (by digest), its files and states too."""
     memo = ledger._ids
     unknown = {g.digest: g for g in graphs if ("graph", g.digest) not in memo}
@@ -190,28 +222,57 @@ def insert_records(ledger: LedgerWrites, batch: list[CompileRecord], run_id: int
     _intern_files(ledger, [p for r in batch for p in (r.entry, r.cwd) if p])
     _intern_graphs(ledger, [g for triple in graphs for g in triple if g is not None])
 
-    def graph_id(graph: IncludeGraph | None) -> int | None:
+    def graph_id(graph: StoredGraph | None) -> int | None:
         return None if graph is None else memo[("graph", graph.digest)]
+
+    # The records of a batch share their compiler and most of their JSON values (flags,
+    # environment): each is turned into its id once for the batch, by the object itself
+    # where it is one the records share (the batch keeps it alive), else by its items.
+    known: dict[tuple[str, Any], int | None] = {}
+
+    def blob(kind: str, key: Any, stored: Callable[[Any], Any], value: Any) -> int | None:
+        found = known.get((kind, key), _UNKNOWN)
+        if found is _UNKNOWN:
+            found = known[(kind, key)] = _blob(ledger, stored(value))
+        return found  # type: ignore[return-value]
+
+    def compiler_id(compiler: CompilerIdentity | None) -> int | None:
+        if compiler is None:
+            return None
+        found = known.get(("compiler", id(compiler)), _UNKNOWN)
+        if found is _UNKNOWN:
+            found = known[("compiler", id(compiler))] = ledger._compiler_id(compiler)
+        return found  # type: ignore[return-value]
 
     rows = []
     for record, (sources, graph, outputs) in zip(batch, graphs, strict=True):
         stored_extra = record.stored_extra()
+        argv, effective, env, tracked, notes = (record.argv, record.effective_argv,
+                                                record.env, record.tracked, record.notes)
         rows.append(_params((
             record.record_id, run_id, record.event, record.runtime, record.kernel, record.key,
             memo[("file", record.entry)] if record.entry else None,
-            ledger._compiler_id(record.compiler),
-            _blob(ledger, list(record.argv)) if record.argv else None,
-            _blob(ledger, [t.to_list() for t in record.effective_argv])
-            if record.effective_argv else None,
-            _blob(ledger, dict(record.env)) if record.env else None,
+            compiler_id(record.compiler),
+            blob("argv", tuple(argv), list, argv) if argv else None,
+            blob("effective", id(effective), _token_lists, effective)
+            if effective else None,
+            blob("env", tuple(env.items()), dict, env) if env else None,
             memo[("file", record.cwd)] if record.cwd else None,
             graph_id(sources), graph_id(graph), graph_id(outputs),
-            _blob(ledger, list(record.tracked)) if record.tracked is not None else None,
+            blob("tracked", tuple(tracked), list, tracked)
+            if tracked is not None else None,
             record.exit_code, record.signal, record.started_ns, record.duration_ns,
             record.pid, record.host, record.test_id, record.observer,
-            _blob(ledger, list(record.notes)) if record.notes else None,
+            blob("notes", tuple(notes), list, notes) if notes else None,
             _blob(ledger, stored_extra) if stored_extra else None,
         )))
     before = ledger.conn.total_changes
     ledger.conn.executemany(_INSERT_RECORD, rows)
     return ledger.conn.total_changes - before
+
+
+_UNKNOWN = object()
+
+
+def _token_lists(tokens: Iterable[ArgToken]) -> list[list[str]]:
+    return [t.to_list() for t in tokens]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from cacheaudit.envvars import redaction
 from cacheaudit.ledger.values import RunInfo
@@ -37,6 +37,14 @@ def _redacted_argv(words: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[int, 
 
 
 @functools.lru_cache(maxsize=4096)
+def _redacted_tokens(tokens: tuple[ArgToken, ...]) -> tuple[ArgToken, ...]:
+    # The effective argv, by the rules of argv: records of a batch share their flags.
+    texts, _ = _redacted_argv(tuple(t.text for t in tokens))
+    return tuple(t if t.text == text else ArgToken(text, t.origin)
+                 for t, text in zip(tokens, texts, strict=True))
+
+
+@functools.lru_cache(maxsize=4096)
 def _redacted_text(text: str) -> str:
     return redaction.redact("", text)
 
@@ -46,10 +54,25 @@ def redact_record(record: CompileRecord, env: Mapping[str, str] | None = None) -
     argv positions added to those already marked. The same record when nothing changed."""
     if not argv_redaction(env):
         return record
+    return _redacted_record(record)
+
+
+def redact_records(records: Iterable[CompileRecord], env: Mapping[str, str] | None = None
+                   ) -> list[CompileRecord]:
+    """`redact_record` of each of `records`, the setting read once for them all: a batch of a
+    hundred thousand records would otherwise read the environment as many times."""
+    if not argv_redaction(env):
+        return list(records)
+    return [_redacted_record(record) for record in records]
+
+
+def _redacted_record(record: CompileRecord) -> CompileRecord:
+    if (not record.argv and not record.effective_argv and not record.notes
+            and record.runtime_error is None and record.graph_problem is None):
+        # Nothing that could hold a credential: most records of a batch (disk hits).
+        return record
     argv, changed = _redacted_argv(tuple(record.argv))
-    texts, _ = _redacted_argv(tuple(t.text for t in record.effective_argv))
-    effective = tuple(t if t.text == text else ArgToken(text, t.origin)
-                      for t, text in zip(record.effective_argv, texts, strict=True))
+    effective = _redacted_tokens(tuple(record.effective_argv))
     notes = tuple(_redacted_text(note) for note in record.notes)
     # Messages that may quote a command: the runtime's refusal, why there is no graph.
     messages = {name: _redacted_text(value) for name in ("runtime_error", "graph_problem")

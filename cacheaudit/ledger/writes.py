@@ -13,7 +13,7 @@ from typing import Any
 from cacheaudit import __version__
 from cacheaudit.ledger import batching
 from cacheaudit.ledger.connection import LedgerConnection
-from cacheaudit.ledger.redact import redact_record, redact_run
+from cacheaudit.ledger.redact import redact_records, redact_run
 from cacheaudit.ledger.rows import _blob_json, _params, _value
 from cacheaudit.ledger.values import Attribution, RunInfo, TestWindow
 from cacheaudit.model import (
@@ -116,7 +116,7 @@ class LedgerWrites(LedgerConnection):
         (`ledger.redact`; a recorder redacts before it seals, so this changes nothing there).
         A failure rolls the whole call back: none of its records is stored.
         """
-        batch = [redact_record(r) for r in records]
+        batch = redact_records(records)
         run = redact_run(run)
 
         def write() -> int:

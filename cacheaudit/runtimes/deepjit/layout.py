@@ -56,9 +56,10 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from cacheaudit import bounded
 from cacheaudit.bounded import Refused
-from cacheaudit.digest import StateCache
-from cacheaudit.layout import Layout, capture, read_json, refusal_text, unique_paths
+from cacheaudit.digest import StateCache, read_file
+from cacheaudit.layout import JSON_LIMIT, Layout, capture, refusal_text, unique_paths
 from cacheaudit.model import CacheEntry, CacheLeftover
 from cacheaudit.runtimes._deepseek.layout import (
     DEEPGEMM_ENTRY_RE,
@@ -183,13 +184,47 @@ def _pick_backend(names: Mapping[str, os.DirEntry[str]]) -> tuple[str, str]:
 def read_meta(path: str) -> tuple[dict[str, Any], str | None]:
     """meta.json parsed once, within the size and depth limits of `bounded`: (object, None), or
     ({}, why it is unusable)."""
+    meta, why, _gaps = read_checked_meta(path)
+    return meta, why
+
+
+def read_checked_meta(path: str) -> tuple[dict[str, Any], str | None, tuple[str, ...]]:
+    """`read_meta`, and the `meta_gaps` of what it read. The file is read every time; what is
+    made of its bytes is kept (`_judged_meta`): the entries of one cache share a few meta.json
+    texts (one per configuration), and a scan of 100,000 entries would otherwise parse and
+    hold 100,000 copies of them."""
     try:
-        meta = read_json(path)
+        data = read_file(path, JSON_LIMIT + 1)
     except FileNotFoundError:
         return {}, (f"{META} is missing: the compiler identity and configuration DeepJIT "
-                    "records for every entry cannot be checked")
+                    "records for every entry cannot be checked"), ()
     except OSError as exc:
-        return {}, f"{META} cannot be read: {type(exc).__name__}: {exc.strerror or exc}"
+        return {}, f"{META} cannot be read: {type(exc).__name__}: {exc.strerror or exc}", ()
+    if len(data) > _KEPT_META_BYTES:
+        return _judge_meta(data)
+    return _judged_meta(data)
+
+
+_KEPT_META_BYTES = 65_536
+"""The largest meta.json whose judgement is kept (DeepJIT's are about a kilobyte): 256 of
+them bound the memo to 16 MiB."""
+
+
+@functools.lru_cache(maxsize=256)
+def _judged_meta(data: bytes) -> tuple[dict[str, Any], str | None, tuple[str, ...]]:
+    return _judge_meta(data)
+
+
+def _judge_meta(data: bytes) -> tuple[dict[str, Any], str | None, tuple[str, ...]]:
+    # The object returned is shared by every entry whose meta.json holds these bytes: nothing
+    # changes an entry's meta (CacheEntry is frozen, and its readers only read).
+    meta, why = _parsed_meta(data)
+    return meta, why, tuple(meta_gaps(meta)) if why is None else ()
+
+
+def _parsed_meta(data: bytes) -> tuple[dict[str, Any], str | None]:
+    try:
+        meta = bounded.loads(data, max_bytes=JSON_LIMIT)
     except Refused as exc:
         return {}, refusal_text(META, exc) or (
             f"{META} is not valid JSON ({exc}): DeepJIT writes it whole, so it was damaged")
@@ -319,14 +354,15 @@ def read_entry(root: str, item: os.DirEntry[str], tag: str, digest: str, boundar
         problems.append(f"{source_name} cannot be read: {source.error}")
 
     meta: dict[str, Any] = {}
+    gaps: tuple[str, ...] = ()
     if META in names:
-        meta, why = read_meta(os.path.join(path, META))
+        meta, why, gaps = read_checked_meta(os.path.join(path, META))
     else:
         why = (f"{META} is missing: the compiler identity and configuration DeepJIT records "
                "for every entry cannot be checked")
     if why is not None:
         problems.append(why)
-    elif gaps := meta_gaps(meta):
+    elif gaps:
         problems.append(f"{META} lacks {', '.join(gaps)}: DeepJIT always writes them, so it was "
                         "written by something else or edited")
 

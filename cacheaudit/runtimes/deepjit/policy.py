@@ -19,12 +19,13 @@ and the configuration is read once when the runtime is built.
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from cacheaudit.model import CacheEntry, CompileRecord, CompilerIdentity, Finding
 from cacheaudit.policy import (
@@ -151,7 +152,11 @@ class _Parser:
 
     def walk(self, code: str) -> None:
         """Resolve every tracked header reachable from `code` without hashing anything."""
-        for name in self.names_in(code):
+        self.walk_names(self.names_in(code))
+
+    def walk_names(self, names: Iterable[str]) -> None:
+        """`walk` of a source whose tracked include names are `names`."""
+        for name in names:
             if name in self.resolved or name in self._visiting:
                 continue
             self._visiting.add(name)
@@ -402,32 +407,87 @@ class DeepJitPolicy(FamilyPolicy):
     def tracked(self, entry: CacheEntry, record: CompileRecord | None) -> TrackedSet:
         paths = {entry.source.path} if entry.source is not None else set()
         name = _source_name(entry)
-        if (bad := _mistyped(entry, _PARSER_FIELDS)) is not None:
-            return TrackedSet(frozenset(paths), error=bad,
+        reading = self._reading(entry)
+        if reading.mistyped is not None:
+            return TrackedSet(frozenset(paths), error=reading.mistyped,
                               how=f"DeepJIT's parser over {name}: no usable include_dirs and "
                                   "include_prefixes")
-        config = _config(entry)
-        parser = _Parser(config.get("include_dirs") or [], config.get("include_prefixes") or [])
-        how = (f"DeepJIT's parser over {name}: the literal #include <...> lines "
-               f"{_spoken_prefixes([str(p) for p in parser.prefixes])}, looked up in "
-               f"{_spoken(map(str, parser.include_dirs)) or 'no include directory'}")
+        how = f"DeepJIT's parser over {name}: {reading.how}"
         source, why = _read_source(entry)
         if source is None:
             return TrackedSet(frozenset(paths), error=why, how=how)
-        absent = [field for field in _PARSER_FIELDS if not meta_field(entry.meta, field)[0]]
-        if absent:
-            # Without the prefixes nothing says which headers the key covers: an empty list
-            # would call every header untracked.
-            return TrackedSet(frozenset(paths), error=f"meta.json lacks {' and '.join(absent)}: "
-                              "which headers the key covers is unknown",
-                              how=how)
-        try:
-            parser.walk(source)
-        except (NonStandardInclude, FileNotFoundError, OSError) as exc:
-            return TrackedSet(frozenset(paths | set(parser.resolved.values())),
-                              dict(parser.resolved), error=str(exc), how=how)
-        return TrackedSet(frozenset(paths | set(parser.resolved.values())), dict(parser.resolved),
+        if reading.absent is not None:
+            return TrackedSet(frozenset(paths), error=reading.absent, how=how)
+        parser = _Parser(reading.include_dirs, reading.prefixes)
+        resolved, error = self._walked(parser, source)
+        return TrackedSet(frozenset(paths | set(resolved.values())), dict(resolved), error=error,
                           how=how)
+
+    _walks: dict[tuple[tuple[str, ...], tuple[str, ...], str],
+                 tuple[tuple[str, str], ...] | None] | None = None
+    """An audit's walks of tracked headers (`for_audit`): for include dirs, prefixes and an
+    include name, the headers that name reaches (name, realpath) in the walk's order, None
+    where its walk failed. The entries of one cache include the same few headers, and a new
+    parser per entry walked the whole tree again for each. The module's own policy, used
+    outside an audit, keeps nothing: headers may change between calls."""
+
+    _readings: dict[int, tuple[dict[str, Any], _Reading]] | None = None
+    """An audit's `_Reading`s by meta.json object (held, so that its id stays its own): the
+    entries whose meta.json holds the same bytes share one object (`layout.read_meta`)."""
+
+    def for_audit(self, env: Mapping[str, str], include_dirs: Sequence[str]) -> DeepJitPolicy:
+        policy = copy.copy(self)
+        policy._walks = {}
+        policy._readings = {}
+        return policy
+
+    def _reading(self, entry: CacheEntry) -> _Reading:
+        meta = entry.meta
+        readings = self._readings
+        if readings is not None and (kept := readings.get(id(meta))) is not None \
+                and kept[0] is meta:
+            return kept[1]
+        reading = _read_parser_fields(entry)
+        if readings is not None and len(readings) < _WALKS_KEPT:
+            readings[id(meta)] = (meta, reading)
+        return reading
+
+    def _walked(self, parser: _Parser, source: str) -> tuple[dict[str, str], str | None]:
+        """The tracked headers `parser` resolves from `source` (name -> realpath, in the walk's
+        order), and why the walk stopped short (None: it did not). Within an audit each
+        include name is walked once: a walk from a source is the walks of its include names
+        one after the other, each without the names an earlier one reached (a finished walk
+        holds everything below what it reached). Where any walk fails, the source is walked
+        whole, as the runtime would, for what it reached before failing."""
+        walks = self._walks
+        if walks is None:
+            return _walk(parser, source)
+        directories, prefixes = tuple(parser.include_dirs), tuple(parser.prefixes)
+        resolved: dict[str, str] = {}
+        try:
+            names = parser.names_in(source)
+        except NonStandardInclude:
+            return _walk(parser, source)
+        for name in names:
+            if name in resolved:
+                continue
+            key = (directories, prefixes, name)
+            if key in walks:
+                reached = walks[key]
+            else:
+                alone = _Parser(directories, prefixes)
+                try:
+                    alone.walk_names([name])
+                    reached = tuple(alone.resolved.items())
+                except (NonStandardInclude, FileNotFoundError, OSError):
+                    reached = None
+                if len(walks) < _WALKS_KEPT:
+                    walks[key] = reached
+            if reached is None:
+                return _walk(parser, source)
+            for reached_name, path in reached:
+                resolved.setdefault(reached_name, path)
+        return resolved, None
 
     def key_components(self, entry: CacheEntry) -> tuple[list[KeyComponent], str | None, str]:
         """The labelled parts of the key as a new runtime would compute them now."""
@@ -529,6 +589,47 @@ class DeepJitPolicy(FamilyPolicy):
                     "directory it ran in is unknown")
         return None
 
+
+class _Reading(NamedTuple):
+    """What meta.json tells DeepJIT's parser, with what is wrong with it."""
+
+    mistyped: str | None
+    """Why the parser fields cannot be used (`_mistyped`), or None."""
+    include_dirs: list[str]
+    prefixes: list[str]
+    how: str
+    """How the parser finds the tracked headers, after "DeepJIT's parser over <source>: "."""
+    absent: str | None
+    """Why the tracked set is unknown: a parser field meta.json lacks, or None."""
+
+
+def _read_parser_fields(entry: CacheEntry) -> _Reading:
+    if (bad := _mistyped(entry, _PARSER_FIELDS)) is not None:
+        return _Reading(bad, [], [], "", None)
+    config = _config(entry)
+    include_dirs = list(config.get("include_dirs") or [])
+    prefixes = list(config.get("include_prefixes") or [])
+    how = (f"the literal #include <...> lines {_spoken_prefixes([str(p) for p in prefixes])},"
+           f" looked up in {_spoken(map(str, include_dirs)) or 'no include directory'}")
+    missing = [field for field in _PARSER_FIELDS if not meta_field(entry.meta, field)[0]]
+    # Without the prefixes nothing says which headers the key covers: an empty list would
+    # call every header untracked.
+    absent = (f"meta.json lacks {' and '.join(missing)}: which headers the key covers is "
+              "unknown") if missing else None
+    return _Reading(None, include_dirs, prefixes, how, absent)
+
+
+def _walk(parser: _Parser, source: str) -> tuple[dict[str, str], str | None]:
+    try:
+        parser.walk(source)
+    except (NonStandardInclude, FileNotFoundError, OSError) as exc:
+        return dict(parser.resolved), str(exc)
+    return dict(parser.resolved), None
+
+
+_WALKS_KEPT = 65_536
+"""Include names whose walks an audit keeps: a bound that no real cache nears (a DeepGEMM
+cache includes a few dozen), against a cache made to exhaust memory."""
 
 POLICIES = {"deepjit": DeepJitPolicy()}
 

@@ -170,6 +170,13 @@ def _jit_dirs(path: str, depth: int = MAX_DEPTH) -> Iterator[str]:
         return
     if depth == 0:
         return
+    if depth == 1:
+        # Only a child named cached_ops can be one now: asked by name, one stat, rather than
+        # listing the directory (a DeepJIT cache's 100,000 entries, each listed and sorted,
+        # when its root is asked whether it is FlashInfer's).
+        if os.path.isdir(candidate := os.path.join(path, JIT_DIR)):
+            yield candidate
+        return
     for child in _subdirs(path):
         if child.name in ("cubins", GENERATED_DIR):
             continue
