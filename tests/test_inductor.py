@@ -31,6 +31,13 @@ GXX = shutil.which("g++")
 
 pytestmark = pytest.mark.skipif(GXX is None, reason="Inductor compiles CPU kernels with g++")
 
+# `cpp.vec_isa_ok` (an Inductor config value, in the FX key, the same in every process of a
+# scenario): "0" generates scalar kernels, "1" takes the vector ISA from the CPU's flags.
+# Either way no ISA probe is compiled, ~4-8 s of every process whose cache is empty; the
+# scenarios that set it are not about the probes.
+SCALAR_KERNELS = {"TORCHINDUCTOR_VEC_ISA_OK": "0"}
+ISA_FROM_CPU_FLAGS = {"TORCHINDUCTOR_VEC_ISA_OK": "1"}
+
 
 def _env(tmp: Path, cache: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
@@ -39,6 +46,10 @@ def _env(tmp: Path, cache: Path, **extra: str) -> dict[str, str]:
                 "CACHEAUDIT_LEDGER": str(tmp / "ledger.db"),
                 # precompiled headers live under $TMPDIR/torchinductor_<user>: kept per test
                 "TMPDIR": str(tmp / "tmp"),
+                # No pool of compile workers (each a process importing torch, on shared
+                # cores): kernels compile in the process. Not in the FX key
+                # (`_cache_config_ignore_prefix`, config.py:2854).
+                "TORCHINDUCTOR_COMPILE_THREADS": "1",
                 "PYTHONPATH": os.pathsep.join(
                     p for p in (str(TESTS.parent), os.environ.get("PYTHONPATH", "")) if p)})
     (tmp / "tmp").mkdir(exist_ok=True)
@@ -71,8 +82,8 @@ def test_a_header_cpath_supplies_is_served_stale_and_scan_names_it(tmp_path: Pat
     command line as text, so an edit of that header is served stale by the next process.
     `cacheaudit run` of that process, `pytest --cacheaudit` of a test served it, and a later
     scan name the header (CA101). Before the edit the scan raises no error (control), and
-    recording did not change the key: a plain compile into another empty cache computes the
-    same one."""
+    recording did not change the key: the plain compile into an empty cache after the edit
+    computes the same one."""
     include = tmp_path / "include"
     include.mkdir()
     header = include / "tile.h"
@@ -84,8 +95,6 @@ def test_a_header_cpath_supplies_is_served_stale_and_scan_names_it(tmp_path: Pat
 
     built = _kernel(env, source, recorded=True)
     assert built["value"] == 12
-    plain = _kernel(dict(env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "plain")), source)
-    assert plain["key"] == built["key"], "recording changed Inductor's kernel key"
 
     status, findings = _scan(env, cache)
     assert status == 0, [f for f in findings if f["severity"] == "error"]
@@ -98,6 +107,9 @@ def test_a_header_cpath_supplies_is_served_stale_and_scan_names_it(tmp_path: Pat
     fresh = _kernel(dict(env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "empty")), source)
     assert (served["key"], served["library"]) == (built["key"], built["library"])
     assert (served["value"], fresh["value"]) == (12, 24)  # ground truth: the hit is stale
+    # The plain compile into an empty cache computed the recorded compile's key: recording
+    # did not change it (and the header is not in it).
+    assert fresh["key"] == built["key"], "recording changed Inductor's kernel key"
 
     # `cacheaudit run` of the process that was served: a disk hit (seen by its opens; no
     # compiler ran), and the header named on it.
@@ -369,7 +381,7 @@ def test_a_custom_ops_autograd_formula_edited_is_served_stale_and_run_names_the_
     raises no error."""
     ops = tmp_path / "ops.py"
     cache = tmp_path / "cache"
-    env = _env(tmp_path, cache)
+    env = _env(tmp_path, cache, **SCALAR_KERNELS)
     empty = dict(env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "empty"))
     _ops(ops, "1.0", "2.0")
     built = _with_ops(env, ops, report=tmp_path / "built.json")
@@ -434,7 +446,7 @@ def test_an_isa_override_is_served_the_other_isa_s_graph_and_run_names_it(
     cache under the override gives other numbers. `cacheaudit run` of the served process names
     the variable on the FX entry (CA202, the adapter's hit record against its save record)."""
     cache = tmp_path / "cache"
-    env = _env(tmp_path, cache)
+    env = _env(tmp_path, cache, **ISA_FROM_CPU_FLAGS)
     override = dict(env, ATEN_CPU_CAPABILITY="avx2")
     report = tmp_path / "served.json"
     built = _compile(env, report=tmp_path / "built.json")
