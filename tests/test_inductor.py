@@ -384,7 +384,7 @@ def test_a_custom_ops_autograd_formula_edited_is_served_stale_and_run_names_the_
     raises no error."""
     ops = tmp_path / "ops.py"
     cache = tmp_path / "cache"
-    env = _env(tmp_path, cache, **SCALAR_KERNELS)
+    env = _env(tmp_path, cache, **SCALAR_KERNELS, **NO_PRECOMPILED_HEADER)
     empty = dict(env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "empty"))
     _ops(ops, "1.0", "2.0")
     built = _with_ops(env, ops, report=tmp_path / "built.json")
@@ -639,6 +639,8 @@ def test_a_custom_ops_fake_changed_is_served_stale_and_run_names_the_op(tmp_path
     assert built["result"] == fresh["result"] == [1.0, 3.0, 5.0, 7.0]
     assert (built["dtype"], fresh["dtype"]) == ("torch.float32", "torch.float64")
     assert served["result"] != fresh["result"], served  # ground truth: the hit is wrong
+    # The old kernel served (float32 in), where the empty cache built another (float64 in).
+    assert served["libraries"] == built["libraries"] != fresh["libraries"], (served, fresh)
     errors = _errors(report)
     assert {(code, subject) for code, subject, _ in errors} == {("CA101", "ca::twice")}, errors
     messages = [f["message"] for f in json.loads(report.read_text())["findings"]
@@ -691,6 +693,7 @@ def test_a_custom_passs_option_outside_its_uuid_is_served_stale_and_run_names_it
         tmp_path, env, OFFSET_PASS.replace("OFFSET", "10"), OFFSET_PASS.replace("OFFSET", "20"))
     assert built["result"] == served["result"] == [10.0, 12.0, 14.0, 16.0]
     assert fresh["result"] == [20.0, 22.0, 24.0, 26.0]  # ground truth: the hit is stale
+    assert served["libraries"] == built["libraries"] != fresh["libraries"], (served, fresh)
     errors = _errors(report)
     assert [(code, subject) for code, subject, _ in errors] == [("CA101", "Offset.offset")], errors
     named = [f for f in json.loads(report.read_text())["findings"]
