@@ -3,9 +3,11 @@ every CPU kernel of torch.compile takes) loads one kernel and calls it; prints o
 
 Run as `python inductor_driver.py kernel SOURCE_FILE` (the library's key and path, and what its
 `scaled(3)` returns), `python inductor_driver.py compile` (a real torch.compile of a small
-function on CPU: its result and torch's own cache counters), or `python inductor_driver.py op
+function on CPU: its result and torch's own cache counters), `python inductor_driver.py op
 OPS_FILE` (torch.compile of `ops.function`, the OPS_FILE module defining `torch.library` custom
-ops: its value and its input's gradient, and the counters).
+ops: its value and its input's gradient, and the counters), or `python inductor_driver.py
+module MODULE_FILE` (torch.compile of the module's `function` on its `inputs()`: the result and
+its dtype, the counters, and the kernel libraries mapped).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import json
 import sys
+from typing import Any
 
 
 def kernel(source_file: str) -> dict[str, object]:
@@ -48,16 +51,32 @@ def _libraries() -> list[str]:
     return sorted(os.path.basename(p) for p in paths if p.startswith(root + os.sep))
 
 
-def with_ops(ops_file: str) -> dict[str, object]:
+def _load(module_file: str) -> Any:
     import importlib.util
 
+    spec = importlib.util.spec_from_file_location("scenario_ops", module_file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def with_module(module_file: str) -> dict[str, object]:
     import torch
     from torch._dynamo.utils import counters
 
-    spec = importlib.util.spec_from_file_location("scenario_ops", ops_file)
-    assert spec is not None and spec.loader is not None
-    ops = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ops)
+    module = _load(module_file)
+    result = torch.compile(module.function)(*module.inputs())
+    return {"result": [round(float(v), 6) for v in result.flatten()], "dtype": str(result.dtype),
+            "libraries": _libraries(), "inductor": dict(counters["inductor"]),
+            "aot_autograd": dict(counters["aot_autograd"])}
+
+
+def with_ops(ops_file: str) -> dict[str, object]:
+    import torch
+    from torch._dynamo.utils import counters
+
+    ops = _load(ops_file)
     x = torch.arange(4, dtype=torch.float32, requires_grad=True)
     value = torch.compile(ops.function)(x)
     value.backward()
@@ -69,5 +88,5 @@ def with_ops(ops_file: str) -> dict[str, object]:
 if __name__ == "__main__":
     mode = sys.argv[1]
     done = (kernel(sys.argv[2]) if mode == "kernel" else with_ops(sys.argv[2]) if mode == "op"
-            else compiled())
+            else with_module(sys.argv[2]) if mode == "module" else compiled())
     print(json.dumps(done))

@@ -31,6 +31,16 @@ GXX = shutil.which("g++")
 
 pytestmark = pytest.mark.skipif(GXX is None, reason="Inductor compiles CPU kernels with g++")
 
+# `cpp.vec_isa_ok` (an Inductor config value, in the FX key, the same in every process of a
+# scenario): "0" generates scalar kernels, "1" takes the vector ISA from the CPU's flags.
+# Either way no ISA probe is compiled, ~4-8 s of every process whose cache is empty; the
+# scenarios that set it are not about the probes.
+SCALAR_KERNELS = {"TORCHINDUCTOR_VEC_ISA_OK": "0"}
+ISA_FROM_CPU_FLAGS = {"TORCHINDUCTOR_VEC_ISA_OK": "1"}
+# No precompiled header (also in the FX key): it costs ~4 s per $TMPDIR and per ISA, more than
+# the one or two kernels of a scenario save by it.
+NO_PRECOMPILED_HEADER = {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
+
 
 def _env(tmp: Path, cache: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
@@ -39,6 +49,10 @@ def _env(tmp: Path, cache: Path, **extra: str) -> dict[str, str]:
                 "CACHEAUDIT_LEDGER": str(tmp / "ledger.db"),
                 # precompiled headers live under $TMPDIR/torchinductor_<user>: kept per test
                 "TMPDIR": str(tmp / "tmp"),
+                # No pool of compile workers (each a process importing torch, on shared
+                # cores): kernels compile in the process. Not in the FX key
+                # (`_cache_config_ignore_prefix`, config.py:2854).
+                "TORCHINDUCTOR_COMPILE_THREADS": "1",
                 "PYTHONPATH": os.pathsep.join(
                     p for p in (str(TESTS.parent), os.environ.get("PYTHONPATH", "")) if p)})
     (tmp / "tmp").mkdir(exist_ok=True)
@@ -71,8 +85,8 @@ def test_a_header_cpath_supplies_is_served_stale_and_scan_names_it(tmp_path: Pat
     command line as text, so an edit of that header is served stale by the next process.
     `cacheaudit run` of that process, `pytest --cacheaudit` of a test served it, and a later
     scan name the header (CA101). Before the edit the scan raises no error (control), and
-    recording did not change the key: a plain compile into another empty cache computes the
-    same one."""
+    recording did not change the key: the plain compile into an empty cache after the edit
+    computes the same one."""
     include = tmp_path / "include"
     include.mkdir()
     header = include / "tile.h"
@@ -84,8 +98,6 @@ def test_a_header_cpath_supplies_is_served_stale_and_scan_names_it(tmp_path: Pat
 
     built = _kernel(env, source, recorded=True)
     assert built["value"] == 12
-    plain = _kernel(dict(env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "plain")), source)
-    assert plain["key"] == built["key"], "recording changed Inductor's kernel key"
 
     status, findings = _scan(env, cache)
     assert status == 0, [f for f in findings if f["severity"] == "error"]
@@ -98,6 +110,9 @@ def test_a_header_cpath_supplies_is_served_stale_and_scan_names_it(tmp_path: Pat
     fresh = _kernel(dict(env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "empty")), source)
     assert (served["key"], served["library"]) == (built["key"], built["library"])
     assert (served["value"], fresh["value"]) == (12, 24)  # ground truth: the hit is stale
+    # The plain compile into an empty cache computed the recorded compile's key: recording
+    # did not change it (and the header is not in it).
+    assert fresh["key"] == built["key"], "recording changed Inductor's kernel key"
 
     # `cacheaudit run` of the process that was served: a disk hit (seen by its opens; no
     # compiler ran), and the header named on it.
@@ -369,7 +384,7 @@ def test_a_custom_ops_autograd_formula_edited_is_served_stale_and_run_names_the_
     raises no error."""
     ops = tmp_path / "ops.py"
     cache = tmp_path / "cache"
-    env = _env(tmp_path, cache)
+    env = _env(tmp_path, cache, **SCALAR_KERNELS, **NO_PRECOMPILED_HEADER)
     empty = dict(env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "empty"))
     _ops(ops, "1.0", "2.0")
     built = _with_ops(env, ops, report=tmp_path / "built.json")
@@ -434,7 +449,7 @@ def test_an_isa_override_is_served_the_other_isa_s_graph_and_run_names_it(
     cache under the override gives other numbers. `cacheaudit run` of the served process names
     the variable on the FX entry (CA202, the adapter's hit record against its save record)."""
     cache = tmp_path / "cache"
-    env = _env(tmp_path, cache)
+    env = _env(tmp_path, cache, **ISA_FROM_CPU_FLAGS, **NO_PRECOMPILED_HEADER)
     override = dict(env, ATEN_CPU_CAPABILITY="avx2")
     report = tmp_path / "served.json"
     built = _compile(env, report=tmp_path / "built.json")
@@ -499,3 +514,345 @@ def test_the_adapter_records_a_disk_hit_and_fails_open(tmp_path: Path) -> None:
     assert served["installed"] and served["value"] == 7
     problems = [line for line in stderr.splitlines() if "cacheaudit" in line]
     assert len(problems) == 1, stderr
+
+
+# ------------------------------------------------------------------ stale FX hits, module by module
+
+
+def _module(env: dict[str, str], module: Path, *, report: Path | None = None
+            ) -> dict[str, object]:
+    """The driver's `module` mode on `module` (torch.compile of its `function`), in a process
+    of its own, under `cacheaudit run` when `report` is given."""
+    job = [sys.executable, str(DRIVER), "module", str(module)]
+    argv = ([sys.executable, "-m", "cacheaudit", "run", "--report-json", str(report), "--", *job]
+            if report else job)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+    # Under `cacheaudit run` an error finding fails the run (1); the job's answer is its line.
+    assert done.returncode in ((0, 1) if report else (0,)), done.stderr[-3000:]
+    return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
+
+
+def _errors(report: Path) -> list[tuple[str, str, str]]:
+    ran = json.loads(report.read_text())
+    return sorted((f["code"], f["subject"], str(f["entry"])) for f in ran["findings"]
+                  if f["severity"] == "error")
+
+
+def _served_after_edit(tmp_path: Path, env: dict[str, str], before: str, after: str
+                       ) -> tuple[dict[str, object], dict[str, object], dict[str, object], Path]:
+    """The module `before` compiled under `cacheaudit run` into an empty cache, then `after`
+    written in its place and run twice: under `cacheaudit run` against that cache (the served
+    process, its report returned) and plainly into another empty cache (the ground truth)."""
+    module = tmp_path / "scenario.py"
+    module.write_text(before)
+    built = _module(env, module, report=tmp_path / "built.json")
+    assert built["inductor"].get("fxgraph_cache_miss") == 1, built
+    module.write_text(after)
+    report = tmp_path / "served.json"
+    served = _module(env, module, report=report)
+    fresh = _module(dict(env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "empty")), module)
+    assert served["inductor"].get("fxgraph_cache_hit") == 1, served  # the second process hits
+    assert served["aot_autograd"].get("autograd_cache_hit") == 1, served
+    assert fresh["inductor"].get("fxgraph_cache_miss") == 1, fresh
+    return built, served, fresh, report
+
+
+BUMP = '''import torch
+
+
+@torch.library.custom_op("ca::bump", mutates_args=MUTATES)
+def bump(x: torch.Tensor) -> torch.Tensor:
+    BODY
+
+
+@bump.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def function(x):
+    y = x.clone()
+    bump(y)
+    return y
+
+
+def inputs():
+    return (torch.arange(4, dtype=torch.float32),)
+'''
+
+
+@pytest.mark.slow
+def test_a_custom_ops_mutates_args_changed_is_served_stale_and_run_names_the_op(
+        tmp_path: Path) -> None:
+    """`ca::bump` declared pure (`mutates_args=()`), then changed to write its input
+    (`mutates_args=("x",)`, `x.add_(1)`): the FX key names the op, not its schema, so the next
+    process is an FX and AOTAutograd hit served the graph traced when the op was pure, from
+    which the call whose result is unused was dropped: y comes back unbumped, where an empty
+    cache gives y + 1. `cacheaudit run` of that process names the op (CA101, mutates_args)."""
+    env = _env(tmp_path, tmp_path / "cache", **SCALAR_KERNELS, **NO_PRECOMPILED_HEADER)
+    pure = BUMP.replace("MUTATES", "()").replace("BODY", "return x + 1")
+    writes = BUMP.replace("MUTATES", '("x",)').replace("BODY", "x.add_(1)\n    return x + 0")
+    built, served, fresh, report = _served_after_edit(tmp_path, env, pure, writes)
+    assert built["result"] == served["result"] == [0.0, 1.0, 2.0, 3.0]  # the old graph's
+    assert fresh["result"] == [1.0, 2.0, 3.0, 4.0]  # ground truth: the hit is stale
+    errors = _errors(report)
+    assert {(code, subject) for code, subject, _ in errors} == {("CA101", "ca::bump")}, errors
+    messages = [f["message"] for f in json.loads(report.read_text())["findings"]
+                if f["subject"] == "ca::bump"]
+    assert len(messages) == 1 and "schema and mutates_args changed" in messages[0], messages
+
+
+TWICE = '''import torch
+
+
+@torch.library.custom_op("ca::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return IMPLEMENTATION
+
+
+@twice.register_fake
+def _(x):
+    return FAKE
+
+
+def function(x):
+    return twice(x) + 1
+
+
+def inputs():
+    return (torch.arange(4, dtype=torch.float32),)
+'''
+
+
+@pytest.mark.slow
+def test_a_custom_ops_fake_changed_is_served_stale_and_run_names_the_op(tmp_path: Path) -> None:
+    """`ca::twice` changed to return float64, its fake implementation (`register_fake`) with it:
+    the shapes torch checks at run time are the same, so the next process is an FX and
+    AOTAutograd hit served the graph traced with the float32 fake, whose kernel reads the
+    float64 buffer as float32: other numbers than an empty cache's 2x + 1. `cacheaudit run` of
+    that process names the op (CA101, fake implementation)."""
+    env = _env(tmp_path, tmp_path / "cache", **SCALAR_KERNELS, **NO_PRECOMPILED_HEADER)
+    single = TWICE.replace("IMPLEMENTATION", "x * 2").replace("FAKE", "torch.empty_like(x)")
+    double = TWICE.replace("IMPLEMENTATION", "(x * 2).double()").replace(
+        "FAKE", "torch.empty_like(x, dtype=torch.float64)")
+    built, served, fresh, report = _served_after_edit(tmp_path, env, single, double)
+    assert built["result"] == fresh["result"] == [1.0, 3.0, 5.0, 7.0]
+    assert (built["dtype"], fresh["dtype"]) == ("torch.float32", "torch.float64")
+    assert served["result"] != fresh["result"], served  # ground truth: the hit is wrong
+    # The old kernel served (float32 in), where the empty cache built another (float64 in).
+    assert served["libraries"] == built["libraries"] != fresh["libraries"], (served, fresh)
+    errors = _errors(report)
+    assert {(code, subject) for code, subject, _ in errors} == {("CA101", "ca::twice")}, errors
+    messages = [f["message"] for f in json.loads(report.read_text())["findings"]
+                if f["subject"] == "ca::twice"]
+    assert any("fake implementation" in m for m in messages), messages
+
+
+OFFSET_PASS = '''import torch
+from torch._inductor import config
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+
+class Offset(CustomGraphPass):
+    """Rewrites every `tensor + number` to `tensor + self.offset`."""
+
+    def __init__(self, offset):
+        self.offset = offset
+
+    def __call__(self, graph):
+        for node in graph.nodes:
+            if node.target is torch.ops.aten.add.Tensor and isinstance(node.args[1], (int, float)):
+                node.args = (node.args[0], self.offset)
+
+    def uuid(self):
+        return "offset-pass-1"  # the pass's version; its option is not in it
+
+
+config.post_grad_custom_post_pass = Offset(OFFSET)
+
+
+def function(x):
+    return x * 2 + 1
+
+
+def inputs():
+    return (torch.arange(4, dtype=torch.float32),)
+'''
+
+
+@pytest.mark.slow
+def test_a_custom_passs_option_outside_its_uuid_is_served_stale_and_run_names_it(
+        tmp_path: Path) -> None:
+    """A post-grad custom pass whose option (`Offset(10)`, then `Offset(20)`) is not in its
+    `uuid()`, the only part of a pass the FX key holds: the next process is an FX hit served
+    the graph the old option rewrote (2x + 10 where an empty cache gives 2x + 20).
+    `cacheaudit run` of that process names the option (CA101, `Offset.offset`) from the
+    adapter's pass snapshots."""
+    env = _env(tmp_path, tmp_path / "cache", **SCALAR_KERNELS, **NO_PRECOMPILED_HEADER)
+    built, served, fresh, report = _served_after_edit(
+        tmp_path, env, OFFSET_PASS.replace("OFFSET", "10"), OFFSET_PASS.replace("OFFSET", "20"))
+    assert built["result"] == served["result"] == [10.0, 12.0, 14.0, 16.0]
+    assert fresh["result"] == [20.0, 22.0, 24.0, 26.0]  # ground truth: the hit is stale
+    assert served["libraries"] == built["libraries"] != fresh["libraries"], (served, fresh)
+    errors = _errors(report)
+    assert [(code, subject) for code, subject, _ in errors] == [("CA101", "Offset.offset")], errors
+    named = [f for f in json.loads(report.read_text())["findings"]
+             if f["subject"] == "Offset.offset"]
+    assert "post_grad_custom_post_pass" in named[0]["message"], named
+
+
+SCALE = 2
+"""A module-level option the pass below reads (the scenario of a pass configured from outside
+its uuid())."""
+
+
+class _Scale:
+    """A custom pass in Inductor's shape: `__call__(graph)` and `uuid()`."""
+
+    def __init__(self, factor: int) -> None:
+        self.factor = factor
+
+    def __call__(self, graph: object) -> int:
+        return SCALE * self.factor
+
+    def uuid(self) -> str:
+        return "scale-1"
+
+
+def test_a_custom_passs_state_outside_its_uuid_is_compared_and_named(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adapter's pass snapshot against a later one, field by field: an instance attribute
+    and a module-level value the pass's `__call__` names are told apart and named
+    (`_Scale.factor`, `test_inductor.SCALE`); the same state, or another uuid() (in the key,
+    so that entry is not what is served), gives nothing."""
+    from cacheaudit.runtimes.inductor.adapter import _pass_state, _record, custom_pass_changes
+    from cacheaudit.runtimes.inductor.policy import POLICIES
+
+    slot = "post_grad_custom_post_pass"
+    then = {slot: _pass_state(_Scale(3))}
+    assert custom_pass_changes(then, {slot: _pass_state(_Scale(3))}) == []
+    monkeypatch.setattr(sys.modules[__name__], "SCALE", 5)
+    changes = custom_pass_changes(then, {slot: _pass_state(_Scale(4))})
+    assert [(c["field"], c["recorded"], c["current"]) for c in changes] == [
+        ("attribute factor", "3", "4"), ("global SCALE", "2", "5")]
+    renamed = _pass_state(_Scale(4))
+    renamed["uuid"] = "'scale-2'"
+    assert custom_pass_changes(then, {slot: renamed}) == []
+
+    hit = _record("disk-hit", "f" + "a" * 51, None, {"layer": "fxgraph",
+                                                     "custom_passes_changed": changes})
+    findings = POLICIES["inductor"].record_findings(hit, [])
+    assert [(f.code, f.subject) for f in findings] == [
+        ("CA101", "_Scale.factor"), ("CA101", f"{__name__}.SCALE")]
+    assert all(slot in f.message for f in findings)
+
+CLAMP = '''import torch
+
+
+def function(x):
+    return torch.clamp_min(x, 1.5)
+
+
+def inputs():
+    return (torch.arange(4, dtype=torch.float32),)
+'''
+PREFIX_HEADER = "torch/csrc/inductor/cpp_prefix.h"
+MAX_PROPAGATE_NAN = ("inline scalar_t max_propagate_nan(scalar_t a, scalar_t b) {\n"
+                     "  if (at::_isnan(a)) {\n    return a;\n  }\n  return a > b ? a : b;\n}")
+
+
+def _torch_farm(root: Path, header: str) -> tuple[Path, Path]:
+    """A private torch, so that the installed one is never touched: every top-level entry of
+    the package a symlink but `include/`, rebuilt as a tree of per-file symlinks, in which the
+    one `header` (relative to include/) is a real copy. First on PYTHONPATH it is the torch a
+    subprocess imports, and `cpp_extension.include_paths()` (cpp_builder.py:1315) points into
+    it. Returns (the directory for PYTHONPATH, the copied header)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    assert spec is not None and spec.origin is not None
+    real = Path(spec.origin).parent
+    farm = root / "torch"
+    farm.mkdir(parents=True)
+    for entry in real.iterdir():
+        if entry.name != "include":
+            (farm / entry.name).symlink_to(entry)
+    for directory, _, files in os.walk(real / "include"):
+        into = farm / Path(directory).relative_to(real)
+        into.mkdir(exist_ok=True)
+        for name in files:
+            (into / name).symlink_to(Path(directory) / name)
+    copied = farm / "include" / header
+    copied.unlink()
+    shutil.copyfile(real / "include" / header, copied)
+    return root, copied
+
+
+@pytest.mark.slow
+def test_a_torch_include_header_edited_is_served_stale_and_run_and_scan_name_it(
+        tmp_path: Path) -> None:
+    """A header under torch/include edited (`max_propagate_nan` in cpp_prefix.h, which every
+    Inductor CPU kernel includes, made to double its result), in a private torch whose include
+    directory Inductor compiles with (`-I<farm>/torch/include` on the command line it hashes):
+    neither key holds a header's content (`torch_key` hashes torch's Python sources, the kernel
+    key the source and the command line as text), so the next process is an FX hit whose
+    kernel, looked up by the same C++ key, is the old library: clamp_min(x, 1.5) as before,
+    where an empty cache gives twice that. `cacheaudit run` of that process and a later scan
+    name the header (CA101) on the kernel."""
+    farm, header = _torch_farm(tmp_path / "farm", PREFIX_HEADER)
+    include = str(header.parents[len(Path(PREFIX_HEADER).parts) - 1])
+    env = _env(tmp_path, tmp_path / "cache", **SCALAR_KERNELS, **NO_PRECOMPILED_HEADER,
+               PYTHONDONTWRITEBYTECODE="1")  # no byte code written into the real torch
+    env["PYTHONPATH"] = os.pathsep.join((str(farm), env["PYTHONPATH"]))
+    text = header.read_text()
+    assert text.count(MAX_PROPAGATE_NAN) == 1
+    edited = text.replace(MAX_PROPAGATE_NAN, MAX_PROPAGATE_NAN.replace(
+        "return a > b ? a : b;", "return 2 * (a > b ? a : b);"))
+
+    module = tmp_path / "scenario.py"
+    module.write_text(CLAMP)
+    built = _module(env, module, report=tmp_path / "built.json")
+    assert built["result"] == [1.5, 1.5, 2.0, 3.0], built
+    header.write_text(edited)
+    report = tmp_path / "served.json"
+    served = _module(env, module, report=report)
+    fresh = _module(dict(env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "empty")), module)
+    assert served["inductor"].get("fxgraph_cache_hit") == 1, served
+    assert served["libraries"] == built["libraries"] == fresh["libraries"], (served, fresh)
+    assert served["result"] == built["result"]  # the old kernel, from both layers
+    assert fresh["result"] == [3.0, 3.0, 4.0, 6.0]  # ground truth: the edited header compiled
+
+    # The kernel was built and looked up with the farm's include directory.
+    from cacheaudit.ledger import Ledger
+
+    with Ledger.open(env["CACHEAUDIT_LEDGER"], create=False) as ledger:
+        lookups = [r.extra["command_line"] for r in ledger.records()
+                   if r.observer == "adapter:inductor" and r.extra.get("layer") == "cpp"]
+    assert lookups and all(f"-I{include} " in line for line in lookups), lookups
+
+    library = str(tmp_path / "cache" / served["libraries"][0][1:3] / served["libraries"][0])
+    assert _errors(report) == [("CA101", str(header), library)]
+    status, findings = _scan(env, tmp_path / "cache")
+    assert status == 1
+    stale = [(f["code"], f["subject"], f["entry"]) for f in findings if f["severity"] == "error"]
+    assert stale == [("CA101", str(header), library)], findings
+
+
+@pytest.mark.slow
+def test_a_variable_in_the_fx_key_misses_and_run_stays_clean(tmp_path: Path) -> None:
+    """Control: `TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0` after a compile without it, a
+    variable cacheaudit knows and that is in the FX key (an Inductor config value): the next
+    process misses (torch's counter), writes an FX entry under another key and gets the
+    numbers an empty cache gives; `cacheaudit run` of it raises no error."""
+    env = _env(tmp_path, tmp_path / "cache", **SCALAR_KERNELS)
+    module = tmp_path / "scenario.py"
+    module.write_text(CLAMP)
+    built = _module(env, module, report=tmp_path / "built.json")
+    report = tmp_path / "changed.json"
+    changed = _module(dict(env, TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS="0"), module,
+                      report=report)
+    assert built["inductor"].get("fxgraph_cache_miss") == 1, built
+    assert changed["inductor"].get("fxgraph_cache_miss") == 1, changed
+    assert len(_fx_entries(tmp_path / "cache")) == 2
+    assert changed["result"] == built["result"] == [1.5, 1.5, 2.0, 3.0]
+    assert _errors(report) == []

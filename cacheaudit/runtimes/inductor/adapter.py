@@ -26,6 +26,10 @@ What is wrapped, each seam read in torch 2.13.0:
   the same key in the ledger; what differs, apart from the implementation (dispatched at run
   time: a change reaches the served graph), is `extra["custom_ops_changed"]`, which the policy
   reports.
+- Inductor's custom passes (the config's `*_custom_pass` slots, `PASS_SLOTS`): a snapshot, on
+  every FX record, of each pass's class, `uuid()`, class source digest, instance attributes and
+  the module-level values its `__call__` names (`snapshot_custom_passes`). The FX key holds the
+  `uuid()` alone; what else differs at a hit is `extra["custom_passes_changed"]`.
 
 Fails open: every wrapper calls the original and returns its result or raises its exception
 unchanged; anything of ours that fails is reported once on stderr. Records wait in a list and
@@ -78,6 +82,10 @@ def _digest(function: object) -> str | None:
         # constants, else only what the object is.
         text = (repr((code.co_code, code.co_consts)) if code is not None else
                 f"{type(target).__module__}.{type(target).__qualname__}")
+    return _digest_text(text)
+
+
+def _digest_text(text: str) -> str:
     return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogateescape"))
 
 
@@ -113,6 +121,106 @@ def snapshot_custom_ops() -> dict[str, dict[str, Any]]:
             "setup_context": _digest(getattr(opdef, "_setup_context_fn", None)),
         }
     return ops
+
+
+PASS_SLOTS = ("pre_grad_custom_pass", "post_grad_custom_pre_pass", "post_grad_custom_post_pass",
+              "joint_custom_pre_pass", "joint_custom_post_pass", "_pre_fusion_custom_pass",
+              "_post_fusion_custom_pass")
+"""The Inductor config values that hold custom passes (torch 2.13.0 `_inductor/config.py`
+:300-325), each a pass or a list of them. The FX key holds each pass's `uuid()` alone
+(`FxGraphHashDetails._get_custom_pass_detail`, codecache.py:1514-1536)."""
+VALUE_CHARS = 120
+"""A pass's option is kept as its repr up to this length, else as a digest of the repr."""
+_SIMPLE = (bool, int, float, complex, str, bytes, tuple, list, dict, frozenset, set,
+           type(None))
+
+
+def _value_text(value: object) -> str:
+    """What a pass's option is, comparable across processes: its repr (a digest of it when
+    long), or only its type when the repr holds an address."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a repr of the user's that fails: its type says enough
+        text = ""
+    if not text or " at 0x" in text:
+        return f"<{type(value).__module__}.{type(value).__qualname__}>"
+    if len(text) <= VALUE_CHARS:
+        return text
+    return "xxh3:" + _digest_text(text)
+
+
+def _class_digest(kind: type) -> str | None:
+    """A digest of a class's source; where it cannot be read (a module not in sys.modules),
+    of its own functions' sources, by name."""
+    try:
+        return _digest_text(inspect.getsource(kind))
+    except (OSError, TypeError):
+        return _digest_text(repr(sorted((name, _digest(value)) for name, value in vars(kind).items()
+                                        if inspect.isfunction(value))))
+
+
+def _pass_state(custom_pass: object) -> dict[str, Any]:
+    """A custom pass as its run reads it: its class, its `uuid()`, a digest of its class's
+    source, its instance attributes, and the module-level values its `__call__` names (options
+    kept beside the pass)."""
+    kind = type(custom_pass)
+    call = getattr(kind, "__call__", None)  # noqa: B004 - the method the pass manager runs
+    code = getattr(call, "__code__", None)
+    names = getattr(code, "co_names", ()) if code is not None else ()
+    module_values = getattr(call, "__globals__", {}) if code is not None else {}
+    uuid = getattr(custom_pass, "uuid", None)
+    return {
+        "class": f"{kind.__module__}.{kind.__qualname__}",
+        "uuid": _value_text(uuid()) if callable(uuid) else None,
+        "code": _class_digest(kind),
+        "attributes": {name: _value_text(value) for name, value in
+                       sorted(getattr(custom_pass, "__dict__", {}).items())},
+        "globals": {name: _value_text(module_values[name]) for name in sorted(set(names))
+                    if name in module_values and isinstance(module_values[name], _SIMPLE)},
+    }
+
+
+def snapshot_custom_passes() -> dict[str, dict[str, Any]]:
+    """Each custom pass in Inductor's config, by its slot (`slot[i]` in a list)."""
+    from torch._inductor import config
+
+    passes: dict[str, dict[str, Any]] = {}
+    for slot in PASS_SLOTS:
+        value = getattr(config, slot, None)
+        if value is None:
+            continue
+        listed = isinstance(value, (list, tuple))
+        for index, custom_pass in enumerate(value if listed else (value,)):
+            passes[f"{slot}[{index}]" if listed else slot] = _pass_state(custom_pass)
+    return passes
+
+
+def custom_pass_changes(then: Mapping[str, Any], now: Mapping[str, Any]
+                        ) -> list[dict[str, Any]]:
+    """(pass, class, field, recorded, current) for each pass of `then` whose state outside its
+    `uuid()` differs now; field is `code`, `attribute <name>` or `global <name>`. A pass whose
+    uuid changed is left out: the key holds it, so that FX entry is not what is served."""
+    changes = []
+    for slot in sorted(then):
+        old, new = then[slot], now.get(slot)
+        if not isinstance(old, Mapping):
+            continue
+        if not isinstance(new, Mapping) or new.get("class") != old.get("class"):
+            changes.append({"pass": slot, "class": old.get("class"), "field": "pass",
+                            "recorded": old.get("class"),
+                            "current": new.get("class") if isinstance(new, Mapping) else None})
+            continue
+        if new.get("uuid") != old.get("uuid"):
+            continue
+        fields = [("code", old.get("code"), new.get("code"))]
+        for group, label in (("attributes", "attribute"), ("globals", "global")):
+            before, after = old.get(group) or {}, new.get(group) or {}
+            fields.extend((f"{label} {name}", before.get(name), after.get(name))
+                          for name in sorted(set(before) | set(after)))
+        changes.extend({"pass": slot, "class": old.get("class"), "field": field,
+                        "recorded": recorded, "current": current}
+                       for field, recorded, current in fields if recorded != current)
+    return changes
 
 
 def custom_op_changes(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -356,12 +464,13 @@ def _fx_record(key: str, debug_lines: Sequence[str], result: Any) -> CompileReco
         return None  # a miss: the save that follows is the record
     return _record("disk-hit", key, _entry_file(_fx_directory(key)), {
         "layer": "fxgraph", "components": _components(debug_lines),
-        "custom_ops": snapshot_custom_ops()})
+        "custom_ops": snapshot_custom_ops(), "custom_passes": snapshot_custom_passes()})
 
 
 def _fx_saved(key: str, started_ns: int) -> CompileRecord | None:
     return _record("compile", key, _entry_file(_fx_directory(key)), {
-        "layer": "fxgraph", "custom_ops": snapshot_custom_ops()}, started_ns=started_ns)
+        "layer": "fxgraph", "custom_ops": snapshot_custom_ops(),
+        "custom_passes": snapshot_custom_passes()}, started_ns=started_ns)
 
 
 def _aot_record(key: str) -> CompileRecord:
@@ -395,11 +504,15 @@ def _with_custom_op_changes(record: CompileRecord, env: Mapping[str, str]) -> Co
                                order="r.id DESC", limit=1, with_graphs=False)
     if not built:
         return record
-    then = built[0].extra.get("custom_ops") or {}
-    changes = custom_op_changes(then, record.extra.get("custom_ops") or {})
+    then = built[0].extra
     extra = dict(record.extra, built_record=built[0].record_id)
+    changes = custom_op_changes(then.get("custom_ops") or {}, record.extra.get("custom_ops") or {})
     if changes:
         extra["custom_ops_changed"] = changes
+    passes = custom_pass_changes(then.get("custom_passes") or {},
+                                 record.extra.get("custom_passes") or {})
+    if passes:
+        extra["custom_passes_changed"] = passes
     return dataclasses.replace(record, extra=extra)
 
 

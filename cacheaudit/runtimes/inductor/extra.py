@@ -17,6 +17,11 @@ class InductorExtra(TypedDict, total=False):
     """The torch.library custom-op snapshot (`adapter.snapshot_custom_ops`)."""
     custom_ops_changed: list[dict[str, Any]]
     """On an FX hit: (op, field, recorded, current) against the entry's compile record."""
+    custom_passes: dict[str, dict[str, Any]]
+    """The custom-pass snapshot (`adapter.snapshot_custom_passes`), by config slot."""
+    custom_passes_changed: list[dict[str, Any]]
+    """On an FX hit: (pass, class, field, recorded, current) against the entry's compile
+    record, for a pass whose uuid() is unchanged."""
     built_record: str
     """On an FX hit: the id of the compile record its snapshot was compared with."""
     source: str

@@ -91,16 +91,56 @@ class InductorPolicy(Policy):
         call targets by name, so the served graph was traced with the old op."""
         if record.runtime != RUNTIME or record.event == "compile":
             return []
-        findings = []
+        findings = self._custom_pass_findings(record)
+        # One finding per op, naming every field that changed (findings are one per code and
+        # subject: a finding per field would keep only the first).
+        by_op: dict[str, list[Mapping[str, object]]] = {}
         for change in record.extra.get("custom_ops_changed") or ():
-            op, field = str(change.get("op")), str(change.get("field"))
+            by_op.setdefault(str(change.get("op")), []).append(change)
+        for op, changes in by_op.items():
+            fields = [str(change.get("field")) for change in changes]
+            words = " and ".join(_OP_FIELD_WORDS.get(field, field) for field in fields)
+            several = len(changes) > 1
+
+            def shown(side: str, changes: list[Mapping[str, object]] = changes,
+                      several: bool = several) -> str:
+                return "; ".join(f"{c.get('field')}: {c.get(side)}" if several else
+                                 str(c.get(side)) for c in changes)
+
             findings.append(make_finding(
                 "CA101", subject=op, record=record,
-                message=f"custom op {op}'s {_OP_FIELD_WORDS.get(field, field)} changed since "
-                        f"this FX graph entry was compiled, and Inductor's FX graph key does not "
-                        f"cover it: the graph served was traced with the old one",
-                recorded=str(change.get("recorded")), current=str(change.get("current")),
+                message=f"custom op {op}'s {words} changed since this FX graph entry was "
+                        f"compiled, and Inductor's FX graph key does not cover "
+                        f"{'them' if several else 'it'}: the graph served was traced with the "
+                        f"old one",
+                recorded=shown("recorded"), current=shown("current"),
                 how="the adapter's torch.library snapshot at the entry's compile (ledger record "
+                    f"{record.extra.get('built_record', '?')}) against the one at this hit"))
+        return findings
+
+    @staticmethod
+    def _custom_pass_findings(record: CompileRecord) -> list[Finding]:
+        """CA101 for each custom pass whose state outside its `uuid()` (its code, an instance
+        attribute, a module-level value its `__call__` names) differs between the compile that
+        wrote an FX graph entry and the process it was served to (`adapter.custom_pass_changes`):
+        the FX key holds the uuid() alone, so the graph served was transformed by the old pass.
+        The subject is what the user changed: `Class.attribute`, `module.NAME`, or the class."""
+        findings = []
+        for change in record.extra.get("custom_passes_changed") or ():
+            slot, kind = str(change.get("pass")), str(change.get("class"))
+            field = str(change.get("field"))
+            what, _, name = field.partition(" ")
+            subject = (f"{kind.rsplit('.', 1)[-1]}.{name}" if what == "attribute" else
+                       f"{kind.rsplit('.', 1)[0]}.{name}" if what == "global" else kind)
+            described = {"attribute": f"its attribute {name}", "global": f"the module value {name} "
+                         "its __call__ reads", "code": "its code"}.get(what, "the pass itself")
+            findings.append(make_finding(
+                "CA101", subject=subject, record=record,
+                message=f"custom pass {slot} ({kind}): {described} changed since this FX graph "
+                        f"entry was compiled, and its uuid(), the only part of it in Inductor's "
+                        f"FX graph key, did not: the graph served was transformed by the old pass",
+                recorded=str(change.get("recorded")), current=str(change.get("current")),
+                how="the adapter's custom-pass snapshot at the entry's compile (ledger record "
                     f"{record.extra.get('built_record', '?')}) against the one at this hit"))
         return findings
 
