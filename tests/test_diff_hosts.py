@@ -228,3 +228,34 @@ def test_an_unreadable_host_ledger_is_named_and_never_reads_as_all_clear(
 
 
 __all__ = ["NVCC"]
+
+
+def _three_hosts(directory: Path, kernel: str | None) -> None:
+    """node-a, node-b and node-c built one kernel (named `kernel`, or unnamed); node-c's
+    binary has other bytes."""
+    import uuid
+
+    from cacheaudit.ledger import Ledger, RunInfo
+    from cacheaudit.model import CompileRecord, FileState
+
+    for host, body in (("node-a", b"x"), ("node-b", b"x"), ("node-c", b"y")):
+        record = CompileRecord(
+            record_id=uuid.uuid4().hex, event="compile", started_ns=10**18, runtime="cuda.core",
+            kernel=kernel, key="K1", exit_code=0, host=host,
+            outputs=(FileState("/out/k.cubin", True, 1, 1, 1, 1, content_digest(body)),))
+        with Ledger.open(str(directory / f"{host}.db")) as ledger:
+            ledger.add_records([record], RunInfo(run_uuid=host, label="shim", host=host))
+
+
+@pytest.mark.parametrize("kernel", [None, "k"], ids=["unnamed", "named"])
+def test_an_odd_binary_is_named_for_an_unnamed_kernel_too(
+        tmp_path: Path, kernel: str | None):
+    fleet = tmp_path / "fleet"
+    fleet.mkdir()
+    _three_hosts(fleet, kernel)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEAUDIT")}
+    status, document = diff_json(env, "--by-host", str(fleet), cwd=tmp_path, kind="host-diff")
+    assert status == ExitCode.FINDINGS
+    [found] = document["kernels"]
+    assert (found["kernel"], found["odd_hosts"], found["parts"]) == (kernel, ["node-c"],
+                                                                      ["binary"])

@@ -215,7 +215,7 @@ class FleetReader:
                         f"SELECT r.runtime, r.kernel, r.key, ifnull(r.host, ''),"
                         f" {_SIGNATURE_COLUMNS}, r.record_uuid"
                         f" FROM temp.wanted w JOIN fleet_source.records r"
-                        " ON r.kernel = w.kernel AND r.runtime IS w.runtime AND r.key IS w.key"
+                        " ON r.kernel IS w.kernel AND r.runtime IS w.runtime AND r.key IS w.key"
                         f"{_CLASS_JOINS_BY_DIGEST} WHERE {_SUCCESSFUL}"
                         " ORDER BY r.host, r.started_ns, r.id").fetchall()
             except (sqlite3.Error, OSError, LedgerError, UnreadableSource):
@@ -232,6 +232,9 @@ class FleetReader:
             raise OSError(f"no such ledger file: {path}")
         if pending_spooled(path):
             _open_as_readers_do(path)
+            if pending_spooled(path):  # busy past its patience, or read-only: never a partial read
+                raise UnreadableSource(f"{pending_spooled(path)} spooled record(s) could not be "
+                                       "folded in (the ledger is busy or read-only)")
         self._attach(path)
         try:
             version = self._source_version(path)
@@ -253,8 +256,20 @@ class FleetReader:
                 self.conn.execute(f"DETACH DATABASE {SOURCE}")
 
     def _attach(self, path: str) -> None:
-        uri = f"file:{urllib.parse.quote(path)}?mode=ro"
-        self.conn.execute(f"ATTACH DATABASE ? AS {SOURCE}", (uri,))
+        """`path` attached as the ledger's readers connect (`opening.connect_read_only`):
+        `mode=ro`, else, where SQLite cannot share the WAL index (a read-only directory or
+        mount), `immutable=1`, which writes nothing at all."""
+        base = "file:" + urllib.parse.quote(os.fsencode(path))
+        try:
+            self.conn.execute(f"ATTACH DATABASE ? AS {SOURCE}", (base + "?mode=ro",))
+            self.conn.execute(f"SELECT count(*) FROM {SOURCE}.sqlite_master").fetchone()
+            return
+        except sqlite3.DatabaseError as exc:
+            with contextlib.suppress(sqlite3.Error):
+                self.conn.execute(f"DETACH DATABASE {SOURCE}")
+            if "not a database" in str(exc):
+                raise
+        self.conn.execute(f"ATTACH DATABASE ? AS {SOURCE}", (base + "?immutable=1",))
 
     def _source_version(self, path: str) -> int | None:
         try:
