@@ -259,3 +259,46 @@ def test_an_odd_binary_is_named_for_an_unnamed_kernel_too(
     [found] = document["kernels"]
     assert (found["kernel"], found["odd_hosts"], found["parts"]) == (kernel, ["node-c"],
                                                                       ["binary"])
+
+
+def test_a_ledger_that_breaks_halfway_adds_nothing_of_its_earlier_runs(tmp_path: Path):
+    """node-x's first run (an odd binary of the kernel every host built) reads; its second
+    run's records sit on pages overwritten with junk. node-x is named as not compared, and
+    neither its host, nor its compile, nor its odd binary is counted."""
+    import uuid
+
+    from cacheaudit.ledger import Ledger, RunInfo
+    from cacheaudit.model import CompileRecord, FileState
+
+    fleet = tmp_path / "fleet"
+    fleet.mkdir()
+    _three_hosts(fleet, "k")
+    (fleet / "node-c.db").unlink()  # node-a and node-b agree
+    broken = fleet / "node-x.db"
+
+    def compile_(kernel: str, body: bytes) -> CompileRecord:
+        return CompileRecord(
+            record_id=uuid.uuid4().hex, event="compile", started_ns=10**18, runtime="cuda.core",
+            kernel=kernel, key="K1", exit_code=0, host="node-x",
+            outputs=(FileState("/out/k.cubin", True, 1, 1, 1, 1, content_digest(body)),))
+
+    with Ledger.open(str(broken)) as ledger:
+        ledger.add_records([compile_("k", b"odd")], RunInfo(run_uuid="x1", label="shim",
+                                                            host="node-x"))
+        ledger.add_records([compile_(f"other{n}", b"x") for n in range(3000)],
+                           RunInfo(run_uuid="x2", label="shim", host="node-x"))
+        ledger.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        size = ledger.conn.execute("PRAGMA page_size").fetchone()[0]
+        leaves = [n for (n,) in ledger.conn.execute(
+            "SELECT pageno FROM dbstat WHERE name = 'records' AND pagetype = 'leaf'"
+            " ORDER BY pageno")]
+    with open(broken, "r+b") as handle:  # the later half of the records' leaves: run x2's
+        for page in leaves[len(leaves) // 2:]:
+            handle.seek((page - 1) * size)
+            handle.write(b"\xff" * size)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEAUDIT")}
+    status, document = diff_json(env, "--by-host", str(fleet), cwd=tmp_path, kind="host-diff",
+                                 exits=(ExitCode.USAGE,))
+    assert [s.split(":")[0] for s in document["skipped"]] == [str(broken)]
+    assert document["hosts"] == ["node-a", "node-b"], "node-x's first run is not counted"
+    assert document["totals"]["compiles"] == 2 and document["kernels"] == []

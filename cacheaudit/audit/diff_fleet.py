@@ -20,16 +20,17 @@ each source, only the compiles of the kernels whose signatures differ between ho
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
-import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import xxhash
 
 from cacheaudit.exceptions import LedgerError
+from cacheaudit.ledger.opening import attach_read_only
 from cacheaudit.ledger.schema import SCHEMA_VERSION
 from cacheaudit.ledger.spool import open_ledger, pending_spooled
 from cacheaudit.model import json_digest
@@ -48,6 +49,9 @@ _SIGNATURE = ("ifnull(hc.cls, 0)", "ifnull(bo.id, 0)", "ifnull(be.id, 0)", "ifnu
               "ifnull(gg.inputs, 0)", "ifnull(go.binary, 0)")
 """A compile's signature, part by part (`SIGNATURE_PARTS`), over `_CLASS_JOINS`."""
 _SIGNATURE_COLUMNS = ", ".join(_SIGNATURE)
+_SAME = " AND ".join(f"k.{part} = {value}" for part, value in zip("coesgb", _SIGNATURE,
+                                                                  strict=True))
+"""A compile's signature equal to its kernel's reference (`temp.kernels` k)."""
 
 _VALUE_JOINS = (
     " LEFT JOIN temp.host_compilers hc ON hc.id = r.compiler_id"
@@ -149,6 +153,7 @@ class FleetReader:
         self._hosts: set[str] = set()
         self._compiles = 0
         for path in self.sources:
+            self._undo: list[Callable[[], object]] = []
             try:
                 with self._attached(path):
                     self._class_source()
@@ -156,6 +161,8 @@ class FleetReader:
                     for run in runs:
                         self._fold(run)
             except (sqlite3.Error, OSError, LedgerError, UnreadableSource) as exc:
+                for step in reversed(self._undo):  # what its earlier runs added, taken back
+                    step()
                 skipped.append(f"{path}: {_why(exc)}")
                 continue
             readable.append(path)
@@ -165,19 +172,20 @@ class FleetReader:
     def _fold(self, run: int) -> None:
         """One run's compiles of the attached source compared with their kernels' references;
         what is new is kept (`KernelSummary`) and written back for the next run's comparison."""
-        conn = self.conn
+        conn, undo = self.conn, self._undo
         for host, count in conn.execute(
                 f"SELECT ifnull(r.host, ''), count(*) FROM {SOURCE}.records r"
                 f" WHERE r.run_id = ? AND {_SUCCESSFUL} GROUP BY r.host", (run,)):
-            self._hosts.add(host)
+            if host not in self._hosts:
+                self._hosts.add(host)
+                undo.append(functools.partial(self._hosts.discard, host))
             self._compiles += count
-        same = " AND ".join(f"k.{part} = {value}"
-                            for part, value in zip("coesgb", _SIGNATURE, strict=True))
+            undo.append(functools.partial(self._uncount, count))
         rows = conn.execute(
             f"SELECT r.runtime, r.kernel, r.key, ifnull(r.host, ''), {_SIGNATURE_COLUMNS}"
             f" FROM {SOURCE}.records r{_CLASS_JOINS} LEFT JOIN temp.kernels k"
             " ON k.kernel IS r.kernel AND k.runtime IS r.runtime AND k.key IS r.key"
-            f" WHERE r.run_id = ? AND {_SUCCESSFUL} AND (k.id IS NULL OR NOT ({same})"
+            f" WHERE r.run_id = ? AND {_SUCCESSFUL} AND (k.id IS NULL OR NOT ({_SAME})"
             " OR (k.many = 0 AND k.host != ifnull(r.host, '')))", (run,)).fetchall()
         new, flagged = [], []
         for runtime, kernel, key, host, *parts in rows:
@@ -186,15 +194,22 @@ class FleetReader:
             if summary is None:
                 summary = KernelSummary(len(self._kernels) + 1, host, {signature})
                 self._kernels[(runtime, kernel, key)] = summary
+                undo.append(functools.partial(self._kernels.pop, (runtime, kernel, key)))
                 new.append((summary.row, runtime, kernel, key, host, *signature))
                 continue
-            summary.signatures.add(signature)
+            if signature not in summary.signatures:
+                summary.signatures.add(signature)
+                undo.append(functools.partial(summary.signatures.discard, signature))
             if not summary.many_hosts and host != summary.host:
                 summary.many_hosts = True
+                undo.append(functools.partial(setattr, summary, "many_hosts", False))
                 flagged.append((summary.row,))
         conn.executemany("INSERT INTO temp.kernels (id, runtime, kernel, key, host, many, c, o,"
                          " e, s, g, b) VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?)", new)
         conn.executemany("UPDATE temp.kernels SET many = 1 WHERE id = ?", flagged)
+
+    def _uncount(self, count: int) -> None:
+        self._compiles -= count
 
     # ---------------------------------------------------------------- pass two
 
@@ -204,6 +219,7 @@ class FleetReader:
         if not identities:
             return
         for path in self.sources:
+            self._undo: list[Callable[[], object]] = []
             try:
                 with self._attached(path):
                     self._class_compilers()
@@ -232,9 +248,9 @@ class FleetReader:
             raise OSError(f"no such ledger file: {path}")
         if pending_spooled(path):
             _open_as_readers_do(path)
-            if pending_spooled(path):  # busy past its patience, or read-only: never a partial read
-                raise UnreadableSource(f"{pending_spooled(path)} spooled record(s) could not be "
-                                       "folded in (the ledger is busy or read-only)")
+            if left := pending_spooled(path):  # busy, or read-only: never a partial read
+                raise UnreadableSource(f"{left} spooled record(s) could not be folded in (the "
+                                       "ledger is busy or read-only)")
         self._attach(path)
         try:
             version = self._source_version(path)
@@ -248,7 +264,7 @@ class FleetReader:
             try:
                 yield
             except BaseException:
-                self.conn.execute("ROLLBACK")  # a source read halfway adds nothing
+                self.conn.execute("ROLLBACK")  # the scratch tables; `read` undoes the rest
                 raise
             self.conn.execute("COMMIT")
         finally:
@@ -256,20 +272,7 @@ class FleetReader:
                 self.conn.execute(f"DETACH DATABASE {SOURCE}")
 
     def _attach(self, path: str) -> None:
-        """`path` attached as the ledger's readers connect (`opening.connect_read_only`):
-        `mode=ro`, else, where SQLite cannot share the WAL index (a read-only directory or
-        mount), `immutable=1`, which writes nothing at all."""
-        base = "file:" + urllib.parse.quote(os.fsencode(path))
-        try:
-            self.conn.execute(f"ATTACH DATABASE ? AS {SOURCE}", (base + "?mode=ro",))
-            self.conn.execute(f"SELECT count(*) FROM {SOURCE}.sqlite_master").fetchone()
-            return
-        except sqlite3.DatabaseError as exc:
-            with contextlib.suppress(sqlite3.Error):
-                self.conn.execute(f"DETACH DATABASE {SOURCE}")
-            if "not a database" in str(exc):
-                raise
-        self.conn.execute(f"ATTACH DATABASE ? AS {SOURCE}", (base + "?immutable=1",))
+        attach_read_only(self.conn, path, SOURCE)
 
     def _source_version(self, path: str) -> int | None:
         try:

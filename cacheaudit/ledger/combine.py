@@ -6,7 +6,6 @@ import contextlib
 import functools
 import os
 import sqlite3
-import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -16,6 +15,7 @@ from cacheaudit.ledger.combine_sql import (
     needs_redaction,
     record_indexes_built_once,
 )
+from cacheaudit.ledger.opening import read_only_uris
 from cacheaudit.ledger.rows import _named_params, _rows, _value
 from cacheaudit.ledger.schema import SCHEMA_VERSION, stored_version
 from cacheaudit.ledger.spool import ingest_spool
@@ -81,7 +81,7 @@ def _schema_version(path: str) -> int | None:
     """The source's schema version before `Ledger.open` upgrades it; None when it cannot be
     read here (`Ledger.open` then says why)."""
     try:
-        conn = sqlite3.connect(f"file:{urllib.parse.quote(path)}?mode=ro", uri=True)
+        conn = sqlite3.connect(read_only_uris(path)[0], uri=True)
     except sqlite3.Error:
         return None
     try:
