@@ -297,8 +297,8 @@ def test_a_ledger_that_breaks_halfway_adds_nothing_of_its_earlier_runs(tmp_path:
             handle.seek((page - 1) * size)
             handle.write(b"\xff" * size)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEAUDIT")}
-    status, document = diff_json(env, "--by-host", str(fleet), cwd=tmp_path, kind="host-diff",
-                                 exits=(ExitCode.USAGE,))
+    _status, document = diff_json(env, "--by-host", str(fleet), cwd=tmp_path, kind="host-diff",
+                                  exits=(ExitCode.USAGE,))
     assert [s.split(":")[0] for s in document["skipped"]] == [str(broken)]
     assert document["hosts"] == ["node-a", "node-b"], "node-x's first run is not counted"
     assert document["totals"]["compiles"] == 2 and document["kernels"] == []
