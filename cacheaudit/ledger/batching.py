@@ -161,36 +161,41 @@ def _intern_files(ledger: LedgerWrites, paths: Iterable[str]) -> set[int]:
 
 
 def _intern_states(ledger: LedgerWrites, states: Iterable[FileState], new_files: set[int]
-                   ) -> None:
-    """Every state of `states` gets an id in the memo. A state of a file inserted in this batch
-    is new for certain; one of an older file is looked up by the unique index first."""
+                   ) -> list[int]:
+    """The id of each of `states`, in their order, each remembered in the memo. A state of a
+    file inserted in this batch is new for certain; one of an older file is looked up by the
+    unique index first. Each state's parameters are made once (a batch of compiles has two
+    states a record)."""
     memo = ledger._ids
-    wanted: dict[tuple[Any, ...], None] = {}
+    ids: list[int] = []
+    new: dict[tuple[Any, ...], int] = {}
+    first = 0
     for state in states:
         params = _state_params(memo[("file", state.path)], state)
-        if ("state", params) not in memo:
-            wanted[params] = None
-    new = []
-    for params in wanted:
-        if params[0] not in new_files:
+        found = memo.get(("state", params))
+        if found is None:
+            found = new.get(params)
+        if found is None and params[0] not in new_files:
             found = _value(ledger.conn,
                            "SELECT id FROM file_states WHERE file_id = ? AND present = ? AND"
                            " size = ? AND mtime_ns = ? AND ctime_ns = ? AND inode = ? AND"
                            " digest = ? AND settled = ? AND error = ?", _params(params))
             if found is not None:
-                memo[("state", params)] = int(found)
-                continue
-        new.append(params)
-    if not new:
-        return
-    first = _next_id(ledger, "file_states")
-    ledger.conn.executemany(
-        "INSERT INTO file_states (id, file_id, present, size, mtime_ns, ctime_ns, inode,"
-        " digest, settled, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        # A state's text is its digest and error (the path is its file's id).
-        [(first + n, *params) if (params[6] + params[8]).isascii()
-         else _params((first + n, *params)) for n, params in enumerate(new)])
-    memo.update((("state", params), first + n) for n, params in enumerate(new))
+                found = memo[("state", params)] = int(found)
+        if found is None:
+            if not new:
+                first = _next_id(ledger, "file_states")
+            found = new[params] = first + len(new)
+        ids.append(found)
+    if new:
+        ledger.conn.executemany(
+            "INSERT INTO file_states (id, file_id, present, size, mtime_ns, ctime_ns, inode,"
+            " digest, settled, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            # A state's text is its digest and error (the path is its file's id).
+            [(row_id, *params) if (params[6] + params[8]).isascii()
+             else _params((row_id, *params)) for params, row_id in new.items()])
+        memo.update((("state", params), row_id) for params, row_id in new.items())
+    return ids
 
 
 def _intern_graphs(ledger: LedgerWrites, graphs: Iterable[StoredGraph]) -> None:
@@ -207,7 +212,7 @@ def _intern_graphs(ledger: LedgerWrites, graphs: Iterable[StoredGraph]) -> None:
     files = [f for g in unknown.values() for f in g.files]
     new_files = _intern_files(
         ledger, itertools.chain.from_iterable((f.path, f.written) for f in files))
-    _intern_states(ledger, (f.state for f in files), new_files)
+    state_ids = iter(_intern_states(ledger, [f.state for f in files], new_files))
     first = _next_id(ledger, "graphs")
     ordered = list(unknown.items())
     ledger.conn.executemany(
@@ -216,11 +221,10 @@ def _intern_graphs(ledger: LedgerWrites, graphs: Iterable[StoredGraph]) -> None:
          if (digest + graph.method).isascii()
          else _params((first + n, digest, graph.method, len(graph.files)))
          for n, (digest, graph) in enumerate(ordered)])
+    # The members in the order their states were interned: graph by graph, position by position.
     ledger.conn.executemany(
         "INSERT INTO graph_files (graph_id, position, state_id, written_id) VALUES (?, ?, ?, ?)",
-        [(first + n, position,
-          memo[("state", _state_params(memo[("file", f.path)], f.state))],
-          memo[("file", f.written)])
+        [(first + n, position, next(state_ids), memo[("file", f.written)])
          for n, (_digest, graph) in enumerate(ordered)
          for position, f in enumerate(graph.files)])
     memo.update((("graph", digest), first + n) for n, (digest, _graph) in enumerate(ordered))
