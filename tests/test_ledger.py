@@ -173,7 +173,8 @@ def test_schema_is_created_through_recorded_migrations_in_wal_mode(tmp_path):
     applied = [r[0] for r in conn.execute(
         "SELECT name FROM _sqlite_migrations WHERE migration_set = 'cacheaudit'")]
     assert applied == ["0001_initial", "0002_records_by_run_and_test", "0003_entry_identity",
-                       "0004_evictions", "0005_records_by_kernel_name"]
+                       "0004_evictions", "0005_records_by_kernel_name",
+                       "0006_fewer_record_indexes"]
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == (
         str(SCHEMA_VERSION))
@@ -350,7 +351,7 @@ def test_a_version_1_ledger_is_upgraded_by_a_reader_and_keeps_its_records(tmp_pa
             "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
     assert {"records_by_run", "records_by_test", "records_by_sources", "records_by_outputs",
             "graph_files_by_state", "file_states_by_digest"} <= indexes
-    assert version == str(SCHEMA_VERSION) == "5"
+    assert version == str(SCHEMA_VERSION) == "6"
 
 
 def test_upgrading_to_version_3_forgets_the_entries_scans_gave_shim_records(tmp_path):
@@ -384,7 +385,7 @@ def test_a_version_3_ledger_gains_the_evictions_table_and_keeps_its_records(tmp_
     conn.execute("DROP TABLE evictions")
     # A version 3 ledger has neither of the later migrations recorded.
     conn.execute("DELETE FROM _sqlite_migrations WHERE name IN ('0004_evictions',"
-                 " '0005_records_by_kernel_name')")
+                 " '0005_records_by_kernel_name', '0006_fewer_record_indexes')")
     conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
@@ -399,31 +400,107 @@ def test_a_version_3_ledger_gains_the_evictions_table_and_keeps_its_records(tmp_
     assert version == str(SCHEMA_VERSION)
 
 
+# The indexes on records of a version 5 ledger that version 6 changed or dropped.
+_VERSION_5_INDEXES = {
+    "records_by_kernel": "CREATE INDEX records_by_kernel ON records (runtime, kernel, started_ns)",
+    "records_by_kernel_name": "CREATE INDEX records_by_kernel_name ON records (kernel, started_ns)",
+    "records_by_key": "CREATE INDEX records_by_key ON records (key)",
+    "records_by_sources": "CREATE INDEX records_by_sources ON records (sources_id)",
+    "records_by_outputs": "CREATE INDEX records_by_outputs ON records (outputs_id)",
+}
+
+
+def _downgrade_to_version_5(path: str) -> None:
+    conn = sqlite3.connect(path)
+    for name, statement in _VERSION_5_INDEXES.items():
+        conn.execute(f"DROP INDEX IF EXISTS {name}")
+        conn.execute(statement)
+    conn.execute("DELETE FROM _sqlite_migrations WHERE name = '0006_fewer_record_indexes'")
+    conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+
+
+def _record_indexes(conn: sqlite3.Connection) -> dict[str, str]:
+    return {name: " ".join(sql.split()) for name, sql in conn.execute(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'records'"
+        " AND sql IS NOT NULL")}
+
+
+def test_a_version_5_ledger_is_upgraded_to_fewer_record_indexes_and_reads_back_equal(tmp_path):
+    # Version 6 (issue 16): one kernel index instead of two; key, sources and outputs indexed
+    # only where a record has them (a hit is written into four indexes, not eight).
+    path, fresh = str(tmp_path / "ledger.db"), str(tmp_path / "fresh.db")
+    written = [_record("a", test_id="t.py::test_a"),
+               _record("b", event="disk-hit", entry="/c/b", key="k", sources=(), outputs=(),
+                       graph=None, compiler=None, argv=(), effective_argv=(), env={})]
+    with Ledger.open(path) as ledger:
+        ledger.add_records(written, RUN)
+        before = {r.record_id: r for r in ledger.records()}
+    Ledger.open(fresh).close()
+    _downgrade_to_version_5(path)
+    with sqlite3.connect(path) as conn:
+        assert "records_by_kernel_name" in _record_indexes(conn)
+    with Ledger.open(path, create=False) as ledger:
+        after = {r.record_id: r for r in ledger.records()}
+        version = ledger.conn.execute(
+            "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+        upgraded = _record_indexes(ledger.conn)
+        assert ledger.integrity_check() == "ok"
+    with sqlite3.connect(fresh) as conn:
+        created = _record_indexes(conn)
+    assert version == str(SCHEMA_VERSION) == "6"
+    assert after == before
+    assert sorted(after) == sorted(r.record_id for r in written)
+    # The upgraded ledger has exactly the indexes a new one is created with.
+    assert upgraded == created
+    assert "records_by_kernel_name" not in upgraded
+    assert upgraded["records_by_kernel"].endswith("(kernel, started_ns, id, runtime)")
+    for name, condition in (("records_by_key", "event = 'compile'"),
+                            ("records_by_sources", "sources_id IS NOT NULL"),
+                            ("records_by_outputs", "outputs_id IS NOT NULL")):
+        assert upgraded[name].endswith(f"WHERE {condition}"), (name, upgraded[name])
+
+
+def test_a_hit_is_written_into_the_indexes_of_a_hit_only(tmp_path):
+    # The partial indexes hold compiles' keys and present sources/outputs, nothing of a hit.
+    path = str(tmp_path / "ledger.db")
+    with Ledger.open(path) as ledger:
+        ledger.add_records([_record("a"), _record("b", event="disk-hit", entry="/c/b", key="k",
+                                                  sources=(), outputs=(), graph=None)], RUN)
+        entries = {name: ledger.conn.execute(
+            f"SELECT count(*) FROM records INDEXED BY {name} WHERE {where}").fetchone()[0]
+            for name, where in (("records_by_key", "event = 'compile' AND key IS NOT NULL"),
+                                ("records_by_sources", "sources_id IS NOT NULL"),
+                                ("records_by_outputs", "outputs_id IS NOT NULL"))}
+    assert entries == {"records_by_key": 0, "records_by_sources": 1, "records_by_outputs": 1}
+
+
 def test_a_kernels_history_is_read_by_index_with_or_without_its_runtime(tmp_path):
-    # Version 5: `report --kernel K` without --runtime read every record's index entry.
+    # Version 5: `report --kernel K` without --runtime read every record's index entry;
+    # version 6 reads both through one index, (kernel, started_ns, id, runtime), a version 5
+    # ledger upgraded as well as a new one.
     path = str(tmp_path / "ledger.db")
     with Ledger.open(path) as ledger:
         ledger.add_records([_record(f"k{i % 3}", started_ns=i) for i in range(9)], RUN)
-    conn = sqlite3.connect(path)
-    conn.execute("DROP INDEX records_by_kernel_name")
-    conn.execute("DELETE FROM _sqlite_migrations WHERE name = '0005_records_by_kernel_name'")
-    conn.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
-    conn.commit()
-    conn.close()
+    _downgrade_to_version_5(path)
     with Ledger.open(path, create=False) as ledger:
         statements: list[str] = []
         ledger.conn.set_trace_callback(statements.append)
         by_name = ledger.recent_records(kernel="k1", limit=2)
         count = ledger.count_records(kernel="k1")
         both = ledger.recent_records(kernel="k1", runtime="deepjit", limit=2)
+        other = ledger.recent_records(kernel="k1", runtime="triton", limit=2)
         ledger.conn.set_trace_callback(None)
         plans = [_plan(ledger, sql, ()) for sql in statements
                  if sql.startswith("SELECT") and "r.kernel = " in sql]
     assert [r.started_ns for r in by_name] == [4, 7] == [r.started_ns for r in both]
+    assert other == []
     assert count == 3
-    assert len(plans) == 3
+    assert len(plans) == 4
     for plan in plans:
         assert "SCAN r" not in plan and "records_by_kernel" in plan, plan
+        assert "TEMP B-TREE" not in plan, plan
 
 
 def test_identity_candidates_are_found_by_entry_source_and_output(tmp_path):

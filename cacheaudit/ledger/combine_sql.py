@@ -34,7 +34,7 @@ from typing import Any
 
 from cacheaudit import __version__
 from cacheaudit.ledger.redact import _redacted_argv, _redacted_text, argv_redaction
-from cacheaudit.ledger.schema import SCHEMA, _statements
+from cacheaudit.ledger.schema import _RECORD_INDEXES as _SCHEMA_RECORD_INDEXES
 
 SOURCE = "combine_source"
 """The schema name the source ledger is attached under."""
@@ -92,8 +92,8 @@ kernel, key, entry, sources and outputs (every host builds the same kernels), so
 commit rewrites pages across the whole of them: a cost per source that grows with the target
 (0.4 s a host at 10 hosts, 1 s at 100), where one sorted build at the end is n log n."""
 
-_RECORD_INDEXES = [s for s in _statements(SCHEMA)
-                   if s.startswith("CREATE INDEX") and " ON records " in s]
+# The schema's own list: a statement there may open with its comment.
+_RECORD_INDEXES = list(_SCHEMA_RECORD_INDEXES.values())
 
 
 @contextlib.contextmanager
