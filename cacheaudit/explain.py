@@ -84,8 +84,11 @@ def locate(target: str, env: Mapping[str, str], ledger: Ledger | None,
             raise UsageError(f"{target}: not inside a cache entry of any known runtime")
         return entry, None
     if ledger is not None:
-        # A literal prefix: LIKE would read `_` and `%` in the target as wildcards.
-        condition, params = "substr(r.record_uuid, 1, ?) = ?", (len(target), target)
+        # A literal prefix: LIKE would read `_` and `%` in the target as wildcards. The range
+        # lets the unique index on record_uuid find it (substr alone reads every record).
+        condition = ("r.record_uuid >= ? AND r.record_uuid < ?"
+                     " AND substr(r.record_uuid, 1, ?) = ?")
+        params = (target, target + "\U0010ffff", len(target), target)
         records = ledger.records(where=condition, params=params, limit=2)
         if len(records) > 1:
             count = ledger.conn.execute(
