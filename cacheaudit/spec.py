@@ -102,6 +102,12 @@ class RuntimeSpec(NamedTuple):
     """The dotted name of the runtime's package (set by the registry)."""
     layout: str | None = None
     """Module of the package (or a dotted path) whose `LAYOUT` reads this runtime's cache."""
+    roots: str | None = None
+    """Module of the package (or a dotted path) whose `default_roots(env)` lists the cache roots
+    the runtime uses under an environment, existing or not, in lookup order: what the layout's
+    `default_roots` returns, in a module of the standard library only, so that a session knows
+    the roots to watch without loading a reader (`cacheaudit.runtimes.default_roots`). None:
+    the layout's `default_roots` (a reader loaded for it)."""
     policy: str | None = None
     """Module of the package (or a dotted path) whose `POLICIES[name]` judges its entries."""
     adapter: str | None = None

@@ -148,6 +148,32 @@ def test_every_spec_agrees_with_the_modules_it_names() -> None:
     assert owned <= set(runtimes.names())
 
 
+ROOT_ENVIRONMENTS = (
+    {},
+    {"HOME": "/home/u", "XDG_CACHE_HOME": "", "TMPDIR": "/nonexistent-tmp", "USER": "u:v"},
+    {"HOME": "/home/u", "XDG_CACHE_HOME": "/xdg", "DG_JIT_CACHE_DIR": "", "DG_CACHE_DIR": "/dg",
+     "EP_JIT_CACHE_DIR": "/ep", "MY_JIT_CACHE_DIR": "/my:/my2", "DJ_JIT_CACHE_DIR": "/dj:",
+     "TRITON_CACHE_DIR": "", "TORCH_EXTENSIONS_DIR": "/ext", "CUPY_CACHE_DIR": "/cupy",
+     "FLASHINFER_WORKSPACE_BASE": "/fi", "TORCHINDUCTOR_CACHE_DIR": "rel/ind", "LOGNAME": "l"},
+    {"TRITON_HOME": "/th", "TRITON_CACHE_DIR": "/tc", "TORCH_EXTENSIONS_DIR": ""},
+)
+
+
+def test_the_specs_roots_modules_give_every_layouts_default_roots(toy) -> None:
+    """A session reads the default roots from the specs' `roots` modules, without a reader
+    (`runtimes.default_roots`): they must be exactly what the layouts' `default_roots` give,
+    under environments that set each runtime's variables, none, or empty ones. ToyJIT declares
+    no `roots` module: its layout is asked."""
+    built_in = [s for s in runtimes.specs() if s.layout and s.package.startswith("cacheaudit.")]
+    assert built_in and all(s.roots for s in built_in), [s.name for s in built_in if not s.roots]
+    for env in ROOT_ENVIRONMENTS:
+        env = {**env, "TOYJIT_CACHE_DIR": "/toy"}
+        from_layouts = [root for layout in runtimes.layouts()
+                        for root in layout.default_roots(env)]
+        assert runtimes.default_roots(env) == from_layouts, env
+        assert "/toy" in from_layouts
+
+
 def test_a_runtime_package_that_cannot_be_read_is_left_out_and_said_once(tmp_path: Path) -> None:
     env = dict(os.environ, CACHEAUDIT_RUNTIMES="no_such_runtime:no_such_runtime",
                CACHEAUDIT_LEDGER=str(tmp_path / "ledger.db"))
