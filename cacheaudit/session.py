@@ -17,6 +17,7 @@ import shutil
 from collections.abc import Mapping
 
 from cacheaudit.exceptions import UsageError
+from cacheaudit.ids import uuid4_hex
 from cacheaudit.shim import (
     MASQUERADE_NAMES,
     install_masquerade,
@@ -85,16 +86,6 @@ def _pattern_settings(original: Mapping[str, str],
     return found
 
 
-def new_run_uuid() -> str:
-    """A random run id, as `uuid.uuid4().hex` writes it (32 hex digits, version 4, the RFC 4122
-    variant), without importing `uuid` (and `platform`) into every process that prepares a
-    session."""
-    raw = bytearray(os.urandom(16))
-    raw[6] = (raw[6] & 0x0F) | 0x40
-    raw[8] = (raw[8] & 0x3F) | 0x80
-    return raw.hex()
-
-
 class Session:
     """A prepared session: its run, its ledger, the masquerade directory and the environment
     for everything below it. (A plain class, not a dataclass: `dataclasses` imports `inspect`,
@@ -128,7 +119,7 @@ def prepare(env: Mapping[str, str], *, ledger: str, label: str,
     """The environment for a recorded run: shims first on PATH, runtimes' compiler settings at
     the shim, the run id and the ledger for every record below."""
     child = dict(env)
-    run_uuid = run_uuid or child.get(RUN_VARIABLE) or new_run_uuid()
+    run_uuid = run_uuid or child.get(RUN_VARIABLE) or uuid4_hex()
     shims = child.get(SHIMS)
     owns = False
     if not (shims and os.path.isdir(shims)):
