@@ -17,12 +17,14 @@ pyproject.toml's directory.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Mapping
-from typing import Any
 
 from cacheaudit.exceptions import ConfigError
+
+TYPE_CHECKING = False  # not `typing`: every session reads its settings at its start
+if TYPE_CHECKING:
+    from typing import Any
 
 FAIL_ON_CHOICES = ("error", "warning", "info", "never")
 
@@ -184,6 +186,8 @@ def load_settings(start: str | None = None) -> Settings:
 def _toml_place(error: Exception) -> str:
     """Where the parser stopped, in words that do not change with the Python release (the
     parser's own wording does)."""
+    import re  # only for a pyproject.toml that cannot be parsed
+
     found = re.search(r"at line (\d+), column (\d+)", str(error))
     return f"at line {found[1]}, column {found[2]}" if found else f"({error})"
 

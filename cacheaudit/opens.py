@@ -28,7 +28,12 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import NamedTuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NamedTuple
+else:
+    from cacheaudit.plain import NamedTuple  # `typing` would cost every session's start
 
 IN_ACCESS = 0x00000001
 IN_OPEN = 0x00000020

@@ -13,7 +13,7 @@ wherever torch is importable), which is left as the user wrote it.
 from __future__ import annotations
 
 import os
-import shutil
+import sys
 from collections.abc import Mapping
 
 from cacheaudit.exceptions import UsageError
@@ -111,6 +111,8 @@ class Session:
         # A forked child exiting normally runs the parent's atexit hooks too: the directory is
         # the parent's to remove.
         if self.owns_shims and os.getpid() == self.owner_pid:
+            import shutil
+
             shutil.rmtree(self.shims, ignore_errors=True)
 
 
@@ -196,9 +198,26 @@ def _pin_cuda_home(child: dict[str, str], original: Mapping[str, str], path: str
     """
     if original.get("CUDA_HOME") or original.get("CUDA_PATH"):
         return
-    nvcc = shutil.which("nvcc", path=path)
+    nvcc = _which("nvcc", path)
     if nvcc is not None:
         child["CUDA_HOME"] = os.path.dirname(os.path.dirname(nvcc))
+
+
+def _which(name: str, path: str) -> str | None:
+    """`shutil.which(name, path=path)`, without importing `shutil` (and its `fnmatch`, `re`,
+    `zlib`, `bz2` and `lzma`) where it would do the same: POSIX, a bare name."""
+    if sys.platform == "win32" or os.path.dirname(name):
+        import shutil
+
+        return shutil.which(name, path=path)
+    if not path:
+        return None
+    for directory in dict.fromkeys(path.split(os.pathsep)):  # normcase is the identity here
+        candidate = os.path.join(directory, name)
+        if (os.path.exists(candidate) and os.access(candidate, os.F_OK | os.X_OK)
+                and not os.path.isdir(candidate)):
+            return candidate
+    return None
 
 
 def _stand_in(child: dict[str, str], shims: str, value: str, family: str) -> str | None:

@@ -18,8 +18,13 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-import re
-from typing import NamedTuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
+    from typing import NamedTuple
+else:
+    from cacheaudit.plain import NamedTuple  # `typing` would cost every session's start
 
 CUDA_TOOLKIT_NVCC = ("$CUDA_HOME/bin/nvcc", "$CUDA_PATH/bin/nvcc", "nvcc",
                      "/usr/local/cuda/bin/nvcc")
@@ -86,6 +91,8 @@ class CompilerSetting(NamedTuple):
 
 @functools.lru_cache(maxsize=32)
 def _compiled(pattern: str) -> re.Pattern[str]:
+    import re  # only for a pattern setting matched: most sessions set no such variable
+
     return re.compile(pattern)
 
 

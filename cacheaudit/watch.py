@@ -14,20 +14,24 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from cacheaudit.opens import ObservedOpens, OpenObserver
 from cacheaudit.runtimes import default_roots, layouts
 
+# Not `typing`: it imports `re` and `enum`, ~20 ms of a session's first process.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import NamedTuple, Protocol
+
     from cacheaudit.ledger import Ledger
     from cacheaudit.model import CacheEntry
 
+    class Window(Protocol):
+        """A scope's time window (`cacheaudit.audit.Scope`)."""
 
-class Window(Protocol):
-    """A scope's time window (`cacheaudit.audit.Scope`)."""
-
-    def within(self, ns: int | None) -> bool: ...
+        def within(self, ns: int | None) -> bool: ...
+else:
+    from cacheaudit.plain import NamedTuple
 
 
 _NONE: Mapping[str, str] = MappingProxyType({})

@@ -234,3 +234,38 @@ def test_cacheaudit_run_records_the_toy_runtime_through_its_compiler_setting(
     scanned = _cacheaudit(env, "scan", "--json")
     assert scanned.returncode == 0, scanned.stderr
     assert json.loads(scanned.stdout)["matched"] == 1
+
+
+def test_the_plain_named_tuple_builds_what_typing_builds() -> None:
+    """`cacheaudit.plain.NamedTuple` (the specs' classes, without `typing`) against
+    `typing.NamedTuple` for the same class body: fields, defaults, methods, `_replace`, repr."""
+    import typing
+
+    from cacheaudit.plain import NamedTuple as PlainNamedTuple
+
+    def body(base: type) -> type:
+        class Setting(base):  # type: ignore[misc, valid-type]
+            """A setting."""
+
+            name: str
+            compiler: str = "nvcc"
+            unless_set: tuple[str, ...] = ()
+
+            def shown(self) -> str:
+                return f"{self.name}={self.compiler}"
+
+        return Setting
+
+    plain, typed = body(PlainNamedTuple), body(typing.NamedTuple)
+    for cls in (plain, typed):
+        value = cls("CXX", unless_set=("CC",))
+        assert (value.shown(), value._replace(compiler="g++").compiler) == ("CXX=nvcc", "g++")
+    assert plain._fields == typed._fields and plain._field_defaults == typed._field_defaults
+    assert repr(plain("CXX")) == repr(typed("CXX")) and plain("CXX") == typed("CXX")
+    assert plain.__doc__ == "A setting." and plain.__module__ == __name__
+    with pytest.raises(AttributeError):
+        plain("CXX").extra = 1  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="without a default"):
+        class Wrong(PlainNamedTuple):  # type: ignore[misc, valid-type]
+            first: int = 0
+            second: int

@@ -83,12 +83,15 @@ OWN_SESSION_NEVER = ("cacheaudit.audit", "cacheaudit.ledger.store", "cacheaudit.
                      "cacheaudit.ledger.combine", "cacheaudit.ledger.combine_sql",
                      "cacheaudit.scratch", "cacheaudit.recorder", "cacheaudit.compilers",
                      "cacheaudit.runtimes.triton.policy", "cacheaudit.children", "subprocess",
-                     "tomllib", "sqlite3")
+                     "tomllib", "sqlite3", "cacheaudit.model", "cacheaudit.digest", "typing",
+                     "dataclasses", "inspect", "uuid", "shutil", "shlex", "ctypes")
 """What a process that prepares its own session (`CACHEAUDIT=1`, no session above it) and
 compiles nothing never imports, from start-up to its exit audit, while no ledger file exists
 yet and no pyproject.toml is above it: the judge, the ledger's readers and writers, the shim's
 recorder, a runtime's policy, cacheaudit's child processes, the TOML parser; nor, where no cache
-root exists, any layout reader (the specs' `roots` modules say where the roots would be)."""
+root exists, any layout reader (the specs' `roots` modules say where the roots would be), the
+model or the state cache; nor `typing`, `dataclasses`, `uuid`, `shutil`, `shlex` or `ctypes`
+(`cacheaudit.plain`, `cacheaudit.ids`, plain classes)."""
 
 
 def test_a_process_preparing_its_own_session_imports_no_judge_and_no_ledger(tmp_path: Path):

@@ -18,13 +18,15 @@ import importlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
 
 from cacheaudit import spec as spec_module
 from cacheaudit.problems import report_problem
 from cacheaudit.spec import EXTRA_VARIABLE, names, spec, specs
 
+TYPE_CHECKING = False  # not `typing`: a session reads the specs at its start
 if TYPE_CHECKING:
+    from typing import Any
+
     from cacheaudit.adapter import Adapter
     from cacheaudit.layout import Layout
     from cacheaudit.policy import Policy
