@@ -80,6 +80,8 @@ class CompilerSetting(NamedTuple):
         """Whether `variable` is this setting: its `name`, or a name fitting its `pattern`."""
         if self.pattern is None:
             return variable == self.name
+        if not variable.endswith(literal_tail(self.pattern)):
+            return False  # what the pattern's last characters spell, without compiling it
         return _compiled(self.pattern).fullmatch(variable) is not None
 
     def lookup(self) -> tuple[str, ...]:
@@ -87,6 +89,24 @@ class CompilerSetting(NamedTuple):
         if self.default is not None:
             return self.default
         return KIND_DEFAULTS.get(self.compiler, (self.compiler,))
+
+
+_REGEX_SPECIAL = frozenset(".^$*+?{}[]\\|()")
+
+
+@functools.lru_cache(maxsize=32)
+def literal_tail(pattern: str) -> str:
+    """The characters every name that fully matches `pattern` ends with, found without `re`
+    (which a session's first process would otherwise import to match each variable of its
+    environment against DeepJIT's `<P>_JIT_NVCC_COMPILER`): the pattern's last characters up to
+    its last special one. Empty, which proves nothing, for a pattern with an alternative, an
+    escape or an inline flag anywhere in it."""
+    if "|" in pattern or "\\" in pattern or "(?" in pattern:
+        return ""
+    start = len(pattern)
+    while start > 0 and pattern[start - 1] not in _REGEX_SPECIAL:
+        start -= 1
+    return pattern[start:]
 
 
 @functools.lru_cache(maxsize=32)

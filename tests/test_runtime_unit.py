@@ -269,3 +269,23 @@ def test_the_plain_named_tuple_builds_what_typing_builds() -> None:
         class Wrong(PlainNamedTuple):  # type: ignore[misc, valid-type]
             first: int = 0
             second: int
+
+
+@pytest.mark.parametrize("pattern", [
+    "[A-Za-z0-9_]+_JIT_NVCC_COMPILER", "A|B_X", "AB?C", "AB*", "(AB)+C", "a{2}bc", "x\\dAB",
+    "\\u0041B", "(?i)ab", "ab$", "^ab", "a.b", "ABC", "(a|b)c", "a[b]c"])
+def test_a_pattern_setting_matches_as_re_fullmatch_does(pattern: str) -> None:
+    """`CompilerSetting.matches` skips `re` where the name does not end with the pattern's
+    literal tail (`spec.literal_tail`): it must answer what `re.fullmatch` answers."""
+    import itertools
+    import re
+
+    from cacheaudit.spec import CompilerSetting
+
+    setting = CompilerSetting("<pattern>", pattern=pattern)
+    compiled = re.compile(pattern)
+    alphabet = ["a", "b", "c", "A", "B", "C", "X", "_", "0", "d", "_JIT_NVCC_COMPILER"]
+    for size in range(4):
+        for parts in itertools.product(alphabet, repeat=size):
+            name = "".join(parts)
+            assert setting.matches(name) == (compiled.fullmatch(name) is not None), (pattern, name)
