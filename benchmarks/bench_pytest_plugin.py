@@ -4,8 +4,8 @@ without it, in one run (whole `pytest` processes, interleaved; the median of eac
 The plugin's fixed costs are the session setup (a masquerade directory, the environment), one
 environment change around each test, and the audit at the end; the figure says what they add to
 a suite of quick tests. Budget: 1.05x. What bounds it is the import of what the session needs
-before the first test (the session's compiler settings, the ledger, every runtime's layout for
-the observer) and the audit package at the end: docs/pytest.md, "Cost".
+before the first test (the session's compiler settings, the specs and their roots modules for
+the observer, the ledger where one exists) and the audit package at the end: docs/pytest.md, "Cost".
 """
 
 from __future__ import annotations

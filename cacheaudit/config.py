@@ -17,13 +17,14 @@ pyproject.toml's directory.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
 
 from cacheaudit.exceptions import ConfigError
+
+TYPE_CHECKING = False  # not `typing`: every session reads its settings at its start
+if TYPE_CHECKING:
+    from typing import Any
 
 FAIL_ON_CHOICES = ("error", "warning", "info", "never")
 
@@ -36,26 +37,57 @@ def fail_on_problem(value: str, where: str) -> str | None:
     return f"{where} must be one of {', '.join(FAIL_ON_CHOICES)}, not {value!r}"
 
 
-@dataclass
 class Settings:
-    fail_on: str = "error"
-    select: list[str] = field(default_factory=list)
-    ignore: list[str] = field(default_factory=list)
-    paths: list[str] = field(default_factory=list)
-    ledger: str | None = None
-    reconstruct: bool = True
-    verify_keys: bool = False
-    redact_argv: bool = True
+    """The settings in effect. (A plain class, not a dataclass: every process that prepares a
+    recording session reads one, and `dataclasses` imports `inspect`, ~10 ms.)"""
+
+    fail_on: str
+    select: list[str]
+    ignore: list[str]
+    paths: list[str]
+    ledger: str | None
+    reconstruct: bool
+    verify_keys: bool
+    redact_argv: bool
     """Credentials in recorded command lines stored as "<redacted>" (docs/security.md); a
     recording session exports `false` as CACHEAUDIT_REDACT_ARGV=0 to the job."""
-    include_dirs: list[str] = field(default_factory=list)
+    include_dirs: list[str]
     """Include trees of installed libraries a scan cannot find on its own (`--include-dir`):
     DeepGEMM's `deep_gemm/include`, for entries built without recording."""
-    source: str | None = None
+    source: str | None
     """The pyproject.toml the table came from, for messages about its values."""
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str]
     """One line each: what was skipped and why (a pyproject.toml of other tools that cannot be
     parsed). The command prints them on stderr and goes on."""
+
+    def __init__(self, fail_on: str = "error", select: list[str] | None = None,
+                 ignore: list[str] | None = None, paths: list[str] | None = None,
+                 ledger: str | None = None, reconstruct: bool = True,
+                 verify_keys: bool = False, redact_argv: bool = True,
+                 include_dirs: list[str] | None = None, source: str | None = None,
+                 warnings: list[str] | None = None) -> None:
+        self.fail_on = fail_on
+        self.select = [] if select is None else select
+        self.ignore = [] if ignore is None else ignore
+        self.paths = [] if paths is None else paths
+        self.ledger = ledger
+        self.reconstruct = reconstruct
+        self.verify_keys = verify_keys
+        self.redact_argv = redact_argv
+        self.include_dirs = [] if include_dirs is None else include_dirs
+        self.source = source
+        self.warnings = [] if warnings is None else warnings
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Settings):
+            return NotImplemented
+        return vars(self) == vars(other)
+
+    __hash__ = None  # type: ignore[assignment] - mutable, as a dataclass's
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={value!r}" for name, value in vars(self).items())
+        return f"Settings({fields})"
 
 
 # key in [tool.cacheaudit] -> (attribute, expected type)
@@ -154,6 +186,8 @@ def load_settings(start: str | None = None) -> Settings:
 def _toml_place(error: Exception) -> str:
     """Where the parser stopped, in words that do not change with the Python release (the
     parser's own wording does)."""
+    import re  # only for a pyproject.toml that cannot be parsed
+
     found = re.search(r"at line (\d+), column (\d+)", str(error))
     return f"at line {found[1]}, column {found[2]}" if found else f"({error})"
 

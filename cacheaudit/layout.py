@@ -23,6 +23,9 @@ from cacheaudit import bounded
 from cacheaudit.digest import StateCache, read_file
 from cacheaudit.model import CacheEntry, CacheLeftover, FileState
 
+# Re-exported: the readers share it with the runtimes' root rules (`cacheaudit.roots`).
+from cacheaudit.roots import unique_paths as unique_paths
+
 
 class Layout:
     """One cache layout. Subclasses set `layout` and `runtime` and implement the three methods;
@@ -103,18 +106,6 @@ TMP_FILE_REASON = ("temporary file that was never renamed into place "
 HEAD_BYTES = 16384
 """How much of a file `read_head` reads: enough for the headers and markers layouts look for at
 the top of a generated source or a binary."""
-
-
-def unique_paths(paths: list[str]) -> list[str]:
-    """Each path once (compared after normpath), first occurrence first."""
-    seen: set[str] = set()
-    out: list[str] = []
-    for path in paths:
-        norm = os.path.normpath(path)
-        if norm not in seen:
-            seen.add(norm)
-            out.append(norm)
-    return out
 
 
 def scandir_sorted(path: str) -> list[os.DirEntry[str]]:

@@ -19,7 +19,6 @@ ends the thread and closes every descriptor; an observer is used once.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import select
@@ -28,7 +27,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from types import MappingProxyType
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NamedTuple
+else:
+    from cacheaudit.plain import NamedTuple  # `typing` would cost every session's start
 
 IN_ACCESS = 0x00000001
 IN_OPEN = 0x00000020
@@ -47,8 +52,9 @@ WATCH_SHARE = 2
 file indexers of the same user need theirs."""
 
 
-@dataclass(frozen=True)
-class Opened:
+# Named tuples, not dataclasses: `dataclasses` imports `inspect`, and a session's first process
+# starts an observer before anything else of cacheaudit needs them.
+class Opened(NamedTuple):
     """The opens of one file while the observer ran: the first and the last, and how many."""
 
     first_ns: int
@@ -56,13 +62,12 @@ class Opened:
     count: int
 
 
-@dataclass(frozen=True)
-class ObservedOpens:
+class ObservedOpens(NamedTuple):
     """What an observer saw, as of when it was asked."""
 
-    opens: Mapping[str, Opened] = field(default_factory=dict)
+    opens: Mapping[str, Opened] = MappingProxyType({})
     """Path (watched directory joined with the file's name) -> its opens."""
-    unwatched: Mapping[str, str] = field(default_factory=dict)
+    unwatched: Mapping[str, str] = MappingProxyType({})
     """Directory -> why its opens were not (or not all) seen."""
     started_ns: int = 0
 
@@ -79,6 +84,13 @@ def watch_limit() -> int | None:
         return None
 
 
+def _errno() -> int:
+    """The errno of the last libc call made through ctypes (imported by `_Libc` already)."""
+    import ctypes
+
+    return ctypes.get_errno()
+
+
 class _Libc:
     """The three libc calls, or the reason they cannot be had."""
 
@@ -89,6 +101,10 @@ class _Libc:
             self.problem = f"inotify exists on Linux only, not on {sys.platform}"
             return
         try:
+            # Only here: most observers are given no directory (a session's first process on a
+            # machine without caches), and ctypes is the dearest of this module's imports.
+            import ctypes
+
             libc = ctypes.CDLL(None, use_errno=True)
             self.init1 = libc.inotify_init1
             self.init1.argtypes = [ctypes.c_int]
@@ -139,7 +155,7 @@ class OpenObserver:
             return
         fd = libc.init1(IN_NONBLOCK | IN_CLOEXEC)
         if fd < 0:
-            code = ctypes.get_errno()
+            code = _errno()
             reason = ("the user's inotify instances are used up "
                       "(/proc/sys/fs/inotify/max_user_instances)" if code == errno.EMFILE
                       else f"inotify_init1 failed: {os.strerror(code)}")
@@ -161,7 +177,7 @@ class OpenObserver:
             if wd >= 0:
                 self._by_wd[wd] = directory
                 continue
-            code = ctypes.get_errno()
+            code = _errno()
             if code == errno.ENOENT:
                 continue  # gone since it was listed: nothing can be served from it
             if code == errno.ENOSPC:

@@ -21,18 +21,14 @@ from typing import TYPE_CHECKING, Any
 from cacheaudit import envvars
 from cacheaudit.digest import StateCache, normalise_path
 from cacheaudit.exceptions import LedgerBusy
-from cacheaudit.ledger import (
-    Ledger,
-    RunInfo,
-    default_ledger_path,
-    ingest_spool,
-    new_record_id,
-    spool_dir,
-    spool_record,
-)
+from cacheaudit.ledger.places import default_ledger_path, spool_dir
 from cacheaudit.ledger.redact import redact_record, redact_run
 from cacheaudit.ledger.schema import WRITER_PATIENCE_S
-from cacheaudit.ledger.values import IDENTITY_MEMO_SUFFIX
+from cacheaudit.ledger.values import IDENTITY_MEMO_SUFFIX, RunInfo, new_record_id
+
+# The write path only: the ledger's readers (`reads`, `queries`) and the spool's (`spool`,
+# imported where a record is spooled or a spool exists) are none of a recorder's business.
+from cacheaudit.ledger.writer import LedgerWriter
 from cacheaudit.model import ArgToken, CompileRecord, CompilerIdentity, FileState, IncludeGraph
 from cacheaudit.problems import report_problem
 from cacheaudit.processes import runtime_process
@@ -108,7 +104,7 @@ def write_records(records: Sequence[CompileRecord], run: RunInfo,
     except Exception as exc:  # noqa: BLE001 - fail open
         return f"{type(exc).__name__}: {exc}"
     try:
-        with Ledger.open(path, patience_s=WRITER_PATIENCE_S) as ledger:
+        with LedgerWriter.open(path, patience_s=WRITER_PATIENCE_S) as ledger:
             ledger.add_records(stored, run)
             _fold_in_spool(ledger)
         return None
@@ -123,6 +119,8 @@ def _spool(path: str, records: Sequence[CompileRecord], run: RunInfo, problem: s
     """Spool `records` beside the ledger at `path`; what happened, in one line."""
     spooled: list[str] = []
     failure = ""
+    from cacheaudit.ledger.spool import spool_record
+
     for record in records:
         try:
             spooled.append(spool_record(path, record, run))
@@ -142,11 +140,13 @@ def _spool(path: str, records: Sequence[CompileRecord], run: RunInfo, problem: s
             "folded into the ledger by the next command or compile that writes it")
 
 
-def _fold_in_spool(ledger: Ledger) -> None:
+def _fold_in_spool(ledger: LedgerWriter) -> None:
     """A few spooled records into the ledger a writer has just written (no stat more than
     that when there is no spool)."""
     if os.path.isdir(spool_dir(ledger.path)):
         with contextlib.suppress(Exception):
+            from cacheaudit.ledger.spool import ingest_spool
+
             ingest_spool(ledger, limit=SPOOL_FOLD_IN)
         ledger.try_again()
 
@@ -178,10 +178,10 @@ class _HeldLedger:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._ledger: Ledger | None = None
+        self._ledger: LedgerWriter | None = None
         self._key: tuple[Any, ...] | None = None
         self._pid = 0
-        self._orphans: list[Ledger] = []
+        self._orphans: list[LedgerWriter] = []
         self._atexit = False
 
     def write(self, records: Sequence[CompileRecord], run: RunInfo, path: str) -> str | None:
@@ -204,7 +204,7 @@ class _HeldLedger:
                     self._close_locked()
         return write_records(records, run, path, sealed=True)
 
-    def _open(self, path: str) -> Ledger | None:
+    def _open(self, path: str) -> LedgerWriter | None:
         try:
             st = os.stat(path)
             key: tuple[Any, ...] | None = (path, os.getpid(), st.st_dev, st.st_ino)
@@ -214,7 +214,7 @@ class _HeldLedger:
             return self._ledger
         self._close_locked()
         try:
-            ledger = Ledger.open(path, patience_s=WRITER_PATIENCE_S)
+            ledger = LedgerWriter.open(path, patience_s=WRITER_PATIENCE_S)
             st = os.stat(path)
         except Exception:  # noqa: BLE001 - write_record reports what goes wrong
             return None

@@ -13,13 +13,11 @@ wherever torch is importable), which is left as the user wrote it.
 from __future__ import annotations
 
 import os
-import shlex
-import shutil
-import uuid
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from cacheaudit.exceptions import UsageError
+from cacheaudit.ids import uuid4_hex
 from cacheaudit.shim import (
     MASQUERADE_NAMES,
     install_masquerade,
@@ -39,6 +37,10 @@ from cacheaudit.switches import (
     RUN_VARIABLE,
     SHIMS,
 )
+
+_SHELL_SPECIAL = frozenset(" \t\r\n\"'\\")
+"""The characters that make `shlex.split` (POSIX mode, no comments) do anything but return a
+non-empty value as its one word: whitespace, quotes and the backslash."""
 
 # CXX/CC name a host compiler for torch and friends; a masqueraded name takes its place.
 _CXX_SETTINGS = {"CXX": "c++", "CC": "cc"}
@@ -84,19 +86,33 @@ def _pattern_settings(original: Mapping[str, str],
     return found
 
 
-@dataclass
 class Session:
-    run_uuid: str
-    ledger: str
-    shims: str
-    env: dict[str, str] = field(default_factory=dict)
-    owns_shims: bool = True
-    owner_pid: int = field(default_factory=os.getpid)
+    """A prepared session: its run, its ledger, the masquerade directory and the environment
+    for everything below it. (A plain class, not a dataclass: `dataclasses` imports `inspect`,
+    ~10 ms of the start-up of a process that prepares its own session.)"""
+
+    __slots__ = ("env", "ledger", "owner_pid", "owns_shims", "run_uuid", "shims")
+
+    def __init__(self, run_uuid: str, ledger: str, shims: str, env: dict[str, str] | None = None,
+                 owns_shims: bool = True, owner_pid: int | None = None) -> None:
+        self.run_uuid = run_uuid
+        self.ledger = ledger
+        self.shims = shims
+        self.env: dict[str, str] = {} if env is None else env
+        self.owns_shims = owns_shims
+        self.owner_pid = os.getpid() if owner_pid is None else owner_pid
+
+    def __repr__(self) -> str:
+        return (f"Session(run_uuid={self.run_uuid!r}, ledger={self.ledger!r}, "
+                f"shims={self.shims!r}, owns_shims={self.owns_shims!r}, "
+                f"owner_pid={self.owner_pid!r})")
 
     def close(self) -> None:
         # A forked child exiting normally runs the parent's atexit hooks too: the directory is
         # the parent's to remove.
         if self.owns_shims and os.getpid() == self.owner_pid:
+            import shutil
+
             shutil.rmtree(self.shims, ignore_errors=True)
 
 
@@ -105,7 +121,7 @@ def prepare(env: Mapping[str, str], *, ledger: str, label: str,
     """The environment for a recorded run: shims first on PATH, runtimes' compiler settings at
     the shim, the run id and the ledger for every record below."""
     child = dict(env)
-    run_uuid = run_uuid or child.get(RUN_VARIABLE) or uuid.uuid4().hex
+    run_uuid = run_uuid or child.get(RUN_VARIABLE) or uuid4_hex()
     shims = child.get(SHIMS)
     owns = False
     if not (shims and os.path.isdir(shims)):
@@ -182,9 +198,26 @@ def _pin_cuda_home(child: dict[str, str], original: Mapping[str, str], path: str
     """
     if original.get("CUDA_HOME") or original.get("CUDA_PATH"):
         return
-    nvcc = shutil.which("nvcc", path=path)
+    nvcc = _which("nvcc", path)
     if nvcc is not None:
         child["CUDA_HOME"] = os.path.dirname(os.path.dirname(nvcc))
+
+
+def _which(name: str, path: str) -> str | None:
+    """`shutil.which(name, path=path)`, without importing `shutil` (and its `fnmatch`, `re`,
+    `zlib`, `bz2` and `lzma`) where it would do the same: POSIX, a bare name."""
+    if sys.platform == "win32" or os.path.dirname(name):
+        import shutil
+
+        return shutil.which(name, path=path)
+    if not path:
+        return None
+    for directory in dict.fromkeys(path.split(os.pathsep)):  # normcase is the identity here
+        candidate = os.path.join(directory, name)
+        if (os.path.exists(candidate) and os.access(candidate, os.F_OK | os.X_OK)
+                and not os.path.isdir(candidate)):
+            return candidate
+    return None
 
 
 def _stand_in(child: dict[str, str], shims: str, value: str, family: str) -> str | None:
@@ -225,6 +258,10 @@ def _point_at_shims(child: dict[str, str], original: Mapping[str, str], shims: s
     def single(value: str | None) -> bool:
         if not value or value.startswith(shims + os.sep):
             return False
+        if not _SHELL_SPECIAL.intersection(value):
+            return True  # what shlex.split makes one word of, without importing it (and `re`)
+        import shlex
+
         try:
             return len(shlex.split(value)) == 1
         except ValueError:

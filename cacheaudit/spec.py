@@ -18,8 +18,13 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-import re
-from typing import NamedTuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
+    from typing import NamedTuple
+else:
+    from cacheaudit.plain import NamedTuple  # `typing` would cost every session's start
 
 CUDA_TOOLKIT_NVCC = ("$CUDA_HOME/bin/nvcc", "$CUDA_PATH/bin/nvcc", "nvcc",
                      "/usr/local/cuda/bin/nvcc")
@@ -75,6 +80,8 @@ class CompilerSetting(NamedTuple):
         """Whether `variable` is this setting: its `name`, or a name fitting its `pattern`."""
         if self.pattern is None:
             return variable == self.name
+        if not variable.endswith(literal_tail(self.pattern)):
+            return False  # what the pattern's last characters spell, without compiling it
         return _compiled(self.pattern).fullmatch(variable) is not None
 
     def lookup(self) -> tuple[str, ...]:
@@ -84,8 +91,28 @@ class CompilerSetting(NamedTuple):
         return KIND_DEFAULTS.get(self.compiler, (self.compiler,))
 
 
+_REGEX_SPECIAL = frozenset(".^$*+?{}[]\\|()")
+
+
+@functools.lru_cache(maxsize=32)
+def literal_tail(pattern: str) -> str:
+    """The characters every name that fully matches `pattern` ends with, found without `re`
+    (which a session's first process would otherwise import to match each variable of its
+    environment against DeepJIT's `<P>_JIT_NVCC_COMPILER`): the pattern's last characters up to
+    its last special one. Empty, which proves nothing, for a pattern with an alternative, an
+    escape or an inline flag anywhere in it."""
+    if "|" in pattern or "\\" in pattern or "(?" in pattern:
+        return ""
+    start = len(pattern)
+    while start > 0 and pattern[start - 1] not in _REGEX_SPECIAL:
+        start -= 1
+    return pattern[start:]
+
+
 @functools.lru_cache(maxsize=32)
 def _compiled(pattern: str) -> re.Pattern[str]:
+    import re  # only for a pattern setting matched: most sessions set no such variable
+
     return re.compile(pattern)
 
 
@@ -102,6 +129,12 @@ class RuntimeSpec(NamedTuple):
     """The dotted name of the runtime's package (set by the registry)."""
     layout: str | None = None
     """Module of the package (or a dotted path) whose `LAYOUT` reads this runtime's cache."""
+    roots: str | None = None
+    """Module of the package (or a dotted path) whose `default_roots(env)` lists the cache roots
+    the runtime uses under an environment, existing or not, in lookup order: what the layout's
+    `default_roots` returns, in a module of the standard library only, so that a session knows
+    the roots to watch without loading a reader (`cacheaudit.runtimes.default_roots`). None:
+    the layout's `default_roots` (a reader loaded for it)."""
     policy: str | None = None
     """Module of the package (or a dotted path) whose `POLICIES[name]` judges its entries."""
     adapter: str | None = None

@@ -13,34 +13,41 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from types import MappingProxyType
 
-from cacheaudit.digest import StateCache
-from cacheaudit.model import CacheEntry
 from cacheaudit.opens import ObservedOpens, OpenObserver
-from cacheaudit.runtimes import layouts
+from cacheaudit.runtimes import default_roots, layouts
 
+# Not `typing`: it imports `re` and `enum`, ~20 ms of a session's first process.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import NamedTuple, Protocol
+
     from cacheaudit.ledger import Ledger
+    from cacheaudit.model import CacheEntry
+
+    class Window(Protocol):
+        """A scope's time window (`cacheaudit.audit.Scope`)."""
+
+        def within(self, ns: int | None) -> bool: ...
+else:
+    from cacheaudit.plain import NamedTuple
 
 
-class Window(Protocol):
-    """A scope's time window (`cacheaudit.audit.Scope`)."""
-
-    def within(self, ns: int | None) -> bool: ...
+_NONE: Mapping[str, str] = MappingProxyType({})
 
 
-@dataclass(frozen=True)
-class WatchPlan:
+# Named tuples, not dataclasses: `dataclasses` imports `inspect`, and a session's first process
+# starts an observer before anything else of cacheaudit needs them.
+class WatchPlan(NamedTuple):
     """The entries known when a scope starts, and the directories that hold them."""
 
     roots: tuple[str, ...] = ()
-    entries: Mapping[str, str] = field(default_factory=dict)
+    entries: Mapping[str, str] = _NONE
     """Entry path -> the directory watched for it."""
-    binaries: Mapping[str, str] = field(default_factory=dict)
+    binaries: Mapping[str, str] = _NONE
     """Binary path -> its entry: an open of one is the runtime loading that kernel."""
-    problems: Mapping[str, str] = field(default_factory=dict)
+    problems: Mapping[str, str] = _NONE
     """Root -> why its entries could not be listed."""
 
     @property
@@ -57,10 +64,14 @@ def known_roots(ledger: Ledger | None, env: Mapping[str, str],
     if ledger is not None:
         with contextlib.suppress(Exception):
             candidates.update(ledger.known_roots())
+    # The specs' roots modules, not the layouts: the readers are loaded only where one of the
+    # candidates exists (a session's first process on a machine without caches loads none).
+    candidates.update(default_roots(env))
+    existing = [c for c in candidates if os.path.isdir(c)]
+    if not existing:
+        return []
     readers = layouts()
-    candidates.update(root for layout in readers for root in layout.default_roots(env))
-    return sorted(c for c in candidates
-                  if os.path.isdir(c) and any(r.is_root(c) for r in readers))
+    return sorted(c for c in existing if any(r.is_root(c) for r in readers))
 
 
 def plan_watch(ledger: Ledger | None, env: Mapping[str, str],
@@ -72,8 +83,13 @@ def plan_watch(ledger: Ledger | None, env: Mapping[str, str],
     binaries: dict[str, str] = {}
     problems: dict[str, str] = {}
     known = known_roots(ledger, env, roots)
+    if not known:  # no root, no entry to read: neither the states nor the model are needed
+        return WatchPlan()
+    from cacheaudit.digest import StateCache
+    from cacheaudit.model import CacheEntry
+
     cache = StateCache()
-    if ledger is not None and known:  # no root, no entry to read: the states are not needed
+    if ledger is not None:
         with contextlib.suppress(Exception):
             cache.remember(ledger.seen_states())
     for root in known:
@@ -94,8 +110,7 @@ def plan_watch(ledger: Ledger | None, env: Mapping[str, str],
     return WatchPlan(tuple(known), entries, binaries, problems)
 
 
-@dataclass(frozen=True)
-class Observation:
+class Observation(NamedTuple):
     """What a scope's observer saw: the plan it watched and the opens."""
 
     plan: WatchPlan

@@ -148,6 +148,32 @@ def test_every_spec_agrees_with_the_modules_it_names() -> None:
     assert owned <= set(runtimes.names())
 
 
+ROOT_ENVIRONMENTS = (
+    {},
+    {"HOME": "/home/u", "XDG_CACHE_HOME": "", "TMPDIR": "/nonexistent-tmp", "USER": "u:v"},
+    {"HOME": "/home/u", "XDG_CACHE_HOME": "/xdg", "DG_JIT_CACHE_DIR": "", "DG_CACHE_DIR": "/dg",
+     "EP_JIT_CACHE_DIR": "/ep", "MY_JIT_CACHE_DIR": "/my:/my2", "DJ_JIT_CACHE_DIR": "/dj:",
+     "TRITON_CACHE_DIR": "", "TORCH_EXTENSIONS_DIR": "/ext", "CUPY_CACHE_DIR": "/cupy",
+     "FLASHINFER_WORKSPACE_BASE": "/fi", "TORCHINDUCTOR_CACHE_DIR": "rel/ind", "LOGNAME": "l"},
+    {"TRITON_HOME": "/th", "TRITON_CACHE_DIR": "/tc", "TORCH_EXTENSIONS_DIR": ""},
+)
+
+
+def test_the_specs_roots_modules_give_every_layouts_default_roots(toy) -> None:
+    """A session reads the default roots from the specs' `roots` modules, without a reader
+    (`runtimes.default_roots`): they must be exactly what the layouts' `default_roots` give,
+    under environments that set each runtime's variables, none, or empty ones. ToyJIT declares
+    no `roots` module: its layout is asked."""
+    built_in = [s for s in runtimes.specs() if s.layout and s.package.startswith("cacheaudit.")]
+    assert built_in and all(s.roots for s in built_in), [s.name for s in built_in if not s.roots]
+    for env in ROOT_ENVIRONMENTS:
+        env = {**env, "TOYJIT_CACHE_DIR": "/toy"}
+        from_layouts = [root for layout in runtimes.layouts()
+                        for root in layout.default_roots(env)]
+        assert runtimes.default_roots(env) == from_layouts, env
+        assert "/toy" in from_layouts
+
+
 def test_a_runtime_package_that_cannot_be_read_is_left_out_and_said_once(tmp_path: Path) -> None:
     env = dict(os.environ, CACHEAUDIT_RUNTIMES="no_such_runtime:no_such_runtime",
                CACHEAUDIT_LEDGER=str(tmp_path / "ledger.db"))
@@ -208,3 +234,58 @@ def test_cacheaudit_run_records_the_toy_runtime_through_its_compiler_setting(
     scanned = _cacheaudit(env, "scan", "--json")
     assert scanned.returncode == 0, scanned.stderr
     assert json.loads(scanned.stdout)["matched"] == 1
+
+
+def test_the_plain_named_tuple_builds_what_typing_builds() -> None:
+    """`cacheaudit.plain.NamedTuple` (the specs' classes, without `typing`) against
+    `typing.NamedTuple` for the same class body: fields, defaults, methods, `_replace`, repr."""
+    import typing
+
+    from cacheaudit.plain import NamedTuple as PlainNamedTuple
+
+    def body(base: type) -> type:
+        class Setting(base):  # type: ignore[misc, valid-type]
+            """A setting."""
+
+            name: str
+            compiler: str = "nvcc"
+            unless_set: tuple[str, ...] = ()
+
+            def shown(self) -> str:
+                return f"{self.name}={self.compiler}"
+
+        return Setting
+
+    plain, typed = body(PlainNamedTuple), body(typing.NamedTuple)
+    for cls in (plain, typed):
+        value = cls("CXX", unless_set=("CC",))
+        assert (value.shown(), value._replace(compiler="g++").compiler) == ("CXX=nvcc", "g++")
+    assert plain._fields == typed._fields and plain._field_defaults == typed._field_defaults
+    assert repr(plain("CXX")) == repr(typed("CXX")) and plain("CXX") == typed("CXX")
+    assert plain.__doc__ == "A setting." and plain.__module__ == __name__
+    with pytest.raises(AttributeError):
+        plain("CXX").extra = 1  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="without a default"):
+        class Wrong(PlainNamedTuple):  # type: ignore[misc, valid-type]
+            first: int = 0
+            second: int
+
+
+@pytest.mark.parametrize("pattern", [
+    "[A-Za-z0-9_]+_JIT_NVCC_COMPILER", "A|B_X", "AB?C", "AB*", "(AB)+C", "a{2}bc", "x\\dAB",
+    "\\u0041B", "(?i)ab", "ab$", "^ab", "a.b", "ABC", "(a|b)c", "a[b]c"])
+def test_a_pattern_setting_matches_as_re_fullmatch_does(pattern: str) -> None:
+    """`CompilerSetting.matches` skips `re` where the name does not end with the pattern's
+    literal tail (`spec.literal_tail`): it must answer what `re.fullmatch` answers."""
+    import itertools
+    import re
+
+    from cacheaudit.spec import CompilerSetting
+
+    setting = CompilerSetting("<pattern>", pattern=pattern)
+    compiled = re.compile(pattern)
+    alphabet = ["a", "b", "c", "A", "B", "C", "X", "_", "0", "d", "_JIT_NVCC_COMPILER"]
+    for size in range(4):
+        for parts in itertools.product(alphabet, repeat=size):
+            name = "".join(parts)
+            assert setting.matches(name) == (compiled.fullmatch(name) is not None), (pattern, name)

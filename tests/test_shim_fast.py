@@ -149,6 +149,29 @@ def test_a_query_imports_only_the_lookup_in_python_without_site(shim_env: ShimEn
     assert not shim_env.ledger.exists()
 
 
+RECORDING_NEVER = {"cacheaudit.ledger.reads", "cacheaudit.ledger.queries",
+                   "cacheaudit.ledger.spool", "cacheaudit.ledger.store",
+                   "cacheaudit.ledger.combine", "cacheaudit.audit", "uuid", "platform"}
+"""What a shim that records a compile into a ledger without a spool never imports: the
+ledger's readers and its spool (it writes through `LedgerWriter`), the judge, and `uuid` with
+`platform` (its ids are drawn by `cacheaudit.ids`)."""
+
+
+@needs_gxx
+def test_a_recorded_compile_imports_the_ledgers_write_path_only(shim_env: ShimEnv,
+                                                                tmp_path: Path):
+    (tmp_path / "one.cpp").write_text("int one() { return 1; }\n")
+    for _ in range(2):  # the first makes the ledger (its schema through sqlite-utils)
+        shimmed = shim_env.run(["g++", "-c", "one.cpp", "-o", "one.o"], cwd=tmp_path,
+                               env={"PYTHONPROFILEIMPORTTIME": "1"})
+        assert shimmed.returncode == 0, shimmed.stderr
+    imported = _imported(shimmed.stderr)
+    assert "cacheaudit.ledger.writer" in imported, "the shim recorded nothing"
+    assert imported & RECORDING_NEVER == set(), sorted(imported & RECORDING_NEVER)
+    records = shim_env.records()
+    assert [os.path.basename(r.sources[0].path) for r in records] == ["one.cpp"] * 2
+
+
 @needs_gxx
 def test_a_query_execs_the_compiler_in_the_shims_own_process(shim_env: ShimEnv, tmp_path: Path):
     """No Python process stays while the compiler answers: it has the pid the caller started."""

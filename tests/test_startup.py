@@ -83,11 +83,17 @@ OWN_SESSION_NEVER = ("cacheaudit.audit", "cacheaudit.ledger.store", "cacheaudit.
                      "cacheaudit.ledger.combine", "cacheaudit.ledger.combine_sql",
                      "cacheaudit.scratch", "cacheaudit.recorder", "cacheaudit.compilers",
                      "cacheaudit.runtimes.triton.policy", "cacheaudit.children", "subprocess",
-                     "tomllib", "sqlite3")
+                     "tomllib", "sqlite3", "cacheaudit.model", "cacheaudit.digest", "typing",
+                     "dataclasses", "inspect", "uuid", "shutil", "shlex", "ctypes", "re",
+                     "enum")
 """What a process that prepares its own session (`CACHEAUDIT=1`, no session above it) and
 compiles nothing never imports, from start-up to its exit audit, while no ledger file exists
 yet and no pyproject.toml is above it: the judge, the ledger's readers and writers, the shim's
-recorder, a runtime's policy, cacheaudit's child processes, the TOML parser."""
+recorder, a runtime's policy, cacheaudit's child processes, the TOML parser; nor, where no cache
+root exists, any layout reader (the specs' `roots` modules say where the roots would be), the
+model or the state cache; nor `typing`, `dataclasses`, `uuid`, `shutil`, `shlex`, `ctypes`,
+`re` or `enum` (`cacheaudit.plain`, `cacheaudit.ids`, plain classes, `spec.literal_tail`),
+beyond what the interpreter's own start-up imported."""
 
 
 def test_a_process_preparing_its_own_session_imports_no_judge_and_no_ledger(tmp_path: Path):
@@ -108,7 +114,11 @@ def test_a_process_preparing_its_own_session_imports_no_judge_and_no_ledger(tmp_
     assert done.returncode == 0, done.stderr
     modules = set(json.loads(done.stdout))
     assert "cacheaudit.session" in modules and "cacheaudit.watch" in modules, sorted(modules)
-    imported = sorted(m for m in modules if m.startswith(OWN_SESSION_NEVER))
+    bare = _modules(_clean_env(tmp_path))  # what the interpreter's own start-up imports
+    below = tuple(f"{name}." for name in OWN_SESSION_NEVER)  # and their submodules
+    imported = sorted(m for m in modules - bare
+                      if m in OWN_SESSION_NEVER or m.startswith(below)
+                      or m == "cacheaudit.layout" or m.endswith(".layout"))
     assert imported == [], f"imported by a process that compiled nothing: {imported}"
     assert not ledger.exists(), "a process that recorded nothing created the ledger"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import sqlite3
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from cacheaudit import __version__
 from cacheaudit.exceptions import LedgerError
+from cacheaudit.ids import uuid4_hex
 from cacheaudit.ledger.rows import _retrying, _rows, _value
 
 if TYPE_CHECKING:
@@ -289,7 +289,7 @@ def _build_migrations() -> Any:
         for statement in _statements(SCHEMA):
             db.conn.execute(statement)
         db.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-        meta = {"schema_version": "1", "ledger_id": uuid.uuid4().hex,
+        meta = {"schema_version": "1", "ledger_id": uuid4_hex(),
                 "created_at": str(time.time_ns()), "created_by": f"cacheaudit {__version__}"}
         db.conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                             sorted(meta.items()))

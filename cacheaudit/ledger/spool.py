@@ -26,6 +26,7 @@ from cacheaudit.ledger import private
 from cacheaudit.ledger.redact import redact_record, redact_run
 from cacheaudit.ledger.store import Ledger
 from cacheaudit.ledger.values import RunInfo, default_ledger_path, spool_dir
+from cacheaudit.ledger.writes import LedgerWrites
 from cacheaudit.model import (
     ArgToken,
     CompileRecord,
@@ -228,7 +229,7 @@ _UNSTORABLE = (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.DataError
                AttributeError)
 
 
-def ingest_spool(ledger: Ledger, limit: int | None = None) -> int:
+def ingest_spool(ledger: LedgerWrites, limit: int | None = None) -> int:
     """Fold spooled records into the ledger and delete their files; returns how many. At most
     `limit` files are tried (a writer folds in a few on its way, a reader all of them); stale
     temporaries are swept first.

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import socket
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 # Re-exported: they were defined here first.
+from cacheaudit.ids import uuid4_hex
 from cacheaudit.ledger.places import (  # noqa: F401
     COMPANION_SUFFIXES,
     IDENTITY_MEMO_SUFFIX,
@@ -55,4 +55,4 @@ class TestWindow:
 
 
 def new_record_id() -> str:
-    return uuid.uuid4().hex
+    return uuid4_hex()

@@ -6,11 +6,11 @@ the batch (`batching`: a few statements per batch, not a few per record)."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterable
 from typing import Any
 
 from cacheaudit import __version__
+from cacheaudit.ids import uuid4_hex
 from cacheaudit.ledger import batching
 from cacheaudit.ledger.connection import LedgerConnection
 from cacheaudit.ledger.redact import redact_records, redact_run
@@ -143,7 +143,7 @@ class LedgerWrites(LedgerConnection):
 
     def add_findings(self, findings: Iterable[Finding], audit_uuid: str | None = None) -> str:
         """Store the findings of one audit pass; returns its audit id."""
-        audit_uuid = audit_uuid or uuid.uuid4().hex
+        audit_uuid = audit_uuid or uuid4_hex()
         now = time.time_ns()
         rows = [_params((audit_uuid, now, f.code, f.severity.value, f.subject, f.message,
                          f.recorded, f.current, f.how, int(f.inferred), f.record_id, f.entry,

@@ -16,22 +16,25 @@ import contextlib
 import functools
 import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
 
 from cacheaudit import spec as spec_module
 from cacheaudit.problems import report_problem
 from cacheaudit.spec import EXTRA_VARIABLE, names, spec, specs
 
+TYPE_CHECKING = False  # not `typing`: a session reads the specs at its start
 if TYPE_CHECKING:
+    from typing import Any
+
     from cacheaudit.adapter import Adapter
     from cacheaudit.layout import Layout
     from cacheaudit.policy import Policy
     from cacheaudit.spec import RuntimeSpec
 
 __all__ = ["EXTRA_VARIABLE", "activate", "adapter", "arming_text", "available", "deactivate",
-           "flush_all", "layout_for", "layouts", "names", "policy_for", "reset", "spec", "specs"]
+           "default_roots", "flush_all", "layout_for", "layouts", "names", "policy_for", "reset",
+           "spec", "specs"]
 
 
 def reset() -> None:
@@ -68,6 +71,33 @@ def layouts() -> tuple[Layout, ...]:
                 _report_once(f"the layout of runtime {declared.name!r} cannot be loaded "
                              f"({module}): {type(exc).__name__}: {exc}")
     return tuple(seen.values())
+
+
+def default_roots(env: Mapping[str, str]) -> list[str]:
+    """Every layout's default cache roots under `env`, existing or not: what
+    `layout.default_roots(env)` returns for each of `layouts()`, read from each spec's `roots`
+    module (standard library only) without loading a reader; a spec without one has its layout
+    loaded for it. A roots module that cannot be loaded or fails (a broken plugin) is left out,
+    said once on stderr, as a layout that cannot be loaded is."""
+    found: list[str] = []
+    seen: set[str] = set()
+    for declared in specs():
+        if declared.layout is None:
+            continue
+        layout_module = declared.module(declared.layout)
+        if layout_module in seen:
+            continue  # runtimes that share a layout share its roots (`layouts()` lists it once)
+        seen.add(layout_module)
+        try:
+            if declared.roots is None:
+                found.extend(_attribute(layout_module, "LAYOUT").default_roots(env))
+            else:
+                found.extend(_attribute(declared.module(declared.roots),
+                                        "default_roots")(env))
+        except Exception as exc:  # noqa: BLE001 - one bad plugin never stops a session
+            _report_once(f"the default roots of runtime {declared.name!r} cannot be read "
+                         f"({declared.roots or layout_module}): {type(exc).__name__}: {exc}")
+    return found
 
 
 def layout_for(name: str) -> Layout:

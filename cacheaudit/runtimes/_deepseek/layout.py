@@ -29,6 +29,10 @@ from cacheaudit.layout import (
 )
 from cacheaudit.model import CacheEntry, CacheLeftover
 
+# Re-exported: the layouts of the three runtimes read them from here.
+from cacheaudit.runtimes._deepseek.roots import env_path_list as env_path_list
+from cacheaudit.runtimes._deepseek.roots import home_default as home_default
+
 # DeepJIT DiskCache::entry: the tag is [A-Za-z0-9_]+ (asserted), the digest is
 # FNV1a::get_hex_digest, "{:016x}{:016x}": 32 lowercase hex digits.
 DEEPJIT_ENTRY_RE = re.compile(r"([A-Za-z0-9_]+)\.([0-9a-f]{32})")
@@ -55,26 +59,6 @@ CACHE_FILE_REASON = ("file lying directly in cache/: the runtime only ever publi
 
 
 DANGLING_REASON = "dangling symlink in cache/: it points to {target!r}, which does not exist"
-
-
-def env_path_list(env: Mapping[str, str], name: str) -> list[str] | None:
-    """The non-empty items of a colon-separated path variable, or None when it is unset.
-
-    An empty item makes DeepJIT panic ("disk cache path list contains an empty path"); the
-    remaining items are still returned, since caches written under an earlier setting may sit
-    there.
-    """
-    value = env.get(name)
-    if value is None:
-        return None
-    return [item for item in value.split(":") if item]
-
-
-def home_default(env: Mapping[str, str], name: str) -> str | None:
-    """`$HOME/<name>`, or None without a HOME: DeepJIT asserts that HOME is set, and DeepGEMM
-    then uses a path relative to the process's working directory, which no scan can know."""
-    home = env.get("HOME")
-    return os.path.join(home, name) if home else None
 
 
 def list_entry(item: os.DirEntry[str], boundary_real: str, runtime_name: str

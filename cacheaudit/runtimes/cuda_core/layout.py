@@ -49,6 +49,7 @@ from cacheaudit.layout import (
     unreachable,
 )
 from cacheaudit.model import CacheEntry, CacheLeftover
+from cacheaudit.runtimes.cuda_core import roots
 
 RUNTIME = "cuda-core"
 LAYOUT_NAME = "cuda_core"
@@ -69,11 +70,9 @@ class CudaCoreReader(Layout):
     runtime = RUNTIME
 
     def default_roots(self, env: Mapping[str, str]) -> list[str]:
-        """`$XDG_CACHE_HOME/cuda-python/program-cache`, else `~/.cache/...` (an empty
-        XDG_CACHE_HOME counts as unset, as in cuda.core's `_default_cache_dir`)."""
-        base = env.get("XDG_CACHE_HOME") or (
-            os.path.join(env["HOME"], ".cache") if env.get("HOME") else None)
-        return [os.path.join(base, "cuda-python", "program-cache")] if base else []
+        """`$XDG_CACHE_HOME/cuda-python/program-cache`, else under `~/.cache`
+        (`roots.default_roots`)."""
+        return roots.default_roots(env)
 
     def is_root(self, path: str) -> bool:
         """An `entries/` directory beside a `tmp/` one (the constructor makes both), or one

@@ -6,6 +6,7 @@ SPEC = RuntimeSpec(
     name="cuda-core",
     title="cuda.core",
     layout="layout",
+    roots="roots",
     policy="policy",
     adapter="adapter",
     adapter_imports="cuda.core",

@@ -57,6 +57,7 @@ from cacheaudit.layout import (
     unreachable,
 )
 from cacheaudit.model import CacheEntry, CacheLeftover, FileState, content_digest
+from cacheaudit.runtimes.cupy import roots
 
 RUNTIME = "cupy"
 LAYOUT_NAME = "cupy"
@@ -126,10 +127,8 @@ class CupyReader(Layout):
     runtime = RUNTIME
 
     def default_roots(self, env: Mapping[str, str]) -> list[str]:
-        """CUPY_CACHE_DIR, else `~/.cupy/kernel_cache` (`os.path.expanduser`: HOME)."""
-        if env.get("CUPY_CACHE_DIR"):
-            return [env["CUPY_CACHE_DIR"]]
-        return [os.path.join(env["HOME"], ".cupy", "kernel_cache")] if env.get("HOME") else []
+        """CUPY_CACHE_DIR, else `~/.cupy/kernel_cache` (`roots.default_roots`)."""
+        return roots.default_roots(env)
 
     def is_root(self, path: str) -> bool:
         """A directory holding at least one `<sha1>.cubin`/`.ltoir` file (names only, no stat)."""

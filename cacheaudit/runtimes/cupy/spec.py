@@ -6,6 +6,7 @@ SPEC = RuntimeSpec(
     name="cupy",
     title="CuPy",
     layout="layout",
+    roots="roots",
     policy="policy",
     cache_variables=("CUPY_CACHE_DIR",),
     packages=("cupy", "cupy-cuda12x", "cupy-cuda13x"),

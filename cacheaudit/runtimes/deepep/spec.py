@@ -7,6 +7,7 @@ SPEC = RuntimeSpec(
     name="deepep",
     title="DeepEP",
     layout="cacheaudit.runtimes.deepgemm.layout",
+    roots="cacheaudit.runtimes.deepgemm.roots",
     policy="cacheaudit.runtimes.deepgemm.policy",
     cache_variables=("EP_JIT_CACHE_DIR",),
     compiler_settings=(

@@ -57,7 +57,7 @@ import re
 from collections.abc import Collection, Iterator, Mapping
 
 from cacheaudit.digest import StateCache
-from cacheaudit.layout import Layout, capture, read_head, unique_paths
+from cacheaudit.layout import Layout, capture, read_head
 from cacheaudit.model import CacheEntry, CacheLeftover
 from cacheaudit.runtimes._deepseek.layout import (
     DEEPGEMM_ENTRY_RE,
@@ -65,12 +65,12 @@ from cacheaudit.runtimes._deepseek.layout import (
     TMP_NAME_RE,
     has_entry_named,
     has_tmp_named,
-    home_default,
     list_entry,
     only_killed_builds,
     read_cache_root,
     symlinks_outside,
 )
+from cacheaudit.runtimes.deepgemm import roots
 
 RUNTIME = "deepgemm"
 RUNTIME_DEEPEP = "deepep"
@@ -107,31 +107,8 @@ class DeepGemmReader(Layout):
     runtime = RUNTIME
 
     def default_roots(self, env: Mapping[str, str]) -> list[str]:
-        """DeepGEMM's root, its pre-2025-05 name, then DeepEP's.
-
-        `DG_JIT_CACHE_DIR` when non-empty (empty counts as unset, as in the C++ JIT), else the
-        Python JIT's pre-rename `DG_CACHE_DIR`, else `$HOME/.deep_gemm`. When only
-        `DG_CACHE_DIR` is set, `$HOME/.deep_gemm` follows it: a DeepGEMM newer than the rename
-        ignores the old name and writes there (the breakage of sglang #6073). Then DeepEP's
-        `EP_JIT_CACHE_DIR`, else `$HOME/.deep_ep`. No HOME, no home default: DeepGEMM would use
-        a path relative to its working directory.
-        """
-        roots: list[str] = []
-        current = env.get("DG_JIT_CACHE_DIR")
-        legacy = env.get("DG_CACHE_DIR")
-        home = home_default(env, ".deep_gemm")
-        if current:
-            roots.append(current)
-        elif legacy:
-            roots.append(legacy)
-            if home:
-                roots.append(home)
-        elif home:
-            roots.append(home)
-        ep = env.get("EP_JIT_CACHE_DIR") or home_default(env, ".deep_ep")
-        if ep:
-            roots.append(ep)
-        return unique_paths(roots)
+        """DeepGEMM's root, its pre-2025-05 name, then DeepEP's (`roots.default_roots`)."""
+        return roots.default_roots(env)
 
     def is_root(self, path: str) -> bool:
         """A `cache/` holding a `kernel.<name>.<hash>` directory, or (no entry of either layout

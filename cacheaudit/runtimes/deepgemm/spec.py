@@ -6,6 +6,7 @@ SPEC = RuntimeSpec(
     name="deepgemm",
     title="DeepGEMM",
     layout="layout",
+    roots="roots",
     policy="policy",
     cache_variables=("DG_JIT_CACHE_DIR",),
     # DeepGEMM <= 2.6 reads only DG_; on DeepJIT (2.8+) it falls back to DJ_, and a user's DJ_

@@ -59,26 +59,29 @@ from typing import Any
 from cacheaudit import bounded
 from cacheaudit.bounded import Refused
 from cacheaudit.digest import StateCache, read_file
-from cacheaudit.layout import JSON_LIMIT, Layout, capture, refusal_text, unique_paths
+from cacheaudit.layout import JSON_LIMIT, Layout, capture, refusal_text
 from cacheaudit.model import CacheEntry, CacheLeftover
 from cacheaudit.runtimes._deepseek.layout import (
     DEEPGEMM_ENTRY_RE,
     DEEPJIT_ENTRY_RE,
     TMP_NAME_RE,
-    env_path_list,
     has_entry_named,
     has_tmp_named,
-    home_default,
     list_entry,
     only_killed_builds,
     read_cache_root,
     symlinks_outside,
 )
+from cacheaudit.runtimes.deepjit import roots
+
+# Re-exported: the policy and the tests read the prefixes and their roots from the layout.
+from cacheaudit.runtimes.deepjit.roots import CACHE_DIR_TAIL
+from cacheaudit.runtimes.deepjit.roots import PREFIXES as PREFIXES
+from cacheaudit.runtimes.deepjit.roots import custom_prefixes as custom_prefixes
+from cacheaudit.runtimes.deepjit.roots import prefix_roots as prefix_roots
 
 RUNTIME = "deepjit"
 LAYOUT_NAME = "deepjit"
-PREFIXES = ("DG", "EP", "DJ")
-"""DeepGEMM 2.8+, DeepEP-Ascend, and DeepJIT's global prefix, in the order roots are listed."""
 
 COMMITTED = ".committed"
 META = "meta.json"
@@ -107,21 +110,12 @@ class DeepJitReader(Layout):
     runtime = RUNTIME
 
     def default_roots(self, env: Mapping[str, str]) -> list[str]:
-        """Roots for each prefix (DG, EP, every other `<P>_JIT_CACHE_DIR` set in `env`, then
-        DJ itself), as DeepJIT's Env resolves them: a library built on DeepJIT chooses its own
-        prefix (`deep_jit::Config`), and only the environment says which.
-
-        `<P>_JIT_CACHE_DIR` when set (even if empty: DeepJIT then panics and writes nothing),
-        else `DJ_JIT_CACHE_DIR`, else `$HOME/.dj`; values are colon lists (first root written,
-        all searched). DeepEP's EPv2 and DeepGEMM <= 2.6 roots (EP_JIT_CACHE_DIR defaulting to
-        ~/.deep_ep, ~/.deep_gemm) are the deepgemm layout's.
-        """
-        prefixes = [*PREFIXES[:-1], *custom_prefixes(env), PREFIXES[-1]]
-        return unique_paths([root for prefix in prefixes for root in prefix_roots(env, prefix)])
+        """Roots for each prefix, as DeepJIT's Env resolves them (`roots.default_roots`)."""
+        return roots.default_roots(env)
 
     def root_variables(self, env: Mapping[str, str]) -> tuple[str, ...]:
         """A library's own `<P>_JIT_CACHE_DIR` (its prefix, `custom_prefixes`)."""
-        return tuple(f"{prefix}{_CACHE_DIR_TAIL}" for prefix in custom_prefixes(env))
+        return tuple(f"{prefix}{CACHE_DIR_TAIL}" for prefix in custom_prefixes(env))
 
     def is_root(self, path: str) -> bool:
         """A `cache/` holding a `<tag>.<32hex>` directory, or (no entry of either layout yet) a
@@ -145,30 +139,6 @@ class DeepJitReader(Layout):
         return read_cache_root(root, cache, runtime=RUNTIME, layout=LAYOUT_NAME,
                                own=DEEPJIT_ENTRY_RE, other=DEEPGEMM_ENTRY_RE, read_entry=read_entry,
                                odd_name_reason=ODD_NAME_REASON)
-
-
-_CACHE_DIR_TAIL = "_JIT_CACHE_DIR"
-
-
-def custom_prefixes(env: Mapping[str, str]) -> list[str]:
-    """The env prefixes other than DG, EP and DJ whose `<P>_JIT_CACHE_DIR` is set in `env`, in
-    name order: libraries built on DeepJIT under a prefix of their own choosing."""
-    return sorted(name[:-len(_CACHE_DIR_TAIL)] for name in env
-                  if name.endswith(_CACHE_DIR_TAIL) and len(name) > len(_CACHE_DIR_TAIL)
-                  and name[:-len(_CACHE_DIR_TAIL)] not in PREFIXES)
-
-
-def prefix_roots(env: Mapping[str, str], prefix: str) -> list[str]:
-    """The cache roots a runtime with env prefix `prefix` uses in `env`, the one it writes to
-    first: `<P>_JIT_CACHE_DIR` when set, else `DJ_JIT_CACHE_DIR`, else `$HOME/.dj` (none without
-    a HOME)."""
-    items = env_path_list(env, f"{prefix}_JIT_CACHE_DIR")
-    if items is None:
-        items = env_path_list(env, "DJ_JIT_CACHE_DIR")
-    if items is None:
-        home = home_default(env, ".dj")
-        items = [home] if home else []
-    return items
 
 
 def _pick_backend(names: Mapping[str, os.DirEntry[str]]) -> tuple[str, str]:

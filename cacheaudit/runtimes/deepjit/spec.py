@@ -6,6 +6,7 @@ SPEC = RuntimeSpec(
     name="deepjit",
     title="DeepJIT",
     layout="layout",
+    roots="roots",
     policy="policy",
     cache_variables=("DJ_JIT_CACHE_DIR", "DG_JIT_CACHE_DIR", "EP_JIT_CACHE_DIR"),
     compiler_settings=(

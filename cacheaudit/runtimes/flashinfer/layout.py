@@ -82,6 +82,11 @@ from cacheaudit.runtimes._ninja.build import (
     read_build_file,
     read_deps_log,
 )
+from cacheaudit.runtimes.flashinfer import roots
+
+# Re-exported: the adapter and the tests read them from the layout.
+from cacheaudit.runtimes.flashinfer.roots import CACHE_SUBPATH as CACHE_SUBPATH
+from cacheaudit.runtimes.flashinfer.roots import default_root as default_root
 
 RUNTIME = "flashinfer"
 LAYOUT_NAME = "flashinfer"
@@ -90,7 +95,6 @@ JIT_DIR = "cached_ops"
 GENERATED_DIR = "generated"
 TMP_DIR = "tmp"
 """cached_ops/tmp holds locks and the AOT prebuild's ninja file, never a module."""
-CACHE_SUBPATH = (".cache", "flashinfer")
 ENTRY_KEY_LABEL = "flashinfer build commands"
 MAX_DEPTH = 3
 """<root>/<version>/<archs>/cached_ops: how far below a root the reader looks for cached_ops."""
@@ -100,13 +104,6 @@ def entry_key(build: BuildFile) -> str:
     """The key of the entry a build.ninja describes: every edge's command line, what ninja
     compares with its log besides mtimes."""
     return build.commands_key(ENTRY_KEY_LABEL)
-
-
-def default_root(env: Mapping[str, str]) -> str | None:
-    """FlashInfer's cache directory under `env` (env.py:66-70): FLASHINFER_WORKSPACE_BASE, else
-    the home directory (pathlib's `Path.home()`: $HOME), then .cache/flashinfer."""
-    base = env.get("FLASHINFER_WORKSPACE_BASE") or env.get("HOME")
-    return os.path.join(base, *CACHE_SUBPATH) if base else None
 
 
 def workspace_of(path: str) -> dict[str, str]:
@@ -190,8 +187,8 @@ class FlashInferReader(Layout):
     runtime = RUNTIME
 
     def default_roots(self, env: Mapping[str, str]) -> list[str]:
-        root = default_root(env)
-        return [root] if root else []
+        """FlashInfer's cache directory under `env` (`roots.default_roots`)."""
+        return roots.default_roots(env)
 
     def is_root(self, path: str) -> bool:
         """A module directory, a cached_ops directory, or a directory with one at most three

@@ -6,6 +6,7 @@ SPEC = RuntimeSpec(
     name="flashinfer",
     title="FlashInfer",
     layout="layout",
+    roots="roots",
     policy="policy",
     adapter="adapter",
     adapter_imports="flashinfer.jit.core",

@@ -44,10 +44,8 @@ own and carry the C++ layer's evidence.
 
 from __future__ import annotations
 
-import getpass
 import os
 import re
-import tempfile
 from collections.abc import Iterator, Mapping
 
 from cacheaudit.digest import StateCache
@@ -56,10 +54,13 @@ from cacheaudit.layout import (
     is_directory,
     lstat_mtime_ns,
     scandir_sorted,
-    unique_paths,
     unlistable,
 )
 from cacheaudit.model import CacheEntry, CacheLeftover
+from cacheaudit.runtimes.inductor import roots
+
+# Re-exported: the adapter and the tests read it from the layout.
+from cacheaudit.runtimes.inductor.roots import default_cache_dir as default_cache_dir
 
 RUNTIME = "inductor"
 LAYOUT_NAME = "inductor"
@@ -83,24 +84,6 @@ NO_LIBRARY_REASON = ("C++ source without its library: a compile that failed or i
                      "(the next lookup compiles it again)")
 
 
-def default_cache_dir(env: Mapping[str, str]) -> str:
-    """`default_cache_dir()` under `env`: tempfile's directory (TMPDIR, TEMP, TMP, else /tmp)
-    and getpass's user (LOGNAME, USER, LNAME, USERNAME, else the password database), with the
-    characters torch replaces replaced (cache_dir_utils.py:24)."""
-    temp = next((env[name] for name in ("TMPDIR", "TEMP", "TMP")
-                 if env.get(name) and os.path.isdir(env[name])), None)
-    if temp is None:
-        temp = tempfile.gettempdir() if env is os.environ else "/tmp"
-    user = next((env[name] for name in ("LOGNAME", "USER", "LNAME", "USERNAME") if env.get(name)),
-                None)
-    if user is None:
-        try:
-            user = getpass.getuser()
-        except (KeyError, OSError, ImportError):
-            user = f"uid_{os.getuid()}"
-    return os.path.join(temp, "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
-
-
 class InductorReader(Layout):
     """The reader of Inductor's layout (the grammar is the module header)."""
 
@@ -108,12 +91,8 @@ class InductorReader(Layout):
     runtime = RUNTIME
 
     def default_roots(self, env: Mapping[str, str]) -> list[str]:
-        """cache_dir() (TORCHINDUCTOR_CACHE_DIR, made absolute, else the default), then the
-        default directory, which holds the precompiled headers whatever the variable says."""
-        default = default_cache_dir(env)
-        explicit = env.get("TORCHINDUCTOR_CACHE_DIR")
-        roots = [os.path.abspath(explicit)] if explicit else []
-        return unique_paths([*roots, default])
+        """cache_dir(), then the default directory (`roots.default_roots`)."""
+        return roots.default_roots(env)
 
     def is_root(self, path: str) -> bool:
         """A directory holding fxgraph/, aotautograd/, precompiled_headers/ or a shard with a

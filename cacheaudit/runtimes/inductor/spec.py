@@ -15,6 +15,7 @@ SPEC = RuntimeSpec(
     name="inductor",
     title="torch.compile (Inductor)",
     layout="layout",
+    roots="roots",
     policy="policy",
     adapter="adapter",
     adapter_imports="torch._inductor.codecache",

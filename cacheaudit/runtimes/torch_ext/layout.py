@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -67,6 +66,10 @@ from cacheaudit.runtimes._ninja.build import (
     read_build_file,
     read_deps_log,
 )
+from cacheaudit.runtimes.torch_ext import roots
+
+# Re-exported: the adapter and the tests read the root from the layout.
+from cacheaudit.runtimes.torch_ext.roots import default_root as default_root
 
 RUNTIME = "torch-ext"
 LAYOUT_NAME = "torch_ext"
@@ -147,26 +150,6 @@ def lock_problem(path: str, now_ns: int | None = None) -> str | None:
 # ------------------------------------------------------------------------------ the reader
 
 
-def default_root(env: Mapping[str, str]) -> str | None:
-    """torch's root for this environment: TORCH_EXTENSIONS_DIR, else `get_default_build_root()`
-    (the user cache dir + torch_extensions, realpath'd), without the py<XY>_<acc> level, which
-    depends on the interpreter and torch build that will run (the reader descends into it)."""
-    explicit = env.get("TORCH_EXTENSIONS_DIR")
-    if explicit is not None:
-        return explicit or None
-    if sys.platform == "darwin":
-        home = env.get("HOME")
-        base = os.path.join(home, "Library", "Caches") if home else None
-    elif "XDG_CACHE_HOME" in env:
-        base = env["XDG_CACHE_HOME"]
-    else:
-        home = env.get("HOME")
-        base = os.path.join(home, ".cache") if home else None
-    if base is None:
-        return None
-    return os.path.realpath(os.path.join(base, "torch_extensions"))
-
-
 def _is_build_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, BUILD_FILE))
 
@@ -191,8 +174,8 @@ class TorchExtReader(Layout):
     runtime = RUNTIME
 
     def default_roots(self, env: Mapping[str, str]) -> list[str]:
-        root = default_root(env)
-        return [root] if root else []
+        """torch's root for this environment (`roots.default_roots`)."""
+        return roots.default_roots(env)
 
     def is_root(self, path: str) -> bool:
         """A build directory itself, a directory of build directories, or torch's default root

@@ -6,6 +6,7 @@ SPEC = RuntimeSpec(
     name="torch-ext",
     title="torch.utils.cpp_extension",
     layout="layout",
+    roots="roots",
     policy="policy",
     adapter="adapter",
     adapter_imports="torch.utils.cpp_extension",

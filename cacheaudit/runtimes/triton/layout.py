@@ -61,12 +61,12 @@ from cacheaudit.layout import (
     read_json,
     refusal_text,
     scandir_sorted,
-    unique_paths,
     unlistable,
     unreachable,
     unreachable_reason,
 )
 from cacheaudit.model import CacheEntry, CacheLeftover
+from cacheaudit.runtimes.triton import roots
 
 RUNTIME = "triton"
 LAYOUT_NAME = "triton"
@@ -107,13 +107,9 @@ class TritonReader(Layout):
     runtime = RUNTIME
 
     def default_roots(self, env: Mapping[str, str]) -> list[str]:
-        """`knobs.cache.dir`: TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache, else
-        $HOME/.triton/cache. An empty TRITON_CACHE_DIR is no root at all (Triton refuses it)."""
-        explicit = env.get("TRITON_CACHE_DIR")
-        if explicit is not None:
-            return unique_paths([explicit]) if explicit else []
-        home = env.get("TRITON_HOME") or env.get("HOME")
-        return unique_paths([os.path.join(home, ".triton", "cache")]) if home else []
+        """`knobs.cache.dir`: TRITON_CACHE_DIR, else under TRITON_HOME or HOME
+        (`roots.default_roots`)."""
+        return roots.default_roots(env)
 
     def is_root(self, path: str) -> bool:
         """A directory holding a key directory with a kernel's group or metadata file (the

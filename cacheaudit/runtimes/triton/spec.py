@@ -6,6 +6,7 @@ SPEC = RuntimeSpec(
     name="triton",
     title="Triton",
     layout="layout",
+    roots="roots",
     policy="policy",
     adapter="adapter",
     adapter_imports="triton",

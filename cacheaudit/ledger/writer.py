@@ -1,0 +1,92 @@
+"""A ledger opened for writing only: what a shim or an adapter needs to store its records, without
+the read path (`reads`, `queries`: rows back into records, the audit's queries) that `Ledger`
+adds. Both open, make, upgrade and close a ledger file the same way (`Opening`)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from typing import TypeVar
+
+from cacheaudit.exceptions import LedgerError
+from cacheaudit.ledger import private
+from cacheaudit.ledger.connection import LedgerConnection
+from cacheaudit.ledger.opening import connect_read_only, writable
+from cacheaudit.ledger.schema import BUSY_TIMEOUT_S, prepare
+from cacheaudit.ledger.values import default_ledger_path
+from cacheaudit.ledger.writes import LedgerWrites
+
+Opened = TypeVar("Opened", bound="Opening")
+
+
+class Opening(LedgerConnection):
+    """How a ledger file is opened (made or upgraded, else read-only) and closed, for `Ledger`
+    and `LedgerWriter` alike."""
+
+    @classmethod
+    def open(cls: type[Opened], path: str | None = None, *, create: bool = True,
+             patience_s: float = BUSY_TIMEOUT_S) -> Opened:
+        """Open (and with `create`, make or upgrade) the ledger at `path` or the default place.
+
+        A new ledger is made 0600 in directories made 0700 (`private`); its WAL and SHM take
+        its mode. A ledger that cannot be written (a read-only mount, no write permission) is
+        opened read-only: readable, and every write raises `LedgerReadOnly`. Writes wait
+        `patience_s` for another process's lock, then raise `LedgerBusy`."""
+        path = os.path.abspath(path or default_ledger_path())
+        exists = os.path.exists(path)
+        if not exists and not create:
+            raise LedgerError(f"no ledger at {path}")
+        if exists and os.path.isdir(path):
+            raise LedgerError(f"{path} is a directory, not a cacheaudit ledger")
+        if not exists:
+            try:
+                private.make_directories(os.path.dirname(path))
+                private.create_file(path)
+            except OSError as exc:
+                raise LedgerError(f"cannot create a ledger at {path}: {exc.strerror}") from exc
+        read_only, unseen = False, None
+        try:
+            if writable(path):
+                conn = sqlite3.connect(path, timeout=patience_s, isolation_level=None,
+                                       check_same_thread=False)
+            else:
+                conn, unseen = connect_read_only(path, patience_s)
+                read_only = True
+        except sqlite3.DatabaseError as exc:
+            if "not a database" in str(exc):
+                raise LedgerError(
+                    f"{path} is not a cacheaudit ledger (not an SQLite file)") from exc
+            raise LedgerError(f"cannot open {path}: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot open {path}: {exc}") from exc
+        ledger = cls(path, conn, patience_s=patience_s, read_only=read_only)
+        ledger.unseen = unseen
+        if read_only:
+            ledger.unwritable = f"the ledger {path} is read-only"
+        try:
+            prepare(conn, path, create, patience_s, read_only=read_only)
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            if "not a database" in str(exc) or "malformed" in str(exc):
+                raise LedgerError(
+                    f"{path} is not a cacheaudit ledger (not an SQLite file)") from exc
+            raise LedgerError(f"cannot use ledger {path}: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        return ledger
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self: Opened) -> Opened:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LedgerWriter(Opening, LedgerWrites):
+    """An open ledger file, for writing records (the shim's and the adapters' write path): the
+    same file, schema and transactions as `Ledger`, which adds the readers. Use
+    `LedgerWriter.open()`."""
