@@ -144,6 +144,12 @@ class Auditor:
     _policies: dict[str, Policy] = field(init=False, default_factory=dict)
     _registered: PolicyMemo = field(init=False, default_factory=dict)
     _key: list[bytes | None] = field(init=False, default_factory=list)
+    hold_reconstructions: bool = False
+    """Keep reconstructed records back until `save_reconstructions` instead of writing each at
+    once: a scan that loads its entries a chunk at a time must not find, for a later chunk's
+    entry, a record it reconstructed for an earlier one (an entry with the same source and
+    binary would be tied to it), which one load of every entry would not have seen."""
+    _held: list[CompileRecord] = field(init=False, default_factory=list)
     _hits: dict[str, list[CompileRecord]] | None = field(init=False, default=None)
     """Every hit the ledger holds by entry path, read once by the first `load` of more than a
     few entries and kept for the later ones (a scan loads its entries a chunk at a time)."""
@@ -410,13 +416,25 @@ class Auditor:
             notes=("reconstructed after the fact: the graph is what the compiler reads now",),
             reconstructed=True, unknown_at_build=unknown)
         self.reconstructed_now += 1
+        if self.hold_reconstructions:
+            self._held.append(record)
+        else:
+            self._keep_reconstruction(record)
+        return record
+
+    def _keep_reconstruction(self, record: CompileRecord) -> None:
         if self.ledger is not None:
             # Kept so that the next scan need not run the pass again; a scan that cannot write
             # still reports.
             with contextlib.suppress(Exception):
                 self.ledger.add_records([record], RunInfo(run_uuid=f"scan:{uuid.uuid4().hex}",
                                                           label="scan"))
-        return record
+
+    def save_reconstructions(self) -> None:
+        """Write the reconstructions `hold_reconstructions` kept back."""
+        held, self._held = self._held, []
+        for record in held:
+            self._keep_reconstruction(record)
 
     # ---------------------------------------------------------------- environment, once
 
@@ -583,7 +601,8 @@ def _scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None
           observed: ObservedEnvironments | None, chunk: int) -> ScanResult:
     options = options or AuditOptions()
     roots = discover(paths, env)
-    auditor = Auditor(env=env, ledger=ledger, options=options, observed=observed)
+    auditor = Auditor(env=env, ledger=ledger, options=options, observed=observed,
+                      hold_reconstructions=True)
     seen: set[FileState] = set()
     if ledger is not None:
         seen = set(ledger.seen_states())
@@ -610,6 +629,7 @@ def _scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None
                 progress(done, len(entries))
     auditor.context.loaded = LoadedRecords()  # the last chunk's records, no longer needed
     findings += keep(auditor.environment_findings(entries), options)
+    auditor.save_reconstructions()
     auditor.save_attributions()
     if ledger is not None:
         with contextlib.suppress(Exception):  # a read-only ledger only costs the next scan time
