@@ -144,6 +144,17 @@ class Auditor:
     _policies: dict[str, Policy] = field(init=False, default_factory=dict)
     _registered: PolicyMemo = field(init=False, default_factory=dict)
     _key: list[bytes | None] = field(init=False, default_factory=list)
+    hold_reconstructions: bool = False
+    """Keep reconstructed records back until `save_reconstructions` instead of writing each at
+    once: a scan that loads its entries a chunk at a time must not find, for a later chunk's
+    entry, a record it reconstructed for an earlier one (an entry with the same source and
+    binary would be tied to it), which one load of every entry would not have seen."""
+    _held: list[CompileRecord] = field(init=False, default_factory=list)
+    _hits: dict[str, list[CompileRecord]] | None = field(init=False, default=None)
+    """Every hit the ledger holds by entry path, read once by the first `load` of more than a
+    few entries and kept for the later ones (a scan loads its entries a chunk at a time)."""
+    _remembered: set[str] = field(init=False, default_factory=set)
+    """Digests of the include graphs whose file states `load` gave the state cache."""
 
     def __post_init__(self) -> None:
         self.context = AuditContext(env=self.env, options=self.options, cache=self.cache,
@@ -153,7 +164,10 @@ class Auditor:
 
     def load(self, entries: Sequence[CacheEntry]) -> None:
         """Tie entries to their compile records (`identity.py`), in a few indexed queries for
-        the whole scan: what is read follows the entries, not the ledger."""
+        all of `entries`: what is read follows the entries, not the ledger. What an earlier
+        `load` read is replaced (a scan loads a chunk of entries, judges it and loads the
+        next: memory holds one chunk's records, not the whole cache's); an entry's tie
+        depends only on its own paths and digests, so the chunks do not change it."""
         ledger = self.ledger
         if ledger is None:
             return
@@ -190,9 +204,13 @@ class Auditor:
         # of them than identity read.
         records = ledger.records_by_uuid(sorted(chosen)) if self.full_records else chosen
         # A few entries (explain) are looked up by path; a whole scan reads every hit at once,
-        # which costs less than thousands of paths in IN lists.
-        few = len(entries) <= 500
-        lookups = ledger.lookups_by_entry([e.path for e in entries] if few else None)
+        # which costs less than thousands of paths in IN lists, and keeps them for its chunks.
+        if self._hits is not None:
+            lookups = self._hits
+        elif len(entries) <= 500:
+            lookups = ledger.lookups_by_entry([e.path for e in entries])
+        else:
+            lookups = self._hits = ledger.lookups_by_entry(None)
         first_envs = ledger.first_compile_environments(
             r.run_uuid for r in records.values() if r.run_uuid is not None)
 
@@ -205,7 +223,7 @@ class Auditor:
                                             lookups=lookups, first_envs=first_envs,
                                             compiles_of_run=compiles_of_run)
         # Known file states let an unchanged header be verified by one stat.
-        remembered: set[str] = set()
+        remembered = self._remembered
         for record in records.values():
             if record.graph is not None and record.graph.digest not in remembered:
                 remembered.add(record.graph.digest)
@@ -398,13 +416,25 @@ class Auditor:
             notes=("reconstructed after the fact: the graph is what the compiler reads now",),
             reconstructed=True, unknown_at_build=unknown)
         self.reconstructed_now += 1
+        if self.hold_reconstructions:
+            self._held.append(record)
+        else:
+            self._keep_reconstruction(record)
+        return record
+
+    def _keep_reconstruction(self, record: CompileRecord) -> None:
         if self.ledger is not None:
             # Kept so that the next scan need not run the pass again; a scan that cannot write
             # still reports.
             with contextlib.suppress(Exception):
                 self.ledger.add_records([record], RunInfo(run_uuid=f"scan:{uuid.uuid4().hex}",
                                                           label="scan"))
-        return record
+
+    def save_reconstructions(self) -> None:
+        """Write the reconstructions `hold_reconstructions` kept back."""
+        held, self._held = self._held, []
+        for record in held:
+            self._keep_reconstruction(record)
 
     # ---------------------------------------------------------------- environment, once
 
@@ -546,24 +576,33 @@ def _fewer_collections() -> Iterator[None]:
         gc.set_threshold(*thresholds)
 
 
+SCAN_CHUNK = 2_000
+"""Entries tied to their records and judged per ledger read: a scan holds one chunk's records
+at a time (a record with its sources, outputs, argv and environment is a few KiB; 100,000 of
+them were most of a scan's memory), while the ledger's queries stay batched by the
+thousand."""
+
+
 def scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None = None,
          options: AuditOptions | None = None,
          progress: Callable[[int, int], None] | None = None,
-         observed: ObservedEnvironments | None = None) -> ScanResult:
+         observed: ObservedEnvironments | None = None,
+         chunk: int = SCAN_CHUNK) -> ScanResult:
     """Read every root, tie entries to their compiles, judge them, filter by select/ignore.
-    `observed`: a scope's observed environments (the audit of a run passes them)."""
+    `observed`: a scope's observed environments (the audit of a run passes them). `chunk`:
+    entries loaded and judged at a time (`SCAN_CHUNK`); the result does not depend on it."""
     with _fewer_collections():
         return _scan(paths, env, ledger=ledger, options=options, progress=progress,
-                     observed=observed)
+                     observed=observed, chunk=max(1, chunk))
 
 
-def _scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None = None,
-         options: AuditOptions | None = None,
-         progress: Callable[[int, int], None] | None = None,
-         observed: ObservedEnvironments | None = None) -> ScanResult:
+def _scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None,
+          options: AuditOptions | None, progress: Callable[[int, int], None] | None,
+          observed: ObservedEnvironments | None, chunk: int) -> ScanResult:
     options = options or AuditOptions()
     roots = discover(paths, env)
-    auditor = Auditor(env=env, ledger=ledger, options=options, observed=observed)
+    auditor = Auditor(env=env, ledger=ledger, options=options, observed=observed,
+                      hold_reconstructions=True)
     seen: set[FileState] = set()
     if ledger is not None:
         seen = set(ledger.seen_states())
@@ -579,13 +618,18 @@ def _scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None
                 continue
             read.add(item.path)
             (entries if isinstance(item, CacheEntry) else leftovers).append(item)
-    auditor.load(entries)
-    findings: list[Finding] = [auditor.audit_leftover(left) for left in leftovers]
-    for done, entry in enumerate(entries, 1):
-        findings += auditor.audit_entry(entry)
-        if progress is not None:
-            progress(done, len(entries))
-    findings += auditor.environment_findings(entries)
+    # Filtered as they are made: what --select/--ignore drop is never held.
+    findings = keep([auditor.audit_leftover(left) for left in leftovers], options)
+    for start in range(0, len(entries), chunk):
+        part = entries[start:start + chunk]
+        auditor.load(part)
+        for done, entry in enumerate(part, start + 1):
+            findings += keep(auditor.audit_entry(entry), options)
+            if progress is not None:
+                progress(done, len(entries))
+    auditor.context.loaded = LoadedRecords()  # the last chunk's records, no longer needed
+    findings += keep(auditor.environment_findings(entries), options)
+    auditor.save_reconstructions()
     auditor.save_attributions()
     if ledger is not None:
         with contextlib.suppress(Exception):  # a read-only ledger only costs the next scan time
@@ -596,7 +640,7 @@ def _scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None
                                               missing_named_roots(env))
     return ScanResult(roots=[(r.layout, root) for r, root in roots] + empty, entries=entries,
                       empty_roots=empty, missing_roots=missing,
-                      leftovers=leftovers, findings=keep(findings, options),
+                      leftovers=leftovers, findings=findings,
                       matched=auditor.matched, reconstructed=auditor.reconstructed,
                       reconstructed_now=auditor.reconstructed_now,
                       ledger=ledger.path if ledger else None)
