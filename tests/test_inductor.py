@@ -385,7 +385,7 @@ def test_an_isa_override_is_served_the_other_isa_s_graph_and_run_names_it(
     cache under the override gives other numbers. `cacheaudit run` of the served process,
     `pytest --cacheaudit` of a test served the same graph, and a later scan under the override
     name the variable on the FX entry (CA202, the save record's environment against the hit's,
-    or the scan's); the scan under the build's environment raises no error (control)."""
+    or the scan's); the scan under the build's environment raises no error on it (control)."""
     cache = tmp_path / "cache"
     env = _env(tmp_path, cache, **ISA_FROM_CPU_FLAGS, **NO_PRECOMPILED_HEADER)
     override = dict(env, ATEN_CPU_CAPABILITY="avx2")
@@ -405,13 +405,18 @@ def test_an_isa_override_is_served_the_other_isa_s_graph_and_run_names_it(
     plugin = _plugin(tmp_path, override, "compiled()")
     assert "ATEN_CPU_CAPABILITY: CA202 error" in plugin, plugin[-3000:]
 
-    status, findings = _scan(env, cache)
-    assert status == 0, [f for f in findings if f["severity"] == "error"]
+    def fx_errors(findings: list[dict[str, object]]) -> set[tuple[str, str, str]]:
+        return {(str(f["code"]), str(f["subject"]), str(f["entry"])) for f in findings
+                if f["severity"] == "error" and f"{os.sep}fxgraph{os.sep}" in str(f["entry"])}
+
+    # Only the FX entry is judged here: the registry classes ATEN_CPU_CAPABILITY per runtime,
+    # so the kernels the served process built under the override (whose C++ key holds the
+    # ISA's flags) are CA202 under the build's environment too (docs/runtimes/inductor.md).
+    _, findings = _scan(env, cache)
+    assert fx_errors(findings) == set(), findings
     status, findings = _scan(override, cache)
     assert status == 1
-    drift = {(f["code"], f["subject"], str(f["entry"])) for f in findings
-             if f["severity"] == "error" and f"{os.sep}fxgraph{os.sep}" in str(f["entry"])}
-    assert drift == named, findings
+    assert fx_errors(findings) == named, findings
 
 
 ADAPTER_JOB = '''
