@@ -3,11 +3,10 @@ every CPU kernel of torch.compile takes) loads one kernel and calls it; prints o
 
 Run as `python inductor_driver.py kernel SOURCE_FILE` (the library's key and path, and what its
 `scaled(3)` returns), `python inductor_driver.py compile` (a real torch.compile of a small
-function on CPU: its result and torch's own cache counters), `python inductor_driver.py op
-OPS_FILE` (torch.compile of `ops.function`, the OPS_FILE module defining `torch.library` custom
-ops: its value and its input's gradient, and the counters), or `python inductor_driver.py
+function on CPU: its result and torch's own cache counters), `python inductor_driver.py
 module MODULE_FILE` (torch.compile of the module's `function` on its `inputs()`: the result and
-its dtype, the counters, and the kernel libraries mapped).
+its dtype, the counters, and the kernel libraries mapped), or `python inductor_driver.py
+modules MODULE_FILE...` (each module in turn, `compile_module`: one JSON object by file name).
 """
 
 from __future__ import annotations
@@ -53,8 +52,10 @@ def _libraries() -> list[str]:
 
 def _load(module_file: str) -> Any:
     import importlib.util
+    import os
 
-    spec = importlib.util.spec_from_file_location("scenario_ops", module_file)
+    name = "scenario_" + os.path.splitext(os.path.basename(module_file))[0]
+    spec = importlib.util.spec_from_file_location(name, module_file)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -72,21 +73,48 @@ def with_module(module_file: str) -> dict[str, object]:
             "aot_autograd": dict(counters["aot_autograd"])}
 
 
-def with_ops(ops_file: str) -> dict[str, object]:
+def compile_module(module_file: str) -> dict[str, object]:
+    """torch.compile of one scenario module's `function` on its `inputs()`, in this process: the
+    result, its dtype, the gradient of the first input when the result needs one (`backward`
+    run on its sum), the kernel libraries mapped since, and torch's counters for this compile
+    alone. The custom passes the module installs in Inductor's config are taken out after, so
+    that the next module in the process compiles without them."""
     import torch
     from torch._dynamo.utils import counters
+    from torch._inductor import config
 
-    ops = _load(ops_file)
-    x = torch.arange(4, dtype=torch.float32, requires_grad=True)
-    value = torch.compile(ops.function)(x)
-    value.backward()
-    assert x.grad is not None
-    return {"value": float(value), "grad": [float(g) for g in x.grad],
-            "inductor": dict(counters["inductor"]), "aot_autograd": dict(counters["aot_autograd"])}
+    slots = [name for name in dir(config) if name.endswith("_custom_pass")
+             or name.endswith("_custom_pre_pass") or name.endswith("_custom_post_pass")]
+    saved = {name: getattr(config, name) for name in slots}
+    before = {group: dict(counters[group]) for group in ("inductor", "aot_autograd")}
+    mapped = set(_libraries())
+    try:
+        module = _load(module_file)
+        arguments = module.inputs()
+        result = torch.compile(module.function)(*arguments)
+        grad = None
+        if result.requires_grad:
+            result.sum().backward()
+            grad = [round(float(g), 6) for g in arguments[0].grad]
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
+    delta = {group: {name: count - before[group].get(name, 0)
+                     for name, count in counters[group].items()
+                     if count != before[group].get(name, 0)}
+             for group in ("inductor", "aot_autograd")}
+    return {"result": [round(float(v), 6) for v in result.detach().flatten()],
+            "dtype": str(result.dtype), "grad": grad,
+            "libraries": sorted(set(_libraries()) - mapped), **delta}
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "modules":  # several scenario modules compiled one after another
+        import os
+
+        print(json.dumps({os.path.basename(path): compile_module(path) for path in sys.argv[2:]}))
+        sys.exit(0)
     mode = sys.argv[1]
-    done = (kernel(sys.argv[2]) if mode == "kernel" else with_ops(sys.argv[2]) if mode == "op"
-            else with_module(sys.argv[2]) if mode == "module" else compiled())
+    done = (kernel(sys.argv[2]) if mode == "kernel" else with_module(sys.argv[2])
+            if mode == "module" else compiled())
     print(json.dumps(done))

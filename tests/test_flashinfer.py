@@ -154,6 +154,29 @@ class Replica:
         shutil.rmtree(base, ignore_errors=True)
         return self.run(recorded=False, env=env, base=base)[0]
 
+    def plugin(self, value: int, env: dict[str, str] | None = None) -> str:
+        """`pytest --cacheaudit --cacheaudit-fail-on=error` of a test that asks FlashInfer for
+        the module in the pytest process and gets `value` (the adapter's disk hit, there): the
+        session passes its test and fails on a finding. Returns its output."""
+        suite = self.root / "suite"
+        suite.mkdir(exist_ok=True)
+        (suite / "test_served.py").write_text(
+            "import json\n"
+            f"ARGV = {self.argv()!r}\n"
+            "from flashinfer.jit import core\n"
+            "def test_served():\n"
+            "    name, sources, includes, system = json.loads(ARGV[-1])\n"
+            "    spec = core.gen_jit_spec(name, sources, extra_include_paths=includes,\n"
+            "                             system_include_paths=system)\n"
+            f"    assert spec.build_and_load().value() == {value}\n")
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "--cacheaudit", "--cacheaudit-fail-on=error", "test_served.py"],
+                              capture_output=True, text=True, cwd=suite, timeout=300,
+                              env=dict(env or self.env, CACHEAUDIT_LEDGER=str(self.ledger)))
+        assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "1 passed" in done.stdout, done.stdout[-3000:]
+        return done.stdout
+
     def scan(self, env: dict[str, str] | None = None) -> list[Finding]:
         with Ledger.open(str(self.ledger)) as ledger:
             return scan([str(self.base / ".cache" / "flashinfer")], env or self.env,
@@ -261,14 +284,16 @@ def test_the_workspace_without_an_arch_level_is_read_too(tmp_path: Path):
 @needs_ninja
 def test_replica_header_reinstalled_with_an_older_mtime_is_ca103(replica: Replica):
     """A reinstall writes a header's new bytes with the wheel's old mtime: ninja's no-op keeps
-    the old library, and the scan names the header."""
+    the old library; `cacheaudit run`, `pytest --cacheaudit` and a later scan name the header."""
     first, _ = replica.run()
     replica.header.write_text("#define SCALE 3\n")
     aged(replica.header, seconds=1800)  # newer bytes, still older than the object
     served, told = replica.run()
     fresh = replica.fresh_value()
     assert (first, served, fresh) == (207, 207, 307)  # stale: served != fresh
-    assert str(replica.header) in told and "CA103" in told
+    assert f"{replica.header}: CA103" in told, told
+    plugin = replica.plugin(207)
+    assert f"{replica.header}: CA103 error" in plugin, plugin[-3000:]
     [stale] = [f for f in replica.scan() if f.code == "CA103"]
     assert stale.subject == str(replica.header)
     assert stale.entry == str(module_dir(replica.base, "fi_scale"))
@@ -287,23 +312,8 @@ def test_replica_isystem_header_of_a_cpp_object_is_ca101(replica: Replica):
     assert f"{replica.system_header}: CA101" in told, told
     # `pytest --cacheaudit` of a test served the same library in-process fails the session on
     # the header (the adapter's disk hit, in the pytest process).
-    suite = replica.root / "suite"
-    suite.mkdir()
-    (suite / "test_served.py").write_text(
-        "import json, subprocess, sys\n"
-        f"ARGV = {replica.argv()!r}\n"
-        "from flashinfer.jit import core\n"
-        "def test_served():\n"
-        "    name, sources, includes, system = json.loads(ARGV[-1])\n"
-        "    spec = core.gen_jit_spec(name, sources, extra_include_paths=includes,\n"
-        "                             system_include_paths=system)\n"
-        "    assert spec.build_and_load().value() == 207\n")
-    plugin = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             "--cacheaudit", "--cacheaudit-fail-on=error", "test_served.py"],
-                            capture_output=True, text=True, cwd=suite, timeout=300,
-                            env=dict(replica.env, CACHEAUDIT_LEDGER=str(replica.ledger)))
-    assert plugin.returncode == 1, plugin.stdout[-3000:] + plugin.stderr[-3000:]
-    assert f"{replica.system_header}: CA101 error" in plugin.stdout, plugin.stdout[-3000:]
+    plugin = replica.plugin(207)
+    assert f"{replica.system_header}: CA101 error" in plugin, plugin[-3000:]
     [stale] = [f for f in replica.scan() if f.code == "CA101"]
     assert stale.subject == str(replica.system_header)
     assert stale.entry == str(module_dir(replica.base, "fi_scale"))
@@ -433,8 +443,8 @@ needs_nvcc = pytest.mark.skipif(NVCC is None or CUDA_HOME is None or NINJA is No
 @pytest.mark.nvcc
 def test_nvcc_append_flags_is_served_stale_and_named(tmp_path: Path):
     """NVCC_APPEND_FLAGS is read by nvcc itself, never written onto build.ninja: ninja's
-    no-op serves the library built without it. The run's disk hit (the adapter's) and a
-    later scan name the variable and its value."""
+    no-op serves the library built without it. The run's disk hit (the adapter's), `pytest
+    --cacheaudit` of a test served it and a later scan name the variable and its value."""
     replica = _nvcc_replica(tmp_path)
     assert replica.run()[0] == 207
     env = dict(replica.env, NVCC_APPEND_FLAGS="-DEXTRA=1")
@@ -446,6 +456,8 @@ def test_nvcc_append_flags_is_served_stale_and_named(tmp_path: Path):
     [drift] = [f for f in ran["findings"] if f["code"] == "CA202"]
     assert (drift["subject"], drift["entry"]) == ("NVCC_APPEND_FLAGS", str(replica.directory))
     assert "-DEXTRA=1" in drift["current"]
+    plugin = replica.plugin(207, env)
+    assert "NVCC_APPEND_FLAGS: CA202 error" in plugin, plugin[-3000:]
     findings = replica.scan(env)
     assert ("NVCC_APPEND_FLAGS", "-DEXTRA=1") in {(f.subject, f.current) for f in findings
                                                    if f.code in ("CA201", "CA202")}
@@ -457,7 +469,8 @@ def test_nvcc_append_flags_is_served_stale_and_named(tmp_path: Path):
 def test_cuda_home_symlink_retargeted_to_another_toolkit_is_ca301(tmp_path: Path):
     """build.ninja holds `cuda_home` as text: a CUDA_HOME symlink moved to another toolkit keeps
     the command lines, ninja's no-op serves the old toolkit's build. The shim recorded the
-    real binary behind $cuda_home/bin/nvcc; the run and a later scan name the compiler."""
+    real binary behind $cuda_home/bin/nvcc; the run, `pytest --cacheaudit` of a test served it
+    and a later scan name the compiler."""
     assert CUDA_HOME is not None
     replica = _nvcc_replica(tmp_path)
     real = Path(os.path.realpath(CUDA_HOME))
@@ -484,6 +497,8 @@ def test_cuda_home_symlink_retargeted_to_another_toolkit_is_ca301(tmp_path: Path
     assert (served, replica.fresh_value()) == (207, 212)  # stale
     compiler = str(link / "bin" / "nvcc")
     assert f"{compiler}: CA301" in told, told
+    plugin = replica.plugin(207)
+    assert f"{compiler}: CA301 error" in plugin, plugin[-3000:]
     [drift] = [f for f in replica.scan() if f.code == "CA301"]
     assert (drift.subject, drift.entry) == (compiler, str(replica.directory))
     assert str(nvcc) in (drift.current or "")

@@ -13,6 +13,7 @@ registry does not know, is reported unverified (CA501) and the scan goes on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import socket
@@ -294,7 +295,7 @@ class Auditor:
             # A reconstruction that failed said why already (its compiler gone, say).
             if not any(f.code == "CA501" for f in findings[reported:]):
                 findings.append(no_record_finding(entry, policy.reconstruction_problem(entry)))
-            return findings
+            return findings + self._hit_findings(entry, None, policy, findings)
         if record.reconstructed:
             self.reconstructed += 1
         else:
@@ -321,6 +322,30 @@ class Auditor:
                 current = None
         findings += compiler_findings(context, entry, record, policy, current)
         findings += modified_during_compile(record, entry)
+        return findings + self._hit_findings(entry, record, policy, findings)
+
+    def _hit_findings(self, entry: CacheEntry, record: CompileRecord | None, policy: Policy,
+                      found: Sequence[Finding]) -> list[Finding]:
+        """What the hits an in-process observer recorded for this entry carry on their own
+        (`Policy.record_findings` of each, against the entry's compile record and the hits
+        before it): an adapter that compared, at the hit, what the key does not cover (state
+        of the serving process no file holds) leaves its evidence only in the hit's record, so
+        a later scan reports it as the run that was served did. One finding per code, subject
+        and record, as the run's report keeps them."""
+        hits = self.lookups_for(entry)
+        if not hits:
+            return []
+        seen = {(f.code, f.subject, f.record_id) for f in found}
+        findings: list[Finding] = []
+        history: list[CompileRecord] = [record] if record is not None else []
+        for hit in hits:
+            for finding in policy.record_findings(hit, list(history)):
+                identity = (finding.code, finding.subject, finding.record_id)
+                if identity not in seen:
+                    seen.add(identity)
+                    findings.append(finding if finding.entry else dataclasses.replace(
+                        finding, entry=entry.path, kernel=finding.kernel or entry.kernel))
+            history.append(hit)
         return findings
 
     # ---------------------------------------------------------------- reconstruction
