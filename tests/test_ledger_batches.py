@@ -3,6 +3,7 @@ record read back whole from a new connection, and a failed batch rolled back alo
 
 from __future__ import annotations
 
+import gc
 import os
 import sqlite3
 
@@ -121,3 +122,31 @@ def test_a_failed_batch_loses_nothing_already_committed(tmp_path):
 def test_a_batch_size_below_one_is_refused(tmp_path):
     with Ledger.open(str(tmp_path / "ledger.db")) as ledger, pytest.raises(ValueError):
         ledger.add_records_in_batches([_record(1)], RUN, batch_size=0)
+
+
+def test_the_cycle_collector_is_paused_only_while_a_batch_is_stored(tmp_path):
+    # Paused around each batch's write (its rows and ids all survive, so collections there
+    # are wasted), never while the caller's records are read, and restored when a batch fails.
+    seen_while_read: list[bool] = []
+
+    def records(count: int, broken: int | None = None):
+        for n in range(count):
+            seen_while_read.append(gc.isenabled())
+            yield _record(n, event="lookup") if n == broken else _record(n)
+
+    assert gc.isenabled()
+    with Ledger.open(str(tmp_path / "ledger.db")) as ledger:
+        assert ledger.add_records_in_batches(records(120), RUN, batch_size=50) == 120
+        assert gc.isenabled(), "add_records_in_batches left the cycle collector paused"
+        with pytest.raises(sqlite3.IntegrityError):
+            ledger.add_records_in_batches(records(120, broken=60), RUN, batch_size=50)
+        assert gc.isenabled(), "a failed batch left the cycle collector paused"
+        gc.disable()
+        try:
+            ledger.add_records_in_batches(records(10), RUN, batch_size=50)
+            assert not gc.isenabled(), "a batch turned on a collector its caller had paused"
+        finally:
+            gc.enable()
+    # 120 records, then 100 (the second batch of the second call fails and stops it).
+    assert len(seen_while_read) == 230
+    assert all(seen_while_read[:220]), "records were read with the cycle collector paused"
