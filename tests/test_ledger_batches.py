@@ -3,6 +3,7 @@ record read back whole from a new connection, and a failed batch rolled back alo
 
 from __future__ import annotations
 
+import gc
 import os
 import sqlite3
 
@@ -121,3 +122,74 @@ def test_a_failed_batch_loses_nothing_already_committed(tmp_path):
 def test_a_batch_size_below_one_is_refused(tmp_path):
     with Ledger.open(str(tmp_path / "ledger.db")) as ledger, pytest.raises(ValueError):
         ledger.add_records_in_batches([_record(1)], RUN, batch_size=0)
+
+
+def test_the_cycle_collector_is_paused_only_while_a_batch_is_stored(tmp_path):
+    # Paused around each batch's write (its rows and ids all survive, so collections there
+    # are wasted), never while the caller's records are read, and restored when a batch fails.
+    seen_while_read: list[bool] = []
+
+    def records(count: int, broken: int | None = None):
+        for n in range(count):
+            seen_while_read.append(gc.isenabled())
+            yield _record(n, event="lookup") if n == broken else _record(n)
+
+    assert gc.isenabled()
+    with Ledger.open(str(tmp_path / "ledger.db")) as ledger:
+        assert ledger.add_records_in_batches(records(120), RUN, batch_size=50) == 120
+        assert gc.isenabled(), "add_records_in_batches left the cycle collector paused"
+        with pytest.raises(sqlite3.IntegrityError):
+            ledger.add_records_in_batches(records(120, broken=60), RUN, batch_size=50)
+        assert gc.isenabled(), "a failed batch left the cycle collector paused"
+        gc.disable()
+        try:
+            ledger.add_records_in_batches(records(10), RUN, batch_size=50)
+            assert not gc.isenabled(), "a batch turned on a collector its caller had paused"
+        finally:
+            gc.enable()
+    # 120 records, then 100 (the second batch of the second call fails and stops it).
+    assert len(seen_while_read) == 230
+    assert all(seen_while_read[:220]), "records were read with the cycle collector paused"
+
+
+def test_a_records_own_sources_and_outputs_are_stored_under_their_graph_digest(tmp_path):
+    # The batch writer makes these digests itself (one state or several): they must be the
+    # `IncludeGraph.digest` that every other writer and reader addresses the same graph by.
+    path = str(tmp_path / "ledger.db")
+    two = (FileState("/tmp/w/a.cu", True, 10, 1, 2, 3, "a" * 32),
+           FileState("/tmp/w/b.cuh", True, 20, 4, 5, 6, "b" * 32, settled=False))
+    records = [_record(2), _record(4, sources=two)]
+    with Ledger.open(path) as ledger:
+        ledger.add_records_in_batches(records, RUN, batch_size=10)
+    conn = sqlite3.connect(path)
+    try:
+        for record in records:
+            for column, method, states in (("sources_id", "sources", record.sources),
+                                           ("outputs_id", "outputs", record.outputs)):
+                (stored,) = conn.execute(
+                    f"SELECT g.digest FROM records r JOIN graphs g ON g.id = r.{column}"
+                    " WHERE r.record_uuid = ?", (record.record_id,)).fetchone()
+                expected = IncludeGraph(tuple(GraphFile(s, s.path) for s in states), method)
+                assert stored == expected.digest, f"{method} of {record.record_id}"
+    finally:
+        conn.close()
+
+
+def test_an_effective_argv_shared_by_records_of_a_batch_is_redacted_in_each(tmp_path):
+    # The batch redacts a tuple its records share once (by identity): every record that holds
+    # it is stored redacted, and a record with other flags keeps its own.
+    secret = ArgToken("-DHF_TOKEN=hf_" + "a1B2c3D4e5" * 3, "env:NVCC_APPEND_FLAGS")
+    shared = (ArgToken("kernel.cu"), secret)
+    clean = (ArgToken("kernel.cu"), ArgToken("-DN=3"))
+    records = [_record(n, effective_argv=shared if n % 2 else clean) for n in range(1, 7)]
+    path = str(tmp_path / "ledger.db")
+    with Ledger.open(path) as ledger:
+        assert ledger.add_records_in_batches(records, RUN, batch_size=10) == 6
+    with Ledger.open(path, create=False) as ledger:
+        stored = {r.record_id: r for r in ledger.records()}
+    for n, record in enumerate(records, start=1):
+        texts = [t.text for t in stored[record.record_id].effective_argv]
+        if n % 2:
+            assert texts == ["kernel.cu", "-DHF_TOKEN=<redacted>"], record.record_id
+        else:
+            assert texts == ["kernel.cu", "-DN=3"], record.record_id

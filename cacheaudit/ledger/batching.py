@@ -105,7 +105,7 @@ class _StatesGraph(NamedTuple):
 def _states_graph(states: tuple[FileState, ...], method: str) -> _StatesGraph | None:
     if not states:
         return None
-    return _StatesGraph(tuple(_Member(s, s.path) for s in states), method,
+    return _StatesGraph(tuple(map(_Member, states, [s.path for s in states])), method,
                         _states_digest(method, states))
 
 
@@ -125,6 +125,12 @@ def _states_digest(method: str, states: tuple[FileState, ...]) -> str:
     go: a batch of compiles addresses two of these per record, and the generic digest (a
     hasher fed part by part) was a fifth of a compile record's Python time."""
     head = _METHOD_PARTS.get(method) or _part(repr(method))
+    if len(states) == 1:
+        # A compile's own source or binary: one state, so no join of parts.
+        (s,) = states
+        return xxhash.xxh3_128_hexdigest(head + _part(repr(
+            (s.path, s.path, s.exists, s.size, s.mtime_ns, s.ctime_ns, s.inode, s.digest,
+             s.settled))))
     return xxhash.xxh3_128_hexdigest(head + b"".join(
         _part(repr((s.path, s.path, s.exists, s.size, s.mtime_ns, s.ctime_ns, s.inode, s.digest,
                     s.settled))) for s in states))
@@ -172,16 +178,19 @@ def _intern_states(ledger: LedgerWrites, states: Iterable[FileState], new_files:
     first = 0
     for state in states:
         params = _state_params(memo[("file", state.path)], state)
-        found = memo.get(("state", params))
-        if found is None:
-            found = new.get(params)
+        # A file inserted in this batch has no state stored or remembered yet: only the
+        # batch's own new states can hold it (most states of a batch of compiles).
+        found = new.get(params)
         if found is None and params[0] not in new_files:
-            found = _value(ledger.conn,
-                           "SELECT id FROM file_states WHERE file_id = ? AND present = ? AND"
-                           " size = ? AND mtime_ns = ? AND ctime_ns = ? AND inode = ? AND"
-                           " digest = ? AND settled = ? AND error = ?", _params(params))
-            if found is not None:
-                found = memo[("state", params)] = int(found)
+            found = memo.get(("state", params))
+            if found is None:
+                found = _value(ledger.conn,
+                               "SELECT id FROM file_states WHERE file_id = ? AND present = ?"
+                               " AND size = ? AND mtime_ns = ? AND ctime_ns = ? AND inode = ?"
+                               " AND digest = ? AND settled = ? AND error = ?",
+                               _params(params))
+                if found is not None:
+                    found = memo[("state", params)] = int(found)
         if found is None:
             if not new:
                 first = _next_id(ledger, "file_states")

@@ -57,22 +57,40 @@ def redact_record(record: CompileRecord, env: Mapping[str, str] | None = None) -
     return _redacted_record(record)
 
 
+_SharedTokens = dict[int, tuple[tuple[ArgToken, ...], tuple[ArgToken, ...]]]
+
+
 def redact_records(records: Iterable[CompileRecord], env: Mapping[str, str] | None = None
                    ) -> list[CompileRecord]:
     """`redact_record` of each of `records`, the setting read once for them all: a batch of a
     hundred thousand records would otherwise read the environment as many times."""
     if not argv_redaction(env):
         return list(records)
-    return [_redacted_record(record) for record in records]
+    # Records of a batch often share their effective argv's very tuple (an observer's flags):
+    # it is redacted once by identity, not hashed token by token (`ArgToken.__hash__` is
+    # Python) for every record. Each entry holds its tuple, so that no id is reused meanwhile.
+    shared: _SharedTokens = {}
+    return [_redacted_record(record, shared) for record in records]
 
 
-def _redacted_record(record: CompileRecord) -> CompileRecord:
+def _redacted_record(record: CompileRecord, shared: _SharedTokens | None = None
+                     ) -> CompileRecord:
     if (not record.argv and not record.effective_argv and not record.notes
             and record.runtime_error is None and record.graph_problem is None):
         # Nothing that could hold a credential: most records of a batch (disk hits).
         return record
     argv, changed = _redacted_argv(tuple(record.argv))
-    effective = _redacted_tokens(tuple(record.effective_argv))
+    tokens = record.effective_argv
+    # Only a tuple is shared by identity: a list could change between two records.
+    if type(tokens) is not tuple:
+        shared = None
+    known = shared.get(id(tokens)) if shared is not None else None
+    if known is not None and known[0] is tokens:
+        effective = known[1]
+    else:
+        effective = _redacted_tokens(tuple(tokens))
+        if shared is not None:
+            shared[id(tokens)] = (tokens, effective)
     notes = tuple(_redacted_text(note) for note in record.notes)
     # Messages that may quote a command: the runtime's refusal, why there is no graph.
     messages = {name: _redacted_text(value) for name in ("runtime_error", "graph_problem")
