@@ -404,12 +404,16 @@ class ShimRecorder:
 
     def ready_to_write(self) -> None:
         """While the compile runs: what the record needs that the compile cannot change (the
-        compile-affecting environment, which loads every runtime's table, and the run), and the
-        imports that writing it needs (the seal), so that the compile's end waits for none of
-        it."""
+        compile-affecting environment, and the run), and the imports that writing it needs (the
+        seal), so that the compile's end waits for none of it. The environment is answered from
+        the registry's table beside the ledger (`envvars.kept`): the registry itself, which
+        loads every runtime's spec and environment module, is built by the first shim only."""
         from cacheaudit import seal  # noqa: F401
+        from cacheaudit.envvars.kept import kept_environment
+        from cacheaudit.ledger.places import ENVIRONMENT_TABLE_SUFFIX
 
-        self._environment = envvars.compile_environment(self.env)
+        self._environment = kept_environment(
+            self.env, default_ledger_path(self.env) + ENVIRONMENT_TABLE_SUFFIX)
         self._run = current_run(self.env)
 
     def finish(self, returncode: int, duration_ns: int) -> None:
