@@ -782,11 +782,20 @@ def _write_table(path: str) -> None:
 
 
 def test_kept_environment_from_the_table_is_the_registrys_answer(tmp_path) -> None:
+    import subprocess
+    import sys
+
     from cacheaudit.envvars.kept import _read, kept_environment
 
     table = str(tmp_path / "ledger.db.environment.json")
     _write_table(table)
     assert _read(table) is not None, f"{table}: the table written by a fresh process is valid"
+    code = ("import sys\nfrom cacheaudit.envvars.kept import kept_environment\n"
+            "kept_environment({'CPATH': '/x'}, sys.argv[1])\n"
+            "print(sorted(m for m in sys.modules if m.startswith('cacheaudit.runtimes')))\n")
+    loaded = subprocess.run([sys.executable, "-c", code, table], check=True, timeout=60,
+                            capture_output=True, text=True).stdout.strip()
+    assert loaded == "[]", f"{table}: a process with the table still loaded {loaded}"
     envs = [
         {},
         {"CPATH": "/opt/inc", "HOME": "/root", "NVCC_PREPEND_FLAGS": "-O3", "PATH": "/bin"},
