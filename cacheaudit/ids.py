@@ -13,3 +13,16 @@ def uuid4_hex() -> str:
     raw[6] = (raw[6] & 0x0F) | 0x40
     raw[8] = (raw[8] & 0x3F) | 0x80
     return raw.hex()
+
+
+def hostname() -> str:
+    """This host's name as `socket.gethostname()` gives it, without importing `socket` (which
+    builds its enums on import, ~2 ms of every shim process): on POSIX both are the kernel's
+    node name (glibc's `gethostname` is `uname`'s nodename; macOS reads `kern.hostname` for
+    both), decoded alike; elsewhere `socket` itself."""
+    uname = getattr(os, "uname", None)
+    if uname is not None:
+        return uname().nodename
+    import socket
+
+    return socket.gethostname()

@@ -7,8 +7,9 @@ compiled this still running?" is the question behind in-memory staleness (CA106)
 from __future__ import annotations
 
 import os
-import socket
 import time
+
+from cacheaudit.ids import hostname
 
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "busybox"})
 
@@ -64,7 +65,7 @@ def run_process_alive(run_uuid: str | None) -> int | None:
     """The pid behind a shim run id when that same process still runs on this host, else None.
     The start time tells a live process from a reused pid."""
     run = process_run(run_uuid)
-    if run is None or run[0] != socket.gethostname():
+    if run is None or run[0] != hostname():
         return None
     _, pid, ticks = run
     stat = process_stat(pid)
@@ -77,7 +78,7 @@ def alive_since(host: str, pid: int, started_ns: int) -> bool:
     A pid taken over since belongs to a process started after the first one ended, which was
     after `started_ns`; the start time from /proc (clock ticks since boot) tells the two apart.
     """
-    if host != socket.gethostname():
+    if host != hostname():
         return False
     began_ns = start_ns(pid)
     return began_ns is not None and began_ns <= started_ns

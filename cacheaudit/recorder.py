@@ -11,7 +11,6 @@ import atexit
 import contextlib
 import dataclasses
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from cacheaudit import envvars
 from cacheaudit.digest import StateCache, normalise_path
 from cacheaudit.exceptions import LedgerBusy
+from cacheaudit.ids import hostname
 from cacheaudit.ledger.places import default_ledger_path, spool_dir
 from cacheaudit.ledger.redact import redact_record, redact_run
 from cacheaudit.ledger.schema import WRITER_PATIENCE_S
@@ -57,7 +57,7 @@ def current_run(env: Mapping[str, str], label: str = "shim", *,
     if explicit:
         return RunInfo(run_uuid=explicit, label=env.get(RUN_LABEL_VARIABLE, label))
     parent, ticks = runtime_process(os.getpid() if in_process else None)
-    host = socket.gethostname()
+    host = hostname()
     return RunInfo(run_uuid=f"{host}:{parent}:{ticks}", label=label,
                    host=host, pid=parent, command=_process_command(parent))
 
@@ -267,7 +267,7 @@ def store_in_process(record: CompileRecord, *, observer: str,
     try:
         record = dataclasses.replace(
             record, env=record.env or envvars.compile_environment(env), pid=os.getpid(),
-            host=socket.gethostname(), test_id=record.test_id or test_id_from(env),
+            host=hostname(), test_id=record.test_id or test_id_from(env),
             observer=observer)
         return _HELD.write([record], current_run(env, observer, in_process=True),
                            default_ledger_path(env))
@@ -404,12 +404,16 @@ class ShimRecorder:
 
     def ready_to_write(self) -> None:
         """While the compile runs: what the record needs that the compile cannot change (the
-        compile-affecting environment, which loads every runtime's table, and the run), and the
-        imports that writing it needs (the seal), so that the compile's end waits for none of
-        it."""
+        compile-affecting environment, and the run), and the imports that writing it needs (the
+        seal), so that the compile's end waits for none of it. The environment is answered from
+        the registry's table beside the ledger (`envvars.kept`): the registry itself, which
+        loads every runtime's spec and environment module, is built by the first shim only."""
         from cacheaudit import seal  # noqa: F401
+        from cacheaudit.envvars.kept import kept_environment
+        from cacheaudit.ledger.places import ENVIRONMENT_TABLE_SUFFIX
 
-        self._environment = envvars.compile_environment(self.env)
+        self._environment = kept_environment(
+            self.env, default_ledger_path(self.env) + ENVIRONMENT_TABLE_SUFFIX)
         self._run = current_run(self.env)
 
     def finish(self, returncode: int, duration_ns: int) -> None:
@@ -466,7 +470,7 @@ class ShimRecorder:
             # A session's run id is shared by every process below it; the runtime's own process
             # (as a bare shim's run id names it) is what in-memory staleness is judged by.
             pid, ticks = runtime_process()
-            runtime_process_id = f"{socket.gethostname()}:{pid}:{ticks}"
+            runtime_process_id = f"{hostname()}:{pid}:{ticks}"
         late = modified_since(inputs, self.started_ns)
         signal_number = -returncode if returncode < 0 else None
         return CompileRecord(
@@ -478,7 +482,7 @@ class ShimRecorder:
                                else envvars.compile_environment(self.env)),
             sources=sources + objects, graph=include_graph, outputs=outputs,
             exit_code=None if signal_number else returncode, signal=signal_number,
-            duration_ns=duration_ns, pid=os.getpid(), host=socket.gethostname(),
+            duration_ns=duration_ns, pid=os.getpid(), host=hostname(),
             test_id=test_id_from(self.env), observer=f"shim:{self.name}",
             notes=tuple(self.notes), runtime_process=runtime_process_id,
             modified_during_compile=tuple(s.path for s in late))

@@ -23,8 +23,10 @@ from cacheaudit.shim import (
     install_masquerade,
     link_to_shim,
     lookup_variable,
+    masquerade_ready,
     real_variable,
     resolve_lookup,
+    stamp_masquerade_ready,
     strip_masquerade_dirs,
 )
 from cacheaudit.spec import CompilerSetting
@@ -181,10 +183,13 @@ def shared_shims(env: Mapping[str, str]) -> str | None:
     cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     installation = xxhash.xxh64_hexdigest(os.fsencode(os.path.realpath(target)))
     directory = os.path.join(cache, "cacheaudit", "shims", installation)
+    if masquerade_ready(directory):  # as the last install left it: one read, two stats
+        return directory
     try:
         install_masquerade(directory, force=True)
     except (OSError, UsageError):
         return None
+    stamp_masquerade_ready(directory)
     return directory
 
 

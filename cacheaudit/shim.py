@@ -492,6 +492,58 @@ def link_to_shim(directory: str, name: str, target: str) -> str:
     return link
 
 
+READY_SUFFIX = ".ready"
+"""Beside a shared masquerade directory (`<directory>.ready`, outside it: writing it must not
+change the directory it describes): the state `install_masquerade` left it in."""
+
+
+def _ready_stamp(directory: str) -> str | None:
+    """What a complete masquerade directory of this installation looks like in one line: the
+    launcher it needs (this interpreter, this package), the names, the directory's mtime (a
+    link added, removed or replaced changes it) and the launcher's size and mtime. None where
+    the directory or its launcher cannot be read."""
+    import cacheaudit
+
+    try:
+        directory_st = os.stat(directory)
+        launcher_st = os.lstat(os.path.join(directory, LAUNCHER))
+    except OSError:
+        return None
+    root = os.path.dirname(os.path.dirname(os.path.abspath(cacheaudit.__file__)))
+    return repr((launcher_text(sys.executable, root), MASQUERADE_NAMES, directory_st.st_ino,
+                 directory_st.st_mtime_ns, launcher_st.st_ino, launcher_st.st_mode,
+                 launcher_st.st_size, launcher_st.st_mtime_ns))
+
+
+def masquerade_ready(directory: str) -> bool:
+    """Whether `directory` is as `install_masquerade(directory, force=True)` left it, told by
+    one read of its stamp and two stats, not link by link; False when unsure."""
+    try:
+        with open(directory + READY_SUFFIX, encoding="utf-8") as handle:
+            stamp = handle.read(1 << 16)
+    except (OSError, UnicodeDecodeError):
+        return False
+    return stamp == _ready_stamp(directory)
+
+
+def stamp_masquerade_ready(directory: str) -> None:
+    """Write `directory`'s stamp (by rename); nothing when it cannot be written."""
+    stamp = _ready_stamp(directory)
+    if stamp is None:
+        return
+    path = directory + READY_SUFFIX
+    staging = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(staging, "w", encoding="utf-8") as handle:
+            handle.write(stamp)
+        os.replace(staging, path)
+    except OSError:
+        import contextlib
+
+        with contextlib.suppress(OSError):
+            os.remove(staging)
+
+
 def mark_masquerade_dir(directory: str) -> None:
     marker = os.path.join(directory, MARKER)
     if os.path.isfile(marker):

@@ -212,6 +212,19 @@ def test_a_combine_killed_with_the_indexes_dropped_is_mended_by_the_next(tmp_pat
         assert _record_indexes(ledger) == expected and ledger.integrity_check() == "ok"
 
 
+def test_a_session_without_workers_mends_the_indexes_as_a_combine_of_none_does(tmp_path):
+    """`pytest --cacheaudit` without worker ledgers mends instead of combining nothing."""
+    target = str(tmp_path / "all.db")
+    with Ledger.open(target) as ledger:
+        expected = _record_indexes(ledger)
+        for name in expected:
+            ledger.conn.execute(f"DROP INDEX {name}")
+        ledger.mend_record_indexes()
+        assert _record_indexes(ledger) == expected, f"{target}: the record indexes not mended"
+        ledger.mend_record_indexes()  # made already: nothing to do, nothing raised
+        assert _record_indexes(ledger) == expected and ledger.integrity_check() == "ok"
+
+
 def test_set_wise_combine_twice_adds_nothing(tmp_path):
     sources = _sources(tmp_path, 2)
     target = str(tmp_path / "all.db")

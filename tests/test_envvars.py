@@ -766,3 +766,67 @@ def test_compiler_settings_come_from_the_specs() -> None:
     for declared in runtimes.specs():
         for setting in declared.compiler_settings:
             assert envvars.selects_compiler(setting.name), setting.name
+
+
+# ------------------------------------------------------------------ the shim's table of names
+
+
+def _write_table(path: str) -> None:
+    """A fresh process builds the registry and writes its table (this one has built it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom cacheaudit.envvars.kept import kept_environment\n"
+            "kept_environment({}, sys.argv[1])\n")
+    subprocess.run([sys.executable, "-c", code, path], check=True, timeout=60)
+
+
+def test_kept_environment_from_the_table_is_the_registrys_answer(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from cacheaudit.envvars.kept import _read, kept_environment
+
+    table = str(tmp_path / "ledger.db.environment.json")
+    _write_table(table)
+    assert _read(table) is not None, f"{table}: the table written by a fresh process is valid"
+    code = ("import sys\nfrom cacheaudit.envvars.kept import kept_environment\n"
+            "kept_environment({'CPATH': '/x'}, sys.argv[1])\n"
+            "print(sorted(m for m in sys.modules if m.startswith('cacheaudit.runtimes')))\n")
+    loaded = subprocess.run([sys.executable, "-c", code, table], check=True, timeout=60,
+                            capture_output=True, text=True).stdout.strip()
+    assert loaded == "[]", f"{table}: a process with the table still loaded {loaded}"
+    envs = [
+        {},
+        {"CPATH": "/opt/inc", "HOME": "/root", "NVCC_PREPEND_FLAGS": "-O3", "PATH": "/bin"},
+        {"DG_JIT_CACHE_DIR": "/c", "DG_JIT_": "head alone", "AWS_SECRET_ACCESS_KEY": "x",
+         "CUDA_HOME": "/usr/local/cuda", "TRITON_CACHE_DIR": "/t"},
+        # A family name outside the heads (DeepJIT's <P>_JIT_*), and one it does not claim.
+        {"MYLIB_JIT_NVCC_COMPILER": "/usr/bin/nvcc", "NOT_JIT_": "x", "LANG": "C"},
+        {"NVCC_APPEND_FLAGS": "--token=hunter2", "CCACHE_DIR": "/cc", "TORCH_EXTENSIONS_DIR": "/e"},
+    ]
+    for env in envs:
+        assert kept_environment(env, table) == envvars.compile_environment(env), \
+            f"kept variables of {sorted(env)}: the table and the registry differ"
+
+
+def test_kept_environment_table_is_ignored_when_stale_or_not_private(tmp_path) -> None:
+    import json
+    import os
+
+    from cacheaudit.envvars.kept import _read
+
+    table = str(tmp_path / "ledger.db.environment.json")
+    _write_table(table)
+    with open(table, encoding="utf-8") as handle:
+        data = json.load(handle)
+    first = next(iter(data["sources"]))
+    stale = dict(data, sources={**data["sources"], first: [0, 0]})
+    with open(table, "w", encoding="utf-8") as handle:
+        json.dump(stale, handle)
+    assert _read(table) is None, f"{table}: a source file changed since, the table is stale"
+    with open(table, "w", encoding="utf-8") as handle:
+        json.dump(data, handle)
+    assert _read(table) is not None, f"{table}: rewritten as built, valid again"
+    os.chmod(table, 0o622)
+    assert _read(table) is None, f"{table}: writable by others, never read"

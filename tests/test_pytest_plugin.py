@@ -273,6 +273,8 @@ def pytest_unconfigure(config):
     imported = set(json.loads(modules.read_text()))
     assert "cacheaudit.watch" in imported, "the session did not start its observer"
     assert not imported & set(JUDGE), f"imported by the session: {sorted(imported & set(JUDGE))}"
+    combine = {"cacheaudit.ledger.combine", "cacheaudit.ledger.combine_sql"}
+    assert not imported & combine, f"no worker ledger, yet imported: {sorted(imported & combine)}"
     out = " ".join(result.stdout.str().split())
     run_uuid = re.search(r"in run ([0-9a-f]{32})", out).group(1)
     opened = open_existing(str(tmp_path / "ledger.db"))

@@ -220,6 +220,32 @@ def test_sessions_share_one_masquerade_directory(tmp_path: Path):
         [gxx, "--version"], capture_output=True, text=True, timeout=60).stdout
 
 
+def test_a_shared_masquerade_directory_changed_since_its_stamp_is_installed_again(
+        tmp_path: Path):
+    """The stamp beside the shared directory spares a session the link-by-link check only
+    while the directory is as the last install left it: a link removed, or a launcher
+    rewritten, is put back by the next session."""
+    from cacheaudit.session import shared_shims
+    from cacheaudit.shim import LAUNCHER, MASQUERADE_NAMES, masquerade_ready
+
+    env = {"HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    shims = shared_shims(env)
+    assert shims is not None and masquerade_ready(shims), f"{shims}: no stamp after install"
+    assert shared_shims(env) == shims
+    gone = os.path.join(shims, MASQUERADE_NAMES[0])
+    os.remove(gone)
+    assert not masquerade_ready(shims), f"{gone} removed, yet the stamp still holds"
+    assert shared_shims(env) == shims and os.path.islink(gone), f"{gone} not put back"
+    assert masquerade_ready(shims)
+    launcher = os.path.join(shims, LAUNCHER)
+    with open(launcher, "a", encoding="utf-8") as handle:  # in place: the directory unchanged
+        handle.write("# edited\n")
+    assert not masquerade_ready(shims), f"{launcher} edited, yet the stamp still holds"
+    shared_shims(env)
+    with open(launcher, encoding="utf-8") as handle:
+        assert "# edited" not in handle.read(), f"{launcher} not rewritten"
+
+
 def _fake_compiler(path: Path, says: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"#!/bin/sh\necho {says}\n")

@@ -151,10 +151,11 @@ def test_a_query_imports_only_the_lookup_in_python_without_site(shim_env: ShimEn
 
 RECORDING_NEVER = {"cacheaudit.ledger.reads", "cacheaudit.ledger.queries",
                    "cacheaudit.ledger.spool", "cacheaudit.ledger.store",
-                   "cacheaudit.ledger.combine", "cacheaudit.audit", "uuid", "platform"}
+                   "cacheaudit.ledger.combine", "cacheaudit.audit", "uuid", "platform",
+                   "socket"}
 """What a shim that records a compile into a ledger without a spool never imports: the
-ledger's readers and its spool (it writes through `LedgerWriter`), the judge, and `uuid` with
-`platform` (its ids are drawn by `cacheaudit.ids`)."""
+ledger's readers and its spool (it writes through `LedgerWriter`), the judge, `uuid` with
+`platform` (its ids are drawn by `cacheaudit.ids`), and `socket` (`ids.hostname`)."""
 
 
 @needs_gxx

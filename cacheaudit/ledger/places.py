@@ -27,7 +27,11 @@ def default_ledger_path(env: Mapping[str, str] | None = None) -> str:
 IDENTITY_MEMO_SUFFIX = ".compilers.json"
 """The compilers' identities file beside a ledger (`<ledger>.compilers.json`, the shim's memo)."""
 
-COMPANION_SUFFIXES = ("-wal", "-shm", IDENTITY_MEMO_SUFFIX)
+ENVIRONMENT_TABLE_SUFFIX = ".environment.json"
+"""The registry's table of kept names beside a ledger (`<ledger>.environment.json`, written by
+the first shim: `envvars.kept`)."""
+
+COMPANION_SUFFIXES = ("-wal", "-shm", IDENTITY_MEMO_SUFFIX, ENVIRONMENT_TABLE_SUFFIX)
 """The files SQLite and the shim keep beside a ledger: removed with it when `combine` takes it
 in."""
 

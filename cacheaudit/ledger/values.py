@@ -4,13 +4,12 @@ record ids (where the ledger lives when nothing says otherwise: `places`)."""
 from __future__ import annotations
 
 import os
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 # Re-exported: they were defined here first.
-from cacheaudit.ids import uuid4_hex
+from cacheaudit.ids import hostname, uuid4_hex
 from cacheaudit.ledger.places import (  # noqa: F401
     COMPANION_SUFFIXES,
     IDENTITY_MEMO_SUFFIX,
@@ -37,7 +36,7 @@ class RunInfo:
     run_uuid: str
     label: str
     started_ns: int = field(default_factory=time.time_ns)
-    host: str = field(default_factory=socket.gethostname)
+    host: str = field(default_factory=hostname)
     pid: int = field(default_factory=os.getpid)
     command: tuple[str, ...] | None = None
 

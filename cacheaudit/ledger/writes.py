@@ -169,6 +169,25 @@ class LedgerWrites(LedgerConnection):
         self._retry(write)
         return audit_uuid
 
+    def mend_record_indexes(self) -> None:
+        """The schema's record indexes made where one is missing, as every combine first does
+        (a combine killed between dropping and rebuilding them leaves the records without):
+        what `combine` of no sources writes, without importing the combine."""
+        from cacheaudit.ledger.schema import _RECORD_INDEXES
+
+        def write() -> None:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _RECORD_INDEXES.values():
+                    self.conn.execute(statement)
+                self.conn.execute("COMMIT")
+            except BaseException:
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+                raise
+
+        self._retry(write)
+
     def add_tests(self, run: RunInfo, tests: Iterable[TestWindow]) -> None:
         rows = list(tests)
 
