@@ -30,6 +30,8 @@ from cacheaudit.model import CacheEntry, CompileRecord, Finding
 from cacheaudit.policy import KeyCheck, KeyComponent, Policy, TrackedSet
 
 RUNTIME = "inductor"
+CPP_KINDS = frozenset({"kernel", "cpp", "precompiled_header"})
+"""The reader's entry kinds of the C++ layer, keyed by the command line (layout.py)."""
 
 KERNEL_HOW = ("CppCodeCache.load_async: code_hash of the source text and the command line as "
               "text (the compiler's name, -march=native, -I<torch>/include as a path); no "
@@ -66,6 +68,14 @@ class InductorPolicy(Policy):
         paths = {entry.source.path} if entry.source is not None else set()
         paths.update(path for path in entry.files if path.endswith(".optimized.cpp"))
         return TrackedSet(frozenset(paths), how=KERNEL_HOW)
+
+    def environment_variant(self, entry: CacheEntry) -> str | None:
+        """"cpp" for the C++ layer's entries (kernels, ISA probes, precompiled headers), whose
+        key holds the command line and with it the vector ISA's flags, so that
+        `ATEN_CPU_CAPABILITY` is in their key (environment.py, `CPP_LAYER`); None for the FX
+        graph and AOTAutograd entries, whose keys do not hold it: an FX hit under another
+        value serves the other ISA's graph (CA202 on the FX entry, none on the kernels)."""
+        return "cpp" if entry.meta.get("kind") in CPP_KINDS else None
 
     def check_key(self, entry: CacheEntry, record: CompileRecord | None = None,
                   env: Mapping[str, str] | None = None) -> KeyCheck:
