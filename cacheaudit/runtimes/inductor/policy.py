@@ -17,8 +17,8 @@
 - FX graph and AOTAutograd entries (pickles): keyed by `FxGraphHashDetails` (:1220: the graph,
   input metadata, `torch_key()` over torch's Python sources, :934, the Inductor config minus
   ignored prefixes, determinism settings, custom passes' `uuid()`) and AOTAutograd's key. No
-  compile command builds them, so the shim never sees one; an in-process adapter must (not
-  yet: docs/runtimes/inductor.md).
+  compile command builds them, so the shim never sees one; the in-process adapter records
+  their saves and hits (adapter.py; docs/runtimes/inductor.md).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ HEADER_HOW = ("_precompile_header: the sha512 of the preprocessed header, the co
               "`<compiler> -v` (torch 2.13.0 _inductor/codecache.py:3594)")
 PICKLED_PROBLEM = ("an Inductor {kind} entry is a pickle built inside the Python process (no "
                    "compiler command builds it) and cacheaudit never unpickles a cache file; "
-                   "its lookups are seen only by an in-process observer (not yet available)")
+                   "its save is recorded only by the in-process adapter (under `cacheaudit "
+                   "run` or the pytest plugin), which was not armed when it was written")
 KERNEL_PROBLEM = ("Inductor writes no compile command into its cache (the command is computed "
                   "in the process); record the compile under `cacheaudit run` or the pytest "
                   "plugin, whose shim on PATH sees the g++ Inductor runs")
