@@ -123,6 +123,16 @@ class Policy:
         Default: the recipe is not reproducible."""
         return KeyCheck(None, note=f"{self.runtime}'s key is not recomputed")
 
+    def environment_variant(self, entry: CacheEntry) -> str | None:
+        """Which of the runtime's declared variants (its spec's `variants`, the
+        "runtime:variant" statuses of its environment rows) classes the variables for `entry`,
+        for a runtime whose entry kinds have keys of their own that hold different variables
+        (a layer whose key holds a setting beside one whose key does not): the environment
+        checks (CA201, CA202) ask the registry with it, and a variable without a status for
+        that variant falls back to the runtime's. Default: None, the runtime's own statuses
+        for every entry."""
+        return None
+
     def compiler_change_in_key(self, recorded: CompilerIdentity,
                                current: CompilerIdentity) -> bool:
         """Whether this compiler change alters the runtime's key (so a hit is impossible).

@@ -215,6 +215,11 @@ CLASSIFICATIONS = [
     ("DG_CACHE_DIR", "deepgemm", "python", OUT, "pre-rename name"),
     ("DG_JIT_FOO_BAR", "deepjit", None, UNK, "unknown suffix"),
     ("DG_JIT_FOO_BAR", "deepgemm", None, UNK, "unknown suffix"),
+    # Inductor's two layers: the FX graph key misses the ISA cap, the C++ layer's command line
+    # holds its flags (variant "cpp"); the C++ layer keys no header path all the same.
+    ("ATEN_CPU_CAPABILITY", "inductor", None, OUT, "torch 2.13.0 cpu_vec_isa.py:661, FX key"),
+    ("ATEN_CPU_CAPABILITY", "inductor", "cpp", IN, "torch 2.13.0 codecache.py:3752-3765"),
+    ("CPATH", "inductor", "cpp", OUT, "torch 2.13.0 cpp_builder.py:2418, no header on it"),
     # Not a registry variable at all.
     ("HOME", "deepjit", None, UNK, "not compile-affecting by itself"),
 ]

@@ -283,6 +283,63 @@ def test_the_reader_names_every_entry_kind_and_never_unpickles(tmp_path: Path) -
     assert not marker.exists(), "a pickle in the cache was unpickled"
 
 
+def _every_kind(root: Path) -> dict[str, CacheEntry]:
+    """One entry of each kind the reader names, in Inductor's grammar, by kind."""
+    from cacheaudit.runtimes.inductor.layout import LAYOUT
+
+    kernel, probe, header = ("c" + letter * 51 for letter in "abg")
+    fx, aot = "f" + "e" * 51, "a" + "f" * 51
+    for relative in (f"aa/{kernel}.main.cpp", f"aa/{kernel}.main.so", f"bb/{probe}.cpp",
+                     f"bb/{probe}.so", f"fxgraph/ee/{fx}/guards1", f"aotautograd/{aot}/guards2",
+                     f"precompiled_headers/{header}.h", f"precompiled_headers/{header}.h.gch"):
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(relative)
+    return {str(e.meta["kind"]): e for e in LAYOUT.read(str(root), StateCache())
+            if isinstance(e, CacheEntry)}
+
+
+def test_the_isa_override_is_judged_by_each_layer_s_key(tmp_path: Path) -> None:
+    """`ATEN_CPU_CAPABILITY` recorded as avx2, judged under the build's environment: CA202 on
+    the FX graph and AOTAutograd entries (their keys miss the ISA), none on the C++ layer's
+    (kernel, probe, precompiled header), whose key holds the ISA's flags (the ground truth,
+    same source under two keys by ISA, is the slow real-compile test above); `CPATH`, in no
+    layer's key, is CA202 on every kind. A scan under the override reports CA201 where an FX
+    entry is scanned, and not for C++ entries alone."""
+    from cacheaudit.audit.checks.environment import (
+        environment_findings,
+        scan_environment_findings,
+    )
+    from cacheaudit.audit.context import AuditContext
+    from cacheaudit.model import CompileRecord
+    from cacheaudit.runtimes.inductor.policy import POLICIES
+
+    policy = POLICIES["inductor"]
+    entries = _every_kind(tmp_path / "cache")
+    assert set(entries) == {"kernel", "cpp", "fxgraph", "aotautograd", "precompiled_header"}
+    built = {"ATEN_CPU_CAPABILITY": "avx2", "CPATH": str(tmp_path)}
+    judged: dict[str, set[str]] = {}
+    for kind, entry in entries.items():
+        record = CompileRecord(record_id="r", event="compile", started_ns=1, duration_ns=0,
+                               runtime="inductor", entry=entry.path, env=built)
+        judged[kind] = {f.subject for f in environment_findings(AuditContext(env={}), entry,
+                                                                record, policy)
+                        if f.code == "CA202"}
+    assert judged == {"fxgraph": {"ATEN_CPU_CAPABILITY", "CPATH"},
+                      "aotautograd": {"ATEN_CPU_CAPABILITY", "CPATH"},
+                      "kernel": {"CPATH"}, "cpp": {"CPATH"},
+                      "precompiled_header": {"CPATH"}}, judged
+
+    override = AuditContext(env={"ATEN_CPU_CAPABILITY": "avx2"})
+
+    def warned(kinds: tuple[str, ...]) -> set[str]:
+        chosen = [entries[kind] for kind in kinds]
+        return {str(f.subject) for f in scan_environment_findings(
+            override, chosen, [(e, policy) for e in chosen]) if f.code == "CA201"}
+
+    assert warned(("kernel", "cpp", "precompiled_header")) == set()
+    assert warned(("kernel", "fxgraph")) == {"ATEN_CPU_CAPABILITY"}
+
+
 def test_the_default_roots_follow_torch(tmp_path: Path) -> None:
     """cache_dir() then default_cache_dir() (runtime/cache_dir_utils.py:14, :24): the second
     holds the precompiled headers whatever TORCHINDUCTOR_CACHE_DIR says."""
@@ -302,8 +359,8 @@ def test_a_real_torch_compile_cache_is_read_whole_and_its_kernels_tied_to_their_
     process: torch's own counters say the second was an FX graph and AOTAutograd hit with the
     same result. The scan reads every entry kind Inductor wrote (kernels, ISA probes, FX graph
     and AOTAutograd entries, the precompiled header under $TMPDIR) and ties every C++ entry to
-    the g++ compile the shim recorded, and the FX graph entry to the adapter's record of its
-    save; nothing in the cache raises an error."""
+    the g++ compile the shim recorded, and the FX graph and AOTAutograd entries to the
+    adapter's records of their saves; nothing in the cache raises an error."""
     cache = tmp_path / "cache"
     env = _env(tmp_path, cache)
     job = [sys.executable, str(DRIVER), "compile"]
@@ -334,17 +391,15 @@ def test_a_real_torch_compile_cache_is_read_whole_and_its_kernels_tied_to_their_
     findings = json.loads(done.stdout)["findings"]
     unrecorded = {str(f["entry"]) for f in findings
                   if f["code"] == "CA501" and "no recorded compile" in f["message"]}
-    pickled = {path for path in unrecorded if f"{os.sep}fxgraph{os.sep}" in path
-               or f"{os.sep}aotautograd{os.sep}" in path}
-    # The FX graph entry has the adapter's compile record (FxGraphCache._save_graph); the
-    # AOTAutograd entry, whose save is not wrapped, has none.
-    assert len(pickled) == 1 and f"{os.sep}aotautograd{os.sep}" in next(iter(pickled)), (
-        unrecorded)
+    # The FX graph and AOTAutograd entries have the adapter's compile records (the saves,
+    # FxGraphCache._save_graph and AOTAutogradCache._write_to_local_cache), tied by the scan.
+    assert not {path for path in unrecorded if f"{os.sep}fxgraph{os.sep}" in path
+                or f"{os.sep}aotautograd{os.sep}" in path}, unrecorded
     # Every C++ entry the recorded process built is tied to its compile. The unrecorded second
     # process rebuilt the ISA probes (and the precompiled header) under other keys: both keys
     # hold `g++ -v`, which the shim changes (test_recording_leaves_g_plus_plus_v_alone).
-    rebuilt = {path for path in unrecorded - pickled if os.stat(path).st_mtime_ns > first_end}
-    assert unrecorded - pickled - rebuilt == set(), unrecorded
+    rebuilt = {path for path in unrecorded if os.stat(path).st_mtime_ns > first_end}
+    assert unrecorded - rebuilt == set(), unrecorded
 
 
 def _compile(env: dict[str, str], *, report: Path | None = None) -> dict[str, object]:
@@ -409,14 +464,49 @@ def test_an_isa_override_is_served_the_other_isa_s_graph_and_run_names_it(
         return {(str(f["code"]), str(f["subject"]), str(f["entry"])) for f in findings
                 if f["severity"] == "error" and f"{os.sep}fxgraph{os.sep}" in str(f["entry"])}
 
-    # Only the FX entry is judged here: the registry classes ATEN_CPU_CAPABILITY per runtime,
-    # so the kernels the served process built under the override (whose C++ key holds the
-    # ISA's flags) are CA202 under the build's environment too (docs/runtimes/inductor.md).
+    def isa_alarms(findings: list[dict[str, object]]) -> set[str]:
+        return {str(f["entry"]) for f in findings
+                if f["code"] == "CA202" and f["subject"] == "ATEN_CPU_CAPABILITY"}
+
+    # Ground truth that the C++ kernel key holds the ISA: the served process compiled the
+    # same kernel sources again under the override, and they got keys of their own, built
+    # with the AVX2 defines beside the AVX-512 ones (the shim's records of both processes).
+    from cacheaudit.ledger import Ledger
+
+    with Ledger.open(env["CACHEAUDIT_LEDGER"], create=False) as ledger:
+        compiles = [r for r in ledger.records() if r.event == "compile" and r.sources
+                    and r.sources[0].path.endswith(".main.cpp")]
+    isas_by_source: dict[str, set[tuple[str, str]]] = {}
+    for record in compiles:
+        source = Path(record.sources[0].path)
+        # `-D CPU_CAPABILITY_AVX2` (two tokens, cpp_builder.py's defines) or one token
+        isa = next((a.rpartition("CPU_CAPABILITY_")[2] for a in record.argv
+                    if "CPU_CAPABILITY_" in a), "none")
+        isas_by_source.setdefault(source.read_text(), set()).add((source.name, isa))
+    rebuilt = [pairs for pairs in isas_by_source.values()
+               if len({isa for _, isa in pairs}) > 1 and len({key for key, _ in pairs}) > 1]
+    assert rebuilt, isas_by_source.values()
+    kernels_built_under_override = {r.sources[0].path for r in compiles
+                                    if r.env.get("ATEN_CPU_CAPABILITY") == "avx2"}
+    assert kernels_built_under_override, [r.env for r in compiles]
+
+    # The scan under the build's environment: no error on the FX entry (its save's
+    # environment is the build's), and no ATEN_CPU_CAPABILITY on any kernel, not even those
+    # built under the override: their key holds the ISA, so they cannot be served to it
+    # (the C++ layer's variant of the registry, InductorPolicy.environment_variant).
     _, findings = _scan(env, cache)
     assert fx_errors(findings) == set(), findings
+    assert isa_alarms(findings) == set(), findings
     status, findings = _scan(override, cache)
     assert status == 1
     assert fx_errors(findings) == named, findings
+    # Under the override: the FX entry (and the AOTAutograd entry: neither key holds the ISA);
+    # none of the kernels the build made for AVX-512, which are never served to the AVX2
+    # process.
+    alarms = isa_alarms(findings)
+    assert {entry for _, _, entry in named} <= alarms, findings
+    assert {entry for entry in alarms if f"{os.sep}fxgraph{os.sep}" not in entry
+            and f"{os.sep}aotautograd{os.sep}" not in entry} == set(), findings
 
 
 ADAPTER_JOB = '''

@@ -223,6 +223,10 @@ class Served:
     scan_status: int
     entries: dict[str, set[str]]
     """Each module's FX graph entries, from the adapter's save records of the first process."""
+    aot_saves: list[Any]
+    """The adapter's AOTAutograd save records (`compile`, layer aotautograd), of every process."""
+    aot_files: set[str]
+    """The AOTAutograd entry files in the cache after every process."""
 
 
 @pytest.fixture(scope="module")
@@ -259,9 +263,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
     from cacheaudit.ledger import Ledger
 
     with Ledger.open(env["CACHEAUDIT_LEDGER"], create=False) as ledger:
-        saves = sorted((r for r in ledger.records() if r.observer == "adapter:inductor"
-                        and r.event == "compile" and r.extra.get("layer") == "fxgraph"),
-                       key=lambda r: r.started_ns)
+        adapter_saves = [r for r in ledger.records() if r.observer == "adapter:inductor"
+                         and r.event == "compile"]
+    saves = sorted((r for r in adapter_saves if r.extra.get("layer") == "fxgraph"),
+                   key=lambda r: r.started_ns)
     # The first process saved each module's graphs in turn (torch's miss counter says how many).
     entries: dict[str, set[str]] = {}
     for name, _, _ in MODULES:
@@ -271,7 +276,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
     assert not saves, saves
     return Served(built=built, served=served, fresh=fresh, run=json.loads(run.read_text()),
                   plugin=plugin, scan=json.loads(scanned.stdout), scan_status=scanned.returncode,
-                  entries=entries)
+                  entries=entries,
+                  aot_saves=[r for r in adapter_saves if r.extra.get("layer") == "aotautograd"],
+                  aot_files={str(p) for p in (cache / "aotautograd").glob("*/*") if p.is_file()})
 
 
 def _errors(findings: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
@@ -374,3 +381,21 @@ def test_a_later_scan_names_each_changed_input(served: Served) -> None:
     error."""
     assert served.scan_status == 1
     _names_each_blind_spot_on_its_entry(_errors(served.scan["findings"]), served)
+
+
+def test_every_aotautograd_entry_has_its_save_recorded_and_scan_ties_it(served: Served) -> None:
+    """The AOTAutograd saves (`AOTAutogradCache._write_to_local_cache`): one `compile` record
+    per entry the first process wrote (torch's `autograd_cache_saved` counter says how many;
+    the later processes were hits and saved none), each naming its entry file under
+    `aotautograd/<key>/` and its key; the later scan ties every AOTAutograd entry to its save
+    (no CA501 on any) and raises no error on the control's."""
+    saved = sum(served.built[name]["aot_autograd"].get("autograd_cache_saved", 0)
+                for name, _, _ in MODULES)
+    assert saved >= 1, served.built
+    assert len(served.aot_saves) == saved == len(served.aot_files), (
+        [r.entry for r in served.aot_saves], sorted(served.aot_files))
+    assert {str(r.entry) for r in served.aot_saves} == served.aot_files
+    assert all(os.path.basename(os.path.dirname(str(r.entry))) == r.key
+               for r in served.aot_saves), [(r.key, r.entry) for r in served.aot_saves]
+    unrecorded = {str(f["entry"]) for f in served.scan["findings"] if f["code"] == "CA501"}
+    assert not unrecorded & served.aot_files, sorted(unrecorded)

@@ -99,7 +99,7 @@ class Memos:
         default_factory=dict)
     process_firsts: dict[tuple[str, str], dict[ProcessKey, FirstCompile]] = field(
         default_factory=dict)
-    registry: dict[str, RegistryView] = field(default_factory=dict)
+    registry: dict[tuple[str, str | None], RegistryView] = field(default_factory=dict)
 
 
 @dataclass
@@ -171,20 +171,21 @@ class AuditContext:
 
     # ---------------------------------------------------------------- the environment registry
 
-    def registry(self, runtime: str) -> RegistryView:
-        """The registry's answers for `runtime` about the environment now; a registry that
-        raises for it (a runtime it does not know) gives a view with the reason instead."""
-        view = self.memos.registry.get(runtime)
+    def registry(self, runtime: str, variant: str | None = None) -> RegistryView:
+        """The registry's answers for `runtime` (in `variant`, for the entries its policy's
+        `environment_variant` names) about the environment now; a registry that raises for it
+        (a runtime it does not know) gives a view with the reason instead."""
+        view = self.memos.registry.get((runtime, variant))
         if view is None:
             try:
                 problem = envvars.problem(runtime)
                 implicit = frozenset() if problem is not None else frozenset(
                     name for name in self.env_now if not envvars.selects_compiler(name)
-                    and envvars.is_implicit_input(name, runtime))
+                    and envvars.is_implicit_input(name, runtime, variant))
                 view = RegistryView(implicit, problem)
             except Exception as exc:  # noqa: BLE001 - the entry is reported unverified (CA501)
                 view = RegistryView(frozenset(), f"{type(exc).__name__}: {exc}")
-            self.memos.registry[runtime] = view
+            self.memos.registry[(runtime, variant)] = view
         return view
 
     # ---------------------------------------------------------------- processes

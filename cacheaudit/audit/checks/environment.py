@@ -32,6 +32,9 @@ def environment_findings(context: AuditContext, entry: CacheEntry, record: Compi
     findings = []
     nvcc = record.compiler is None or record.compiler.kind == "nvcc"
     env_now: Mapping[str, str] = context.env_now
+    # The registry's statuses for this entry's kind: a runtime whose layers key different
+    # variables declares a variant per layer (Policy.environment_variant).
+    variant = policy.environment_variant(entry)
     how = "recorded compile environment against this environment"
     against = "this environment"
     if context.observed is not None:
@@ -42,7 +45,8 @@ def environment_findings(context: AuditContext, entry: CacheEntry, record: Compi
             env_now, against = seen.env, seen.how
             how = f"recorded compile environment against {seen.how}"
     for name in sorted(set(record.env) | set(env_now)):
-        if envvars.selects_compiler(name) or not envvars.is_implicit_input(name, entry.runtime):
+        if envvars.selects_compiler(name) or not envvars.is_implicit_input(name, entry.runtime,
+                                                                          variant):
             continue
         if name.startswith("NVCC_") and not nvcc:
             continue  # only nvcc reads NVCC_*: a g++ build did not change with them
@@ -86,13 +90,25 @@ def scan_environment_findings(context: AuditContext, entries: Sequence[CacheEntr
     """The scan's environment, judged once for the runtimes of `entries`: CA201, then what
     each family of policies (`Policy.scan_family`) says of it for its entries in `judged`."""
     findings = []
-    runtimes = {e.runtime for e in entries}
+    # Each runtime is judged in the variants its scanned entries are classed by
+    # (`Policy.environment_variant`; None for an entry without a policy, and for most runtimes):
+    # a variable is an implicit input of the scan when some scanned entry's key misses it.
+    variants: dict[str, set[str | None]] = {e.runtime: set() for e in entries}
+    with_policy: set[int] = set()
+    for entry, policy in judged:
+        with_policy.add(id(entry))
+        variants[entry.runtime].add(policy.environment_variant(entry))
+    for entry in entries:
+        if id(entry) not in with_policy:
+            variants[entry.runtime].add(None)
     # A runtime the registry cannot judge is reported per entry (CA501), not here.
-    views = {r: view for r in runtimes if (view := context.registry(r)).problem is None}
+    views = {r: [context.registry(r, v) for v in sorted(kinds, key=str)]
+             for r, kinds in variants.items() if context.registry(r).problem is None}
     for name, value in sorted(context.env_now.items()):
         if envvars.selects_compiler(name):
             continue
-        blind = sorted(r for r, view in views.items() if name in view.implicit_now)
+        blind = sorted(r for r, kinds in views.items()
+                       if any(name in view.implicit_now for view in kinds))
         if blind:
             findings.append(make_finding(
                 "CA201", subject=name,

@@ -11,6 +11,9 @@ What is wrapped, each seam read in torch 2.13.0:
   compiler runs for it; the record is the only evidence of what it was built under).
 - `AOTAutogradCache._lookup(key, ...)` (`_functorch/_aot_autograd/autograd_cache.py` :1214,
   called by `try_load`, :990): the AOTAutograd key and whether it hit.
+- `AOTAutogradCache._write_to_local_cache(key, content)` (:1274, called by `save`, :1350, after
+  a miss, and by the cache-artifact loader, :940): the entry written under
+  `aotautograd/<key>/`, a "compile" record as for the FX save.
 - `CppCodeCache.load_async` (:3691, which `load_pybinding_async`, :4020, and `load` reach): the
   kernel key, its `<key>.main.cpp` path and the hashed command line, taken from the module's
   `write(main_code, "main.cpp", extra=f"{optimized_code} {command line}")` (:3762) while the
@@ -284,6 +287,8 @@ class InductorAdapter(Adapter):
                 vars(fx)["_save_graph"].__func__, switch))),
             (AOTAutogradCache, "_lookup", staticmethod(self._aot_lookup(
                 vars(AOTAutogradCache)["_lookup"].__func__, switch))),
+            (AOTAutogradCache, "_write_to_local_cache", staticmethod(self._aot_save(
+                vars(AOTAutogradCache)["_write_to_local_cache"].__func__, switch))),
             (cpp, "load_async", classmethod(self._cpp_load(
                 vars(cpp)["load_async"].__func__, switch))),
             (codecache, "write", self._write_hook(codecache.write, switch)),
@@ -348,6 +353,17 @@ class InductorAdapter(Adapter):
             return result
 
         return _lookup
+
+    def _aot_save(self, original: Callable[..., Any], switch: Switch) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def _write_to_local_cache(key: str, *args: Any, **kwargs: Any) -> Any:
+            started = time.time_ns()
+            result = original(key, *args, **kwargs)
+            if switch.on:
+                self._note("aotautograd save", lambda: _aot_saved(key, started))
+            return result
+
+        return _write_to_local_cache
 
     def _cpp_load(self, original: Callable[..., Any], switch: Switch) -> Callable[..., Any]:
         @functools.wraps(original)
@@ -478,6 +494,14 @@ def _aot_record(key: str) -> CompileRecord:
 
     return _record("disk-hit", key, _entry_file(AOTAutogradCache._get_tmp_dir_for_key(key)),
                    {"layer": "aotautograd", "custom_ops": snapshot_custom_ops()})
+
+
+def _aot_saved(key: str, started_ns: int) -> CompileRecord:
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+
+    return _record("compile", key, _entry_file(AOTAutogradCache._get_tmp_dir_for_key(key)),
+                   {"layer": "aotautograd", "custom_ops": snapshot_custom_ops(),
+                    "custom_passes": snapshot_custom_passes()}, started_ns=started_ns)
 
 
 def _cpp_record(key: str, path: str, command: str, existed: bool, in_memory: bool

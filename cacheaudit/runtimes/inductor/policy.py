@@ -17,8 +17,8 @@
 - FX graph and AOTAutograd entries (pickles): keyed by `FxGraphHashDetails` (:1220: the graph,
   input metadata, `torch_key()` over torch's Python sources, :934, the Inductor config minus
   ignored prefixes, determinism settings, custom passes' `uuid()`) and AOTAutograd's key. No
-  compile command builds them, so the shim never sees one; an in-process adapter must (not
-  yet: docs/runtimes/inductor.md).
+  compile command builds them, so the shim never sees one; the in-process adapter records
+  their saves and hits (adapter.py; docs/runtimes/inductor.md).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from cacheaudit.model import CacheEntry, CompileRecord, Finding
 from cacheaudit.policy import KeyCheck, KeyComponent, Policy, TrackedSet
 
 RUNTIME = "inductor"
+CPP_KINDS = frozenset({"kernel", "cpp", "precompiled_header"})
+"""The reader's entry kinds of the C++ layer, keyed by the command line (layout.py)."""
 
 KERNEL_HOW = ("CppCodeCache.load_async: code_hash of the source text and the command line as "
               "text (the compiler's name, -march=native, -I<torch>/include as a path); no "
@@ -38,7 +40,8 @@ HEADER_HOW = ("_precompile_header: the sha512 of the preprocessed header, the co
               "`<compiler> -v` (torch 2.13.0 _inductor/codecache.py:3594)")
 PICKLED_PROBLEM = ("an Inductor {kind} entry is a pickle built inside the Python process (no "
                    "compiler command builds it) and cacheaudit never unpickles a cache file; "
-                   "its lookups are seen only by an in-process observer (not yet available)")
+                   "its save is recorded only by the in-process adapter (under `cacheaudit "
+                   "run` or the pytest plugin), which was not armed when it was written")
 KERNEL_PROBLEM = ("Inductor writes no compile command into its cache (the command is computed "
                   "in the process); record the compile under `cacheaudit run` or the pytest "
                   "plugin, whose shim on PATH sees the g++ Inductor runs")
@@ -66,6 +69,14 @@ class InductorPolicy(Policy):
         paths = {entry.source.path} if entry.source is not None else set()
         paths.update(path for path in entry.files if path.endswith(".optimized.cpp"))
         return TrackedSet(frozenset(paths), how=KERNEL_HOW)
+
+    def environment_variant(self, entry: CacheEntry) -> str | None:
+        """"cpp" for the C++ layer's entries (kernels, ISA probes, precompiled headers), whose
+        key holds the command line and with it the vector ISA's flags, so that
+        `ATEN_CPU_CAPABILITY` is in their key (environment.py, `CPP_LAYER`); None for the FX
+        graph and AOTAutograd entries, whose keys do not hold it: an FX hit under another
+        value serves the other ISA's graph (CA202 on the FX entry, none on the kernels)."""
+        return "cpp" if entry.meta.get("kind") in CPP_KINDS else None
 
     def check_key(self, entry: CacheEntry, record: CompileRecord | None = None,
                   env: Mapping[str, str] | None = None) -> KeyCheck:

@@ -23,6 +23,9 @@ SPEC = RuntimeSpec(
     compiler_settings=(CompilerSetting("CXX", compiler="g++",
                                        path_in_key_if=("torch", "_inductor/codecache.py")),),
     packages=("torch",),
+    # "cpp": the C++ layer (kernels, ISA probes, precompiled headers), whose key holds the
+    # command line; the FX graph and AOTAutograd entries take the runtime's own statuses.
+    variants=("cpp",),
     environment="environment",
     docs="runtimes/inductor.md",
 )
