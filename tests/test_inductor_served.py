@@ -227,6 +227,10 @@ class Served:
     """The adapter's AOTAutograd save records (`compile`, layer aotautograd), of every process."""
     aot_files: set[str]
     """The AOTAutograd entry files in the cache after every process."""
+    fx_hits: dict[str, int]
+    """The adapter's FX disk-hit records of each entry, over every process."""
+    backward_graphs: set[str]
+    """The FX entries served as the backward half of an AOTAutograd graph (`is_backward`)."""
 
 
 @pytest.fixture(scope="module")
@@ -263,8 +267,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
     from cacheaudit.ledger import Ledger
 
     with Ledger.open(env["CACHEAUDIT_LEDGER"], create=False) as ledger:
-        adapter_saves = [r for r in ledger.records() if r.observer == "adapter:inductor"
-                         and r.event == "compile"]
+        adapter = [r for r in ledger.records() if r.observer == "adapter:inductor"]
+    adapter_saves = [r for r in adapter if r.event == "compile"]
+    fx_hits: dict[str, int] = {}
+    for record in adapter:
+        if record.event == "disk-hit" and record.extra.get("layer") == "fxgraph":
+            fx_hits[str(record.entry)] = fx_hits.get(str(record.entry), 0) + 1
     saves = sorted((r for r in adapter_saves if r.extra.get("layer") == "fxgraph"),
                    key=lambda r: r.started_ns)
     # The first process saved each module's graphs in turn (torch's miss counter says how many).
@@ -278,7 +286,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
                   plugin=plugin, scan=json.loads(scanned.stdout), scan_status=scanned.returncode,
                   entries=entries,
                   aot_saves=[r for r in adapter_saves if r.extra.get("layer") == "aotautograd"],
-                  aot_files={str(p) for p in (cache / "aotautograd").glob("*/*") if p.is_file()})
+                  aot_files={str(p) for p in (cache / "aotautograd").glob("*/*") if p.is_file()},
+                  fx_hits=fx_hits,
+                  backward_graphs={str(r.entry) for r in adapter if r.event == "disk-hit"
+                                   and r.extra.get("is_backward") is True})
 
 
 def _errors(findings: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
@@ -318,16 +329,24 @@ def test_every_module_was_served_from_the_cache_and_stale_where_expected(served:
 
 def _names_each_blind_spot_on_its_entry(errors: set[tuple[str, str, str]],
                                         served: Served) -> None:
-    """Each scenario's subject named CA101 on its own module's FX graph entry, the control's
-    entries free of errors, and every error a CA101 naming one of the changed ops or options
-    (an FX hit is compared against every custom op of the process, so a module compiled after
-    another is told of that one's change too)."""
+    """Each scenario's subject named CA101 on its own module's FX graph entry, and nothing
+    else on it: each module's graph calls its own op alone, so another module's changed op
+    (every op of the process is in the snapshot) is not its business; the control's entries
+    free of errors."""
     for name, subject in SUBJECTS.items():
         named = {entry for code, who, entry in errors if (code, who) == ("CA101", subject)}
         assert named & served.entries[name], (name, subject, sorted(errors))
+        on_its_entries = {(code, who) for code, who, entry in errors
+                          if entry in served.entries[name]}
+        assert on_its_entries == {("CA101", subject)}, (name, sorted(errors))
     assert not {e for _, _, e in errors} & served.entries["scaled"], sorted(errors)
-    assert {(code, who) for code, who, _ in errors} <= {
-        ("CA101", subject) for subject in SUBJECTS.values()}, sorted(errors)
+    assert {e for _, _, e in errors} <= set().union(*served.entries.values()), sorted(errors)
+    # The autograd formula is the backward graph's alone: the forward half served is right
+    # (its result is the fresh compile's; the gradient is not) and carries no error.
+    assert served.served["formula"]["result"] == served.fresh["formula"]["result"]
+    formula = served.entries["formula"]
+    assert {e for code, who, e in errors if who == "ca::twice"} == (
+        formula & served.backward_graphs), (sorted(errors), formula, served.backward_graphs)
 
 
 def test_cacheaudit_run_of_the_served_process_names_each_changed_input(served: Served) -> None:
@@ -399,3 +418,24 @@ def test_every_aotautograd_entry_has_its_save_recorded_and_scan_ties_it(served: 
                for r in served.aot_saves), [(r.key, r.entry) for r in served.aot_saves]
     unrecorded = {str(f["entry"]) for f in served.scan["findings"] if f["code"] == "CA501"}
     assert not unrecorded & served.aot_files, sorted(unrecorded)
+
+
+def test_an_entry_served_twice_is_one_finding_per_op(served: Served) -> None:
+    """Each stale FX entry was served twice (by the `cacheaudit run` process and by the pytest
+    session: two adapter disk-hit records of it), yet it is one finding per op: once in the
+    session's report (which also scans the entry, with the earlier run's hit on it) and once on
+    the later scan, whose `counts` `--fail-on` judges."""
+    named = {entry for _, _, entry in _errors(served.scan["findings"])}
+    twice = {name: {e for e in served.entries[name] & named if served.fx_hits.get(e, 0) >= 2}
+             for name in SUBJECTS}
+    assert all(twice.values()), (served.fx_hits, served.entries)
+    blocks = _finding_blocks(served.plugin.stdout)
+    for name, subject in SUBJECTS.items():
+        for entry in twice[name]:
+            same = [f for f in served.scan["findings"]
+                    if (f["code"], f["subject"], f["entry"]) == ("CA101", subject, entry)]
+            assert len(same) == 1, (subject, entry, same)
+            shown = [head for head, words in blocks
+                     if head == f"{entry}: CA101 error" and subject in words]
+            assert len(shown) == 1, (subject, entry, served.plugin.stdout[-3000:])
+    assert served.scan["counts"].get("CA101") == len(_errors(served.scan["findings"]))

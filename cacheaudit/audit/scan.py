@@ -330,17 +330,18 @@ class Auditor:
         (`Policy.record_findings` of each, against the entry's compile record and the hits
         before it): an adapter that compared, at the hit, what the key does not cover (state
         of the serving process no file holds) leaves its evidence only in the hit's record, so
-        a later scan reports it as the run that was served did. One finding per code, subject
-        and record, as the run's report keeps them."""
+        a later scan reports it as the run that was served did. One finding per code and
+        subject for the entry, from the first hit that carried it: every later hit served the
+        same stale entry, and counting each would make a finding grow with the runs."""
         hits = self.lookups_for(entry)
         if not hits:
             return []
-        seen = {(f.code, f.subject, f.record_id) for f in found}
+        seen = {(f.code, f.subject) for f in found}
         findings: list[Finding] = []
         history: list[CompileRecord] = [record] if record is not None else []
         for hit in hits:
             for finding in policy.record_findings(hit, list(history)):
-                identity = (finding.code, finding.subject, finding.record_id)
+                identity = (finding.code, finding.subject)
                 if identity not in seen:
                     seen.add(identity)
                     findings.append(finding if finding.entry else dataclasses.replace(

@@ -166,10 +166,20 @@ def audit_scope(ledger: Ledger, scope: Scope, env: Mapping[str, str], *,
     judged = frozenset(f.record_id for f in kept if f.record_id)
     kept += keep(audit_records(records, judged=judged), options)
     # A policy may prove the same stale file from the entry and from the records (torch-ext's
-    # CA106): one finding per code, file and record.
+    # CA106), and a scan reports an entry's finding from an earlier run's hit that this run's
+    # hit carries again: one finding per code, subject and entry (per record where there is no
+    # entry), the one of this run's record first.
+    entry_of = {r.record_id: r.entry for r in records if r.entry}
     unique: dict[tuple[str, str, str | None], Finding] = {}
     for finding in kept:
-        unique.setdefault((finding.code, finding.subject, finding.record_id), finding)
+        identity = (finding.code, finding.subject,
+                    finding.entry or entry_of.get(finding.record_id or "") or finding.record_id)
+        held = unique.get(identity)
+        if held is None:
+            unique[identity] = finding
+        elif held.record_id not in ids and finding.record_id in ids:
+            unique[identity] = (finding if finding.entry else
+                                dataclasses.replace(finding, entry=held.entry))
     hit_times = {path: ns for path, (ns, _binary) in opened.items()}
     findings = [_with_tests(f, records, windows, result, hit_times)
                 for f in unique.values()]

@@ -28,7 +28,12 @@ What is wrapped, each seam read in torch 2.13.0:
   an FX hit is written, the snapshot is compared with the one of the latest compile record of
   the same key in the ledger; what differs, apart from the implementation (dispatched at run
   time: a change reaches the served graph), is `extra["custom_ops_changed"]`, which the policy
-  reports.
+  reports. Only the ops the served graph calls are compared: an FX hit inside
+  `AOTAutogradCache.try_load(mod, ...)` (:990; an AOTAutograd hit loads its FX graph there,
+  `aot_autograd_result.py` :193) records the custom ops of Dynamo's graph `mod`
+  (`extra["graph_ops"]`, `graph_custom_ops`); a graph that drops an op's call (a pure op whose
+  result is unused) still names it there. An FX lookup outside `try_load` (the AOTAutograd cache
+  off) is compared with every op of the process.
 - Inductor's custom passes (the config's `*_custom_pass` slots, `PASS_SLOTS`): a snapshot, on
   every FX record, of each pass's class, `uuid()`, class source digest, instance attributes and
   the module-level values its `__call__` names (`snapshot_custom_passes`). The FX key holds the
@@ -226,14 +231,38 @@ def custom_pass_changes(then: Mapping[str, Any], now: Mapping[str, Any]
     return changes
 
 
-def custom_op_changes(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """(op, field, recorded, current) for each op of `then` whose traced-in state differs now."""
+def graph_custom_ops(module: object) -> tuple[str, ...]:
+    """The qualified names (`ns::name`) of the ops a Dynamo graph module and its subgraphs
+    call, as node targets or as a higher-order op's operands (`auto_functionalized(op, ...)`)."""
+    names: set[str] = set()
+    modules = getattr(module, "modules", None)
+    for part in modules() if callable(modules) else ():
+        graph = getattr(part, "graph", None)
+        for node in getattr(graph, "nodes", ()):
+            for target in (node.target, *node.args):
+                name = getattr(getattr(target, "_schema", None), "name", None)
+                if isinstance(name, str):
+                    names.add(name)
+    return tuple(sorted(names))
+
+
+def custom_op_changes(then: Mapping[str, Any], now: Mapping[str, Any],
+                      called: Iterable[str] | None = None, *,
+                      forward: bool = False) -> list[dict[str, Any]]:
+    """(op, field, recorded, current) for each op of `then` whose traced-in state differs now;
+    only the ops in `called` when the served graph's ops are known. A `forward` graph (AOT's
+    forward half) is not told of a new backward formula: the backward graph it is served
+    with is, and a forward graph the new formula leaves alone is what a fresh compile makes."""
     changes = []
+    wanted = None if called is None else set(called)
+    fields = [f for f in _OP_FIELDS if not (forward and f == "backward")]
     for name in sorted(then):
+        if wanted is not None and name not in wanted:
+            continue
         old, new = then[name], now.get(name)
         if not isinstance(old, Mapping):
             continue
-        for field in _OP_FIELDS:
+        for field in fields:
             current = new.get(field) if isinstance(new, Mapping) else None
             if old.get(field) != current:
                 changes.append({"op": name, "field": field, "recorded": old.get(field),
@@ -248,6 +277,8 @@ class _Capture(threading.local):
     cache: Any = None
     found: tuple[str, str, str, bool, bool] | None = None
     """(key, main.cpp path, command line, .so existed, in the memory cache)."""
+    graph_ops: tuple[str, ...] | None = None
+    """The custom ops of the Dynamo graph whose `AOTAutogradCache.try_load` runs in this thread."""
 
 
 _CAPTURE = _Capture()
@@ -285,6 +316,8 @@ class InductorAdapter(Adapter):
                 vars(fx)["load_with_key"].__func__, switch))),
             (fx, "_save_graph", staticmethod(self._fx_save(
                 vars(fx)["_save_graph"].__func__, switch))),
+            (AOTAutogradCache, "try_load", staticmethod(self._aot_try_load(
+                vars(AOTAutogradCache)["try_load"].__func__, switch))),
             (AOTAutogradCache, "_lookup", staticmethod(self._aot_lookup(
                 vars(AOTAutogradCache)["_lookup"].__func__, switch))),
             (AOTAutogradCache, "_write_to_local_cache", staticmethod(self._aot_save(
@@ -328,7 +361,9 @@ class InductorAdapter(Adapter):
         def load_with_key(key: str, debug_lines: list[str], *args: Any, **kwargs: Any) -> Any:
             result = original(key, debug_lines, *args, **kwargs)
             if switch.on:
-                self._note("fxgraph lookup", lambda: _fx_record(key, debug_lines, result))
+                backward = kwargs.get("is_backward", args[3] if len(args) > 3 else None)
+                self._note("fxgraph lookup",
+                           lambda: _fx_record(key, debug_lines, result, backward))
             return result
 
         return load_with_key
@@ -343,6 +378,25 @@ class InductorAdapter(Adapter):
             return result
 
         return _save_graph
+
+    def _aot_try_load(self, original: Callable[..., Any], switch: Switch
+                      ) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def try_load(mod: Any, *args: Any, **kwargs: Any) -> Any:
+            capture = _CAPTURE
+            outer = capture.graph_ops
+            if switch.on:
+                try:
+                    capture.graph_ops = graph_custom_ops(mod)
+                except Exception as exc:  # noqa: BLE001 - fail open: every op is compared
+                    capture.graph_ops = None
+                    self._report("aotautograd try_load", exc)
+            try:
+                return original(mod, *args, **kwargs)
+            finally:
+                capture.graph_ops = outer
+
+        return try_load
 
     def _aot_lookup(self, original: Callable[..., Any], switch: Switch) -> Callable[..., Any]:
         @functools.wraps(original)
@@ -474,13 +528,19 @@ def _components(debug_lines: Sequence[str]) -> list[str]:
     return [str(line)[:COMPONENT_CHARS] for line in list(debug_lines)[:COMPONENTS_KEPT]]
 
 
-def _fx_record(key: str, debug_lines: Sequence[str], result: Any) -> CompileRecord | None:
+def _fx_record(key: str, debug_lines: Sequence[str], result: Any, backward: object
+               ) -> CompileRecord | None:
     graph = result[0] if isinstance(result, tuple) and result else None
     if graph is None:
         return None  # a miss: the save that follows is the record
-    return _record("disk-hit", key, _entry_file(_fx_directory(key)), {
+    extra: dict[str, Any] = {
         "layer": "fxgraph", "components": _components(debug_lines),
-        "custom_ops": snapshot_custom_ops(), "custom_passes": snapshot_custom_passes()})
+        "custom_ops": snapshot_custom_ops(), "custom_passes": snapshot_custom_passes()}
+    if isinstance(backward, bool):
+        extra["is_backward"] = backward
+    if _CAPTURE.graph_ops is not None:
+        extra["graph_ops"] = list(_CAPTURE.graph_ops)
+    return _record("disk-hit", key, _entry_file(_fx_directory(key)), extra)
 
 
 def _fx_saved(key: str, started_ns: int) -> CompileRecord | None:
@@ -530,7 +590,9 @@ def _with_custom_op_changes(record: CompileRecord, env: Mapping[str, str]) -> Co
         return record
     then = built[0].extra
     extra = dict(record.extra, built_record=built[0].record_id)
-    changes = custom_op_changes(then.get("custom_ops") or {}, record.extra.get("custom_ops") or {})
+    changes = custom_op_changes(then.get("custom_ops") or {}, record.extra.get("custom_ops") or {},
+                                record.extra.get("graph_ops"),
+                                forward=record.extra.get("is_backward") is False)
     if changes:
         extra["custom_ops_changed"] = changes
     passes = custom_pass_changes(then.get("custom_passes") or {},
