@@ -306,3 +306,124 @@ class OpenObserver:
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+
+IN_MODIFY = 0x00000002
+IN_ATTRIB = 0x00000004
+IN_CLOSE_WRITE = 0x00000008
+IN_MOVED_FROM = 0x00000040
+IN_MOVED_TO = 0x00000080
+IN_CREATE = 0x00000100
+IN_DELETE = 0x00000200
+IN_DELETE_SELF = 0x00000400
+IN_MOVE_SELF = 0x00000800
+_CHANGE_MASK = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE
+                | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR)
+CHANGE_WATCHES = 1024
+"""The most directories a `ChangeWatch` watches; files beyond them are never `quiet`."""
+
+
+class ChangeWatch:
+    """Whether any file under a set of paths may have changed since a moment: an in-process
+    adapter that would otherwise stat every tracked file at every hit (a FlashInfer module
+    tracks ~200 headers) asks this instead, and stats them only when something moved.
+
+    Each covered path's every ancestor directory is watched (inotify follows the symlinks of
+    the path it is given, so a watch on the directory holding a symlink is what sees it
+    retargeted): a write, an attribute change (`touch`, `utime`), a rename, a creation or a
+    deletion in any of them is a change. Nothing is read in a thread; `moment()` drains the
+    queue without blocking. Fails closed: where inotify, a watch or the queue fails, every
+    moment is a new one (the caller stats as it would without this). Events of the kernel's own
+    making on a network filesystem written by another host are not seen: a caller that must
+    see those does not use this."""
+
+    def __init__(self, limit: int = CHANGE_WATCHES) -> None:
+        self.limit = limit
+        self._fd = -1
+        self._broken: str | None = None
+        self._watched: set[str] = set()
+        self._moment = 0
+        self._pid = os.getpid()
+        self._add_watch: object = None
+
+    def cover(self, paths: Iterable[str]) -> bool:
+        """Watch every ancestor directory of `paths` from now; False where some could not be
+        (then no moment is quiet)."""
+        if self._broken is not None or not self._usable():
+            return False
+        wanted: set[str] = set()
+        for path in paths:
+            directory = os.path.dirname(os.path.abspath(path))
+            while directory not in wanted and directory not in self._watched:
+                wanted.add(directory)
+                parent = os.path.dirname(directory)
+                if parent == directory:
+                    break
+                directory = parent
+        if len(self._watched) + len(wanted) > self.limit:
+            self._fail(f"more than {self.limit} directories to watch")
+            return False
+        add_watch = self._add_watch
+        for directory in sorted(wanted):
+            if add_watch(self._fd, os.fsencode(directory), _CHANGE_MASK) < 0:  # type: ignore[operator]
+                code = _errno()
+                if code == errno.ENOENT:
+                    continue  # not there: its parent's watch sees it appear
+                self._fail(f"cannot watch {directory}: {os.strerror(code)}")
+                return False
+            self._watched.add(directory)
+        return True
+
+    def moment(self) -> int:
+        """A number that stays the same while nothing under the covered paths changed; a new
+        one after any change (or always, once broken)."""
+        if self._broken is not None or self._fd < 0 or os.getpid() != self._pid:
+            self._moment += 1
+            return self._moment
+        changed = False
+        while True:
+            try:
+                data = os.read(self._fd, 64 * 1024)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                self._fail(f"reading inotify failed: {os.strerror(exc.errno or 0)}")
+                break
+            if not data:
+                break
+            changed = True
+        if changed:
+            self._moment += 1
+        return self._moment
+
+    @property
+    def problem(self) -> str | None:
+        return self._broken
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        self._watched.clear()
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _usable(self) -> bool:
+        if self._fd >= 0:
+            return True
+        libc = _Libc()
+        if libc.problem is not None or libc.init1 is None or libc.add_watch is None:
+            self._fail(libc.problem or "no inotify")
+            return False
+        fd = libc.init1(IN_NONBLOCK | IN_CLOEXEC)
+        if fd < 0:
+            self._fail(f"inotify_init1 failed: {os.strerror(_errno())}")
+            return False
+        self._fd, self._add_watch, self._pid = fd, libc.add_watch, os.getpid()
+        return True
+
+    def _fail(self, reason: str) -> None:
+        self._broken = reason
+        self._moment += 1
+        self.close()

@@ -391,6 +391,86 @@ def test_a_variable_on_the_command_line_rebuilds_and_stays_clean(replica: Replic
     assert not _codes(replica.scan(env)) & {"CA101", "CA103", "CA201", "CA202", "CA301"}
 
 
+STEPS_DRIVER = r"""
+import ctypes, json, os, sys
+from flashinfer.jit import core
+name, sources, includes, system, steps = json.loads(sys.argv[1])
+spec = core.gen_jit_spec(name, sources, extra_include_paths=includes,
+                         system_include_paths=system)
+for step in steps:
+    if step[0] == "build":
+        spec.build()
+    elif step[0] == "write":  # in place: the same inode, the mtime put back an hour
+        _, path, text = step
+        stamp = os.stat(path).st_mtime_ns
+        with open(path, "w") as handle:
+            handle.write(text)
+        os.utime(path, ns=(stamp, stamp))
+    elif step[0] == "relink":  # a symlink retargeted as `ln -sfn` does: a new one renamed over
+        _, link, target = step
+        os.symlink(target, link + ".new")
+        os.replace(link + ".new", link)
+print(json.dumps({"value": ctypes.CDLL(str(spec.jit_library_path)).value()}))
+"""
+
+
+def _hits_in_one_process(replica: Replica, change: list[Any]) -> tuple[int, list[Any], str]:
+    """One process under `cacheaudit run` asking for the module five times, `change` made
+    between the third and the fourth (the adapter watches the tracked files from the second
+    hit on, and no longer stats them while nothing moved): the value its library gives, the
+    process's FlashInfer disk-hit records, and what cacheaudit printed."""
+    steps = [["build"]] * 3 + [change] + [["build"]] * 2
+    argv = [sys.executable, "-m", "cacheaudit", "run", "--ledger", str(replica.ledger),
+            "--fail-on", "never", "--", sys.executable, "-c", STEPS_DRIVER, json.dumps(
+                [replica.name, [str(replica.source)], [str(replica.root / "inc")],
+                 [str(replica.root / "sysinc")], steps])]
+    done = subprocess.run(argv, env=replica.env, cwd=replica.root, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    value = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("{")))["value"]
+    runs = {r.run_uuid for r in replica.records() if r.extra.get("module") == replica.name}
+    hits = [r for r in replica.records() if r.event == "disk-hit"
+            and r.extra.get("module") == replica.name]
+    latest = max(runs, key=lambda run: min(r.started_ns for r in replica.records()
+                                           if r.run_uuid == run))
+    return value, [r for r in hits if r.run_uuid == latest], done.stdout + done.stderr
+
+
+def _header_digest(record: Any, path: Path) -> str | None:
+    return next(s.digest for s in record.sources if s.path == str(path))
+
+
+@needs_ninja
+def test_a_header_changed_between_hits_of_one_process_is_seen(replica: Replica):
+    """A serving process asks for the module again and again; the adapter stats the tracked
+    files at the first two hits and then only when a watched directory saw a change. The header
+    is rewritten in place after the third hit with its mtime put back (a reinstall's), so ninja
+    has no work to do and the old library is served (ground truth: 207, where an empty
+    workspace gives 307): the fourth hit is recorded anew with the header's new digest, the
+    second and third counted on it; the run names the header (CA103)."""
+    change = ["write", str(replica.header), "#define SCALE 3\n"]
+    assert replica.run()[0] == 207  # the build, in a process of its own
+    value, hits, told = _hits_in_one_process(replica, change)
+    assert (value, replica.fresh_value()) == (207, 307)
+    before, after = hits
+    assert before.extra.get("hits_not_recorded") is None
+    assert after.extra.get("hits_not_recorded") == 2
+    assert _header_digest(before, replica.header) != _header_digest(after, replica.header)
+    assert f"{replica.header}: CA103" in told, told[-3000:]
+
+
+@needs_ninja
+def test_hits_of_one_process_with_nothing_changed_are_one_record(replica: Replica):
+    """The control: five hits of an unchanged module in one process are one record (the other
+    four counted on it), and nothing is flagged."""
+    assert replica.run()[0] == 207
+    value, hits, told = _hits_in_one_process(replica, ["build"])
+    assert value == 207
+    [hit] = hits
+    assert hit.extra.get("hits_not_recorded") is None  # counted, not yet written: see below
+    assert "CA103" not in told and "CA101" not in told, told[-3000:]
+
+
 def _aot_package(root: Path, replica: Replica, value: int) -> Path:
     """A copy of the replica package holding an AOT library of fi_scale (an older build: its
     value is `value`), as a wheel with prebuilt modules ships it (data/aot/<name>/<name>.so)."""
@@ -650,6 +730,67 @@ def test_flashinfer_unchanged_module_is_a_clean_no_op(tmp_path: Path):
     assert first["value"] == again["value"] == 2
     assert "CA103" not in told
     assert not _codes(module.scan()) & {"CA101", "CA103", "CA104", "CA501"}
+
+
+FLASHINFER_CPP_DRIVER = r"""
+import ctypes, json, sys
+from pathlib import Path
+from flashinfer.jit import core
+spec = core.gen_jit_spec("fi_offset", [Path(sys.argv[1])])
+spec._timed_build()
+print(json.dumps({"value": ctypes.CDLL(str(spec.jit_library_path)).offset(),
+                  "library": str(spec.jit_library_path)}))
+"""
+
+
+@needs_flashinfer
+@pytest.mark.slow
+def test_flashinfer_isystem_header_of_a_cpp_object_is_ca101(tmp_path: Path):
+    """The real FlashInfer: a `.cpp` object's depfile comes from `-MMD` (cpp_ext.py:312), which
+    lists no `-isystem` header, and every include root FlashInfer adds is `-isystem`
+    (cpp_ext.py:176-177). Here the root is `$cuda_home/include` of a CUDA_HOME of the test's
+    own (bin and lib64 the toolkit's), so that no installed file is edited: the header gets a
+    new mtime and ninja still has no work to do. `cacheaudit run` of the served process and a
+    later scan name the header, from the shim's include graph of the object's compile."""
+    module = RealModule(tmp_path)
+    cuda = tmp_path / "cuda"
+    (cuda / "include").mkdir(parents=True)
+    for part in ("bin", "lib64"):
+        (cuda / part).symlink_to(CUDA_HOME / part)
+    header = cuda / "include" / "fi_offset.h"
+    header.write_text("#pragma once\n#define OFFSET 7\n")
+    source = tmp_path / "src" / "offset.cpp"
+    source.write_text('#include <fi_offset.h>\nextern "C" int offset() { return OFFSET; }\n')
+    aged(header, source)
+    module.env["CUDA_HOME"] = str(cuda)
+
+    def run(recorded: bool = True, base: Path | None = None) -> tuple[dict[str, Any], str]:
+        argv = [sys.executable, "-c", FLASHINFER_CPP_DRIVER, str(source)]
+        if recorded:
+            argv = [sys.executable, "-m", "cacheaudit", "run", "--ledger", str(module.ledger),
+                    "--fail-on", "never", "--", *argv]
+        env = dict(module.env, **({"FLASHINFER_WORKSPACE_BASE": str(base)} if base else {}))
+        done = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-4000:]
+        line = next(x for x in done.stdout.splitlines() if x.startswith("{"))
+        return json.loads(line), done.stdout + done.stderr
+
+    first, told_first = run()
+    library = Path(first["library"])
+    assert library == module_dir(tmp_path / "ws", "fi_offset") / "fi_offset.so"
+    # The object's depfile has no line for the header: ninja does not track it.
+    assert "-isystem $cuda_home/include" in (library.parent / "build.ninja").read_text()
+    built = library.stat().st_mtime_ns
+    header.write_text("#pragma once\n#define OFFSET 8\n")  # an edit: a new mtime
+    served, told = run()
+    assert library.stat().st_mtime_ns == built  # ninja: no work to do
+    fresh, _ = run(recorded=False, base=tmp_path / "fresh")
+    assert (first["value"], served["value"], fresh["value"]) == (7, 7, 8)
+    assert f"{header}: CA101" not in told_first
+    assert f"{header}: CA101" in told, told[-3000:]
+    [stale] = [f for f in module.scan() if f.code == "CA101"]
+    assert (stale.subject, stale.entry) == (str(header), str(library.parent))
 
 
 def test_an_aot_library_beside_the_package_is_noted_as_what_flashinfer_loads(

@@ -41,6 +41,7 @@ from cacheaudit.digest import path_stat_key
 
 if TYPE_CHECKING:
     from cacheaudit.digest import StateCache
+    from cacheaudit.opens import ChangeWatch
     from cacheaudit.runtimes._ninja.build import BuildFile
 
 RUNTIME = "flashinfer"
@@ -83,13 +84,18 @@ class _Parsed:
 
 class _LastHit:
     """What the last recorded hit of a module directory showed: a hit showing the same (the
-    same tracked contents, under the same environment) is only counted."""
+    same tracked contents, under the same environment) is only counted. `moment` is the
+    adapter's `ChangeWatch` moment the tracked files were captured at, once they are watched
+    (from a module's second hit in the process): while it holds and build.ninja, the tracked
+    set and the environment are the same, the files are not stat'ed again."""
 
-    __slots__ = ("count", "signature")
+    __slots__ = ("count", "moment", "quick", "signature")
 
     def __init__(self, signature: tuple[Any, ...]) -> None:
         self.signature = signature
         self.count = 0
+        self.moment: int | None = None
+        self.quick: tuple[Any, ...] = ()
 
 
 class FlashInferAdapter(Adapter):
@@ -107,6 +113,7 @@ class FlashInferAdapter(Adapter):
         self._real_dirs: dict[str, str] = {}
         """Each module directory as FlashInfer names it -> its realpath (the entry)."""
         self._last_hits: dict[str, _LastHit] = {}
+        self._changes: ChangeWatch | None = None
         self._launcher_lock = threading.Lock()
         self._launcher_users = 0
 
@@ -121,9 +128,23 @@ class FlashInferAdapter(Adapter):
         self._parsed.clear()
         self._real_dirs.clear()
         self._last_hits.clear()
+        self._forget_changes()
 
     def _after_fork_in_child(self) -> None:
         self._last_hits.clear()  # the child's hits are its own records
+        self._forget_changes()  # and the parent's inotify queue is the parent's to read
+
+    def _forget_changes(self) -> None:
+        changes, self._changes = self._changes, None
+        if changes is not None:
+            changes.close()
+
+    def _watch(self) -> ChangeWatch:
+        if self._changes is None:
+            from cacheaudit.opens import ChangeWatch
+
+            self._changes = ChangeWatch()
+        return self._changes
 
     def _build_file(self, build_dir: str) -> _Parsed | None:
         """build.ninja of `build_dir`, parsed again only when its stat changed; None before the
@@ -319,19 +340,31 @@ class FlashInferAdapter(Adapter):
         cache = self._state_cache()
         notes: list[str] = []
         tracked = self._tracked(call.build_dir, parsed, notes)
+        extra: dict[str, Any] = {"module": call.name, "toolchain": call.toolchain}
+        moment: int | None = None
+        if event == "disk-hit":
+            last = self._last_hits.get(call.build_dir)
+            quick = (parsed.build_stat, tracked, id(environ_snapshot()))
+            if last is not None and last.moment is not None and last.quick == quick and (
+                    self._watch().moment() == last.moment):
+                last.count += 1  # nothing under the tracked files moved since their capture
+                return
+            if last is not None and self._watch().cover(tracked):
+                # A module hit again in this process: watched from now, captured after.
+                moment = self._watch().moment()
         sources = tuple(cache.capture(p) for p in (tracked if event == "disk-hit"
                                                    else build.sources))
-        extra: dict[str, Any] = {"module": call.name, "toolchain": call.toolchain}
         if event == "disk-hit":
             signature = (parsed.build_stat, tuple((s.path, s.digest) for s in sources),
                          id(environ_snapshot()))
-            last = self._last_hits.get(call.build_dir)
             if last is not None and last.signature == signature:
                 last.count += 1
+                last.moment, last.quick = moment, quick
                 return
             if last is not None and last.count:
                 extra["hits_not_recorded"] = last.count
-            self._last_hits[call.build_dir] = _LastHit(signature)
+            hit = self._last_hits[call.build_dir] = _LastHit(signature)
+            hit.moment, hit.quick = moment, quick
         else:
             self._last_hits.pop(call.build_dir, None)
         library = build_path(build.library, call.build_dir) if build.library else None
