@@ -215,6 +215,28 @@ class StateCache:
         return self.capture(recorded.path)
 
 
+class StatOnlyCache(StateCache):
+    """States by stat alone, for a caller that needs which files there are and not what they
+    hold (the watch plan at a session's start, which must not read a precompiled header of
+    tens of MB to learn that it exists): a file no remembered state matches is not read, and
+    its state has no digest and says why."""
+
+    def capture(self, path: str) -> FileState:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return FileState.missing(path)
+        except OSError as exc:
+            return FileState.missing(path, error=f"{type(exc).__name__}: {exc.strerror or exc}")
+        memo = self._memo.get(path)
+        if memo is not None and _stat_key(st) == (memo.size, memo.mtime_ns, memo.ctime_ns,
+                                                  memo.inode):
+            return memo
+        if not stat_module.S_ISREG(st.st_mode):
+            return _unreadable(path, st, "not a regular file")
+        return _unreadable(path, st, "not read: its stat alone was asked for")
+
+
 def normalise_path(path: str, cwd: str | None = None) -> str:
     """Absolute, symlink-free form of a path as a compiler printed it (nvcc prints `bin/../...`)."""
     if cwd and not os.path.isabs(path):

@@ -77,18 +77,18 @@ def known_roots(ledger: Ledger | None, env: Mapping[str, str],
 def plan_watch(ledger: Ledger | None, env: Mapping[str, str],
                roots: Sequence[str] = ()) -> WatchPlan:
     """Every entry of the known roots and the directory of its binary, read by the layouts
-    (stat-only where the ledger remembers the files). Never raises: a root that cannot be read
-    is in `problems`."""
+    by stat alone (no file is read to know it is there). Never raises: a root that cannot be
+    read is in `problems`."""
     entries: dict[str, str] = {}
     binaries: dict[str, str] = {}
     problems: dict[str, str] = {}
     known = known_roots(ledger, env, roots)
     if not known:  # no root, no entry to read: neither the states nor the model are needed
         return WatchPlan()
-    from cacheaudit.digest import StateCache
+    from cacheaudit.digest import StatOnlyCache
     from cacheaudit.model import CacheEntry
 
-    cache = StateCache()
+    cache = StatOnlyCache()  # the entries' paths are the plan; their contents are the audit's
     if ledger is not None:
         with contextlib.suppress(Exception):
             cache.remember(ledger.seen_states())

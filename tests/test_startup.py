@@ -302,3 +302,41 @@ def test_buffered_hits_reach_the_ledger_when_the_process_ends(tmp_path: Path, en
     assert {r.entry for r in hits} == {built.entry}
     assert {r.outputs[0].digest for r in hits} == {built.outputs[0].digest}
     assert sum(r.extra["hits"] for r in hits) == calls - 1, [r.extra for r in hits]
+
+
+def test_the_watch_plan_reads_no_entry_to_know_it_is_there(tmp_path: Path) -> None:
+    """A session's first process plans which entry directories to watch; an Inductor root's
+    precompiled header (tens of MB in a real cache) is listed by its stat and never opened, and
+    the plan is the one a reading of every file gives. Seen through the interpreter's own audit
+    events (`open`), in a process of its own."""
+    key = "c" + "a" * 51
+    headers = tmp_path / "inductor" / "precompiled_headers"
+    headers.mkdir(parents=True)
+    (headers / f"{key}.h").write_text("#include <vector>\n")
+    (headers / f"{key}.h.gch").write_bytes(b"\0" * 4096)
+    probe = textwrap.dedent(f"""
+        import json, sys
+        from cacheaudit.digest import StateCache
+        from cacheaudit import watch
+        opened = []
+        sys.addaudithook(lambda event, args: opened.append(str(args[0]))
+                         if event == "open" and {str(tmp_path)!r} in str(args[0]) else None)
+        env = {{"TORCHINDUCTOR_CACHE_DIR": {str(tmp_path / "inductor")!r},
+               "TMPDIR": {str(tmp_path)!r}, "HOME": {str(tmp_path)!r}}}
+        plan = watch.plan_watch(None, env)
+        stat_only = sorted(opened)
+        watch.StatOnlyCache = StateCache  # the same plan, every file read
+        read = watch.plan_watch(None, env)
+        print(json.dumps({{"opened": stat_only, "plan": sorted(plan.entries.items()),
+                          "read": sorted(read.entries.items()), "roots": list(plan.roots)}}))
+    """)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, env={k: v for k, v in os.environ.items()
+                                            if not k.startswith(("CACHEAUDIT", "TORCHINDUCTOR"))})
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    gch = str(headers / f"{key}.h.gch")
+    assert seen["roots"] == [str(tmp_path / "inductor")]
+    assert gch in dict(seen["plan"]), seen["plan"]
+    assert seen["plan"] == seen["read"]
+    assert not [path for path in seen["opened"] if path.endswith((".gch", ".h"))], seen["opened"]
