@@ -15,7 +15,7 @@ from cacheaudit.ledger.combine_sql import (
     needs_redaction,
     record_indexes_built_once,
 )
-from cacheaudit.ledger.opening import read_only_uris
+from cacheaudit.ledger.opening import read_only_uri
 from cacheaudit.ledger.rows import _named_params, _rows, _value
 from cacheaudit.ledger.schema import SCHEMA_VERSION, stored_version
 from cacheaudit.ledger.spool import ingest_spool
@@ -81,7 +81,7 @@ def _schema_version(path: str) -> int | None:
     """The source's schema version before `Ledger.open` upgrades it; None when it cannot be
     read here (`Ledger.open` then says why)."""
     try:
-        conn = sqlite3.connect(read_only_uris(path)[0], uri=True)
+        conn = sqlite3.connect(read_only_uri(path), uri=True)
     except sqlite3.Error:
         return None
     try:

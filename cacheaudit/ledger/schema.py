@@ -427,7 +427,77 @@ def stored_version(conn: sqlite3.Connection, path: str) -> int | None:
     version = _value(conn, "SELECT value FROM meta WHERE key = 'schema_version'")
     if version is None:
         raise LedgerError(f"{path} is a damaged cacheaudit ledger: no schema version")
-    return int(version)
+    try:
+        number = int(version)
+    except ValueError:
+        raise LedgerError(f"{path} is a damaged cacheaudit ledger: its schema version is "
+                          f"{version!r}, not a number") from None
+    # Checked on the set just read, so the shim's open pays nothing for it: a ledger that
+    # lost tables would otherwise fail later, mid-command, as if cacheaudit had a bug. An
+    # older version gains its missing tables by migrating.
+    missing = [table for table in _TABLES if table not in tables]
+    if number == SCHEMA_VERSION and missing:
+        raise LedgerError(f"{path} is a damaged cacheaudit ledger: its table(s) "
+                          f"{', '.join(missing)} are missing{RESTORE}")
+    return number
+
+
+def damage(conn: sqlite3.Connection, path: str, error: sqlite3.DatabaseError) -> str | None:
+    """What is wrong with the ledger at `path` when `error` came out of reading it, in one
+    line; None when the file is sound and the error is not its fault (a bug of ours, another
+    file attached). Only asked once something failed: the checks read the whole file."""
+    code = (getattr(error, "sqlite_errorcode", 0) or 0) & 0xFF
+    if code == _SQLITE_NOTADB:
+        return f"{path} is not a cacheaudit ledger (not an SQLite file)"
+    if code != _SQLITE_CORRUPT and not str(error).startswith(("no such table", "no such column")):
+        return None
+    try:
+        problems = [row[0] for row in conn.execute("PRAGMA main.quick_check(2)")]
+    except sqlite3.DatabaseError as exc:
+        return damaged_file(path, exc)
+    if problems != ["ok"]:
+        # quick_check's rows may hold several lines ("*** in database main ***" first).
+        lines = [line.strip() for problem in problems for line in problem.splitlines()
+                 if line.strip() and not line.startswith("***")]
+        first = lines[0] if lines else "PRAGMA quick_check failed"
+        return f"{path} is a damaged SQLite file ({first}){RESTORE}"
+    if code == _SQLITE_CORRUPT:
+        return damaged_file(path, error)
+    lacking = _missing_columns(conn)
+    if lacking:
+        return f"{path} is a damaged cacheaudit ledger: {lacking}{RESTORE}"
+    return None
+
+
+def damaged_file(path: str, error: sqlite3.DatabaseError) -> str:
+    """The line for a file SQLite itself finds damaged (a truncated copy, overwritten pages)."""
+    return f"{path} is a damaged SQLite file ({error}){RESTORE}"
+
+
+RESTORE = ": restore it from a copy, or move it away and record again"
+_SQLITE_CORRUPT = 11
+_SQLITE_NOTADB = 26
+
+
+def _missing_columns(conn: sqlite3.Connection) -> str:
+    """The columns this version's tables have that the ledger's lack, as "table records has no
+    column kernel"; "" when none is missing."""
+    expected = sqlite3.connect(":memory:")
+    try:
+        for statement in _statements(SCHEMA):
+            expected.execute(statement)
+        lacking = []
+        for table in _TABLES:
+            wanted = [row[1] for row in expected.execute(f"PRAGMA table_info({table})")]
+            present = {row[1] for row in conn.execute(f"PRAGMA main.table_info({table})")}
+            absent = [column for column in wanted if column not in present]
+            if not present:
+                lacking.append(f"table {table} is missing")
+            elif absent:
+                lacking.append(f"table {table} has no column {', '.join(absent)}")
+        return "; ".join(lacking)
+    finally:
+        expected.close()
 
 
 def _migrate(conn: sqlite3.Connection, path: str) -> None:

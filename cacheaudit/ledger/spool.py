@@ -58,8 +58,11 @@ def open_ledger(path: str, *, create: bool = True) -> Ledger:
         if ledger.unseen:
             report_problem(f"the ledger {ledger.path} is read-only here: {ledger.unseen}",
                            prefix="")
-    except BaseException:
+    except BaseException as exc:
+        explained = ledger.explained(exc)
         ledger.close()
+        if explained is not None:
+            raise explained from exc
         raise
     return ledger
 
