@@ -88,7 +88,8 @@ def _refuse_unusable_ledger(ledger: str) -> None:
     if not os.path.exists(ledger):
         return  # the first record makes it
     try:
-        Ledger.open(ledger).close()
+        with Ledger.open(ledger) as opened:
+            opened.check_columns()
     except LedgerBusy:
         return
 

@@ -171,7 +171,6 @@ def _other_secret(sealing_id: str, key: bytes, env: Mapping[str, str] | None) ->
 def _found_elsewhere(sealing_id: str, env: Mapping[str, str]) -> str:
     """", but with this user's secret at P: <what differs>" when a secret of this user's at
     another of the places it is looked for made the seal; "" when none did."""
-    current = key_path(env)
     for place in _other_key_paths(env):
         try:
             other = _read_key(place)
@@ -181,9 +180,8 @@ def _found_elsewhere(sealing_id: str, env: Mapping[str, str]) -> str:
             config = env.get("XDG_CONFIG_HOME")
             setting = (f"XDG_CONFIG_HOME={config}" if config
                        else f"HOME={env.get('HOME') or '~'} with XDG_CONFIG_HOME unset")
-            return (f", but with this user's secret at {place}: {setting} here points to "
-                    f"{current} instead; run with the XDG_CONFIG_HOME and HOME it was "
-                    "recorded under for the seal to check out")
+            return (f", but with this user's secret at {place}, where {setting} does not "
+                    "point: run with the XDG_CONFIG_HOME and HOME it was recorded under")
     return ""
 
 

@@ -3,6 +3,7 @@ that create or upgrade a ledger file (through sqlite-utils, imported only when o
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import time
 from typing import TYPE_CHECKING, Any
@@ -452,26 +453,25 @@ def damage(conn: sqlite3.Connection, path: str, error: sqlite3.DatabaseError) ->
     if code != _SQLITE_CORRUPT and not str(error).startswith(("no such table", "no such column")):
         return None
     try:
-        problems = [row[0] for row in conn.execute("PRAGMA main.quick_check(2)")]
+        problems = [row[0] for row in conn.execute("PRAGMA main.quick_check(1)")]
     except sqlite3.DatabaseError as exc:
         return damaged_file(path, exc)
     if problems != ["ok"]:
-        # quick_check's rows may hold several lines ("*** in database main ***" first).
-        lines = [line.strip() for problem in problems for line in problem.splitlines()
-                 if line.strip() and not line.startswith("***")]
-        first = lines[0] if lines else "PRAGMA quick_check failed"
-        return f"{path} is a damaged SQLite file ({first}){RESTORE}"
+        return damaged_file(path, problems[0])
     if code == _SQLITE_CORRUPT:
         return damaged_file(path, error)
-    lacking = _missing_columns(conn)
+    lacking = missing_columns(conn)
     if lacking:
         return f"{path} is a damaged cacheaudit ledger: {lacking}{RESTORE}"
     return None
 
 
-def damaged_file(path: str, error: sqlite3.DatabaseError) -> str:
-    """The line for a file SQLite itself finds damaged (a truncated copy, overwritten pages)."""
-    return f"{path} is a damaged SQLite file ({error}){RESTORE}"
+def damaged_file(path: str, error: sqlite3.DatabaseError | str) -> str:
+    """The line for a file SQLite itself finds damaged (a truncated copy, overwritten pages):
+    `error`, or the first problem a quick_check row names."""
+    lines = [line.strip() for line in str(error).splitlines()
+             if line.strip() and not line.startswith("***")]
+    return f"{path} is a damaged SQLite file ({lines[0] if lines else error}){RESTORE}"
 
 
 RESTORE = ": restore it from a copy, or move it away and record again"
@@ -479,23 +479,35 @@ _SQLITE_CORRUPT = 11
 _SQLITE_NOTADB = 26
 
 
-def _missing_columns(conn: sqlite3.Connection) -> str:
+def missing_columns(conn: sqlite3.Connection) -> str:
     """The columns this version's tables have that the ledger's lack, as "table records has no
-    column kernel"; "" when none is missing."""
+    column kernel"; "" when none is missing. One query (~0.3 ms): the readers' way in asks it
+    of every ledger, so that a command fails at the opening, before writing, rather than at
+    the first query that reads such a column."""
+    present: dict[str, set[str]] = {}
+    for table, column in conn.execute(
+            "SELECT m.name, p.name FROM main.sqlite_master AS m, pragma_table_info(m.name) AS p"
+            " WHERE m.type = 'table'"):
+        present.setdefault(table, set()).add(column)
+    lacking = []
+    for table, wanted in _columns().items():
+        absent = [column for column in wanted if column not in present.get(table, ())]
+        if table not in present:
+            lacking.append(f"table {table} is missing")
+        elif absent:
+            lacking.append(f"table {table} has no column {', '.join(absent)}")
+    return "; ".join(lacking)
+
+
+@functools.cache
+def _columns() -> dict[str, tuple[str, ...]]:
+    """Each table's columns as this version's SCHEMA makes them, read from SQLite itself."""
     expected = sqlite3.connect(":memory:")
     try:
         for statement in _statements(SCHEMA):
             expected.execute(statement)
-        lacking = []
-        for table in _TABLES:
-            wanted = [row[1] for row in expected.execute(f"PRAGMA table_info({table})")]
-            present = {row[1] for row in conn.execute(f"PRAGMA main.table_info({table})")}
-            absent = [column for column in wanted if column not in present]
-            if not present:
-                lacking.append(f"table {table} is missing")
-            elif absent:
-                lacking.append(f"table {table} has no column {', '.join(absent)}")
-        return "; ".join(lacking)
+        return {table: tuple(row[1] for row in expected.execute(f"PRAGMA table_info({table})"))
+                for table in _TABLES}
     finally:
         expected.close()
 

@@ -48,6 +48,7 @@ def open_ledger(path: str, *, create: bool = True) -> Ledger:
     ledger = Ledger.open(path, create=create)
     ledger.tell = lambda line: report_problem(line, prefix="")
     try:
+        ledger.check_columns()
         if not ledger.read_only:
             ingest_spool(ledger)
         waiting = pending_spooled(ledger.path)

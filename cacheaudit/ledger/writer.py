@@ -17,6 +17,7 @@ from cacheaudit.ledger.schema import (
     RESTORE,
     damage,
     damaged_file,
+    missing_columns,
     prepare,
 )
 from cacheaudit.ledger.values import default_ledger_path
@@ -87,6 +88,16 @@ class Opening(LedgerConnection):
             conn.close()
             raise
         return ledger
+
+    def check_columns(self) -> None:
+        """Refuse a ledger whose tables lack columns this version reads (a damaged or
+        hand-edited file), naming them: before a command writes into it."""
+        try:
+            lacking = missing_columns(self.conn)
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(damaged_file(self.path, exc)) from exc
+        if lacking:
+            raise LedgerError(f"{self.path} is a damaged cacheaudit ledger: {lacking}{RESTORE}")
 
     def explained(self, error: BaseException) -> LedgerError | None:
         """`error`, raised while this ledger was read or written, as the bad input it is when
