@@ -105,7 +105,7 @@ BAD: dict[str, tuple[Callable[[Path], None], str]] = {
     "random-bytes": (_random, "is not a cacheaudit ledger (not an SQLite file)"),
     "truncated": (_truncated, "is a truncated SQLite file ("),
     "foreign-sqlite": (_foreign, "is an SQLite database but not a cacheaudit ledger"),
-    "tables-missing": (_without_tables, "is a damaged cacheaudit ledger: its table(s) runs, "
+    "tables-missing": (_without_tables, "is a damaged cacheaudit ledger: its tables runs, "
                                         "records are missing"),
     "column-missing": (_without_a_column, "is a damaged cacheaudit ledger: table records has "
                                           "no column kernel"),

@@ -438,8 +438,9 @@ def stored_version(conn: sqlite3.Connection, path: str) -> int | None:
     # older version gains its missing tables by migrating.
     missing = [table for table in _TABLES if table not in tables]
     if number == SCHEMA_VERSION and missing:
-        raise LedgerError(f"{path} is a damaged cacheaudit ledger: its table(s) "
-                          f"{', '.join(missing)} are missing{RESTORE}")
+        which = (f"its table {missing[0]} is" if len(missing) == 1
+                 else f"its tables {', '.join(missing)} are")
+        raise LedgerError(f"{path} is a damaged cacheaudit ledger: {which} missing{RESTORE}")
     return number
 
 
