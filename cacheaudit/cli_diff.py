@@ -71,17 +71,21 @@ def diff_format(option: str | None, json_output: bool) -> str:
 
 
 def kind_of(argument: str) -> str:
-    """What a diff argument names: "ledger" (an SQLite file), "snapshot" (another file, or a
-    missing path that looks like one), else "run" (a run id, looked up in --ledger)."""
+    """What a diff argument names: "ledger" (an SQLite file, or a file named as a ledger is:
+    opening it says what is wrong with it), "snapshot" (another file, or a missing path that
+    looks like one), else "run" (a run id, looked up in --ledger). A directory is none of
+    them: refused, naming it."""
     if os.path.isdir(argument):
-        return "snapshot"  # refused by the snapshot reader, with the snapshot's message
+        raise UsageError(f"{argument}: a directory, not a ledger file, a snapshot or a run id; "
+                         "give a ledger file in it, or compare the ledgers in it with --by-host")
     if os.path.exists(argument):
         try:
             with open(argument, "rb") as handle:
                 head = handle.read(len(SQLITE_MAGIC))
         except OSError:
             return "snapshot"
-        return "ledger" if head == SQLITE_MAGIC else "snapshot"
+        return "ledger" if head == SQLITE_MAGIC or argument.endswith(LEDGER_SUFFIXES) \
+            else "snapshot"
     if argument.endswith(LEDGER_SUFFIXES):
         raise UsageError(f"{argument}: no such ledger file")
     if os.sep in argument or argument.endswith(".json"):

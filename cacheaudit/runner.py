@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from cacheaudit import startup
 from cacheaudit.audit import RunReport, ScopeObserver, audit_run
-from cacheaudit.exceptions import CommandNotRun, ExitCode, UsageError
-from cacheaudit.ledger import open_ledger
+from cacheaudit.exceptions import CommandNotRun, ExitCode, LedgerBusy, UsageError
+from cacheaudit.ledger import Ledger, open_ledger
 from cacheaudit.session import prepare
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -37,6 +37,7 @@ def run_recorded(command: Sequence[str], *, ledger: str) -> RunOutcome:
     """
     if not command:
         raise UsageError("no command given: cacheaudit run -- COMMAND [ARGS...]")
+    _refuse_unusable_ledger(ledger)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(ledger)), exist_ok=True)
     except OSError as exc:
@@ -77,6 +78,20 @@ def run_recorded(command: Sequence[str], *, ledger: str) -> RunOutcome:
         observer.stop()
         session.close()
     return RunOutcome(status=status, report=report)
+
+
+def _refuse_unusable_ledger(ledger: str) -> None:
+    """A ledger the audit at the end could not use (a directory, a file that is no ledger, a
+    damaged one) is refused before the command starts, as bad input: once it has run, its
+    status stands and the audit's failure is only a warning. A busy ledger is not refused:
+    the audit waits for it again; a read-only one is read, and the records wait in its spool."""
+    if not os.path.exists(ledger):
+        return  # the first record makes it
+    try:
+        with Ledger.open(ledger) as opened:
+            opened.check_columns()
+    except LedgerBusy:
+        return
 
 
 def _forward(child: subprocess.Popen[bytes], sig: int) -> None:

@@ -129,29 +129,78 @@ class SealCheck(NamedTuple):
     """The seal vouches for the record's compiler too (v2)."""
 
 
-def check(record: CompileRecord, key: bytes | None) -> SealCheck:
-    """Whether `record`'s command is as the current user (`key`) wrote it."""
+def check(record: CompileRecord, key: bytes | None,
+          env: Mapping[str, str] | None = None) -> SealCheck:
+    """Whether `record`'s command is as the current user (`key`) wrote it. With `env` (the
+    environment `key` was read under) a seal made with another secret says where this user's
+    secret is and which one sealed it, as far as can be known: the same user's secret under
+    another XDG_CONFIG_HOME or HOME is not another user's."""
     if not record.seal:
         return SealCheck(False, "its command carries no seal (written before sealing, or by "
                                 "a writer without a secret)")
-    if key is None:
-        return SealCheck(False, "this user has no sealing secret to check it with")
     parts = record.seal.split(":")
-    if len(parts) != 3 or parts[0] not in _VERSIONS:
+    known = len(parts) == 3 and parts[0] in _VERSIONS
+    if key is None:
+        here = f" at {key_path(env)}" if env is not None else ""
+        return SealCheck(False, f"there is no sealing secret{here} to check it with"
+                         + (_found_elsewhere(parts[1], env) if known and env else ""))
+    if not known:
         return SealCheck(False, "its seal is not one this cacheaudit writes")
     if parts[1] != key_id(key):
-        return SealCheck(False, "it was sealed with another user's secret (a ledger copied "
-                                "from another user or machine)")
+        return SealCheck(False, _other_secret(parts[1], key, env))
     if not hmac.compare_digest(record.seal, seal_of(record, key, parts[0])):
         return SealCheck(False, "its command was changed after it was written (the seal does "
                                 "not match)")
     return SealCheck(True, "", covers_compiler=parts[0] != "v1")
 
 
-def compiler_trust(record: CompileRecord, key: bytes | None) -> str | None:
+def _other_secret(sealing_id: str, key: bytes, env: Mapping[str, str] | None) -> str:
+    """Why a seal made with another secret than `key` does not check out, claiming no more
+    than is known: which secret made it is known only when it is one of this user's."""
+    if env is None:
+        return (f"it was sealed with another secret (key {sealing_id}) than the one this "
+                f"check uses (key {key_id(key)})")
+    elsewhere = _found_elsewhere(sealing_id, env)
+    if elsewhere:
+        return f"it was not sealed with the secret at {key_path(env)}{elsewhere}"
+    return (f"it was sealed with another secret (key {sealing_id}) than the one at "
+            f"{key_path(env)} (key {key_id(key)}): one kept under another XDG_CONFIG_HOME or "
+            "HOME, or another user's or machine's (a ledger copied from elsewhere)")
+
+
+def _found_elsewhere(sealing_id: str, env: Mapping[str, str]) -> str:
+    """", but with this user's secret at P: <what differs>" when a secret of this user's at
+    another of the places it is looked for made the seal; "" when none did."""
+    for place in _other_key_paths(env):
+        try:
+            other = _read_key(place)
+        except OSError:
+            continue
+        if other is not None and key_id(other) == sealing_id:
+            config = env.get("XDG_CONFIG_HOME")
+            setting = (f"XDG_CONFIG_HOME={config}" if config
+                       else f"HOME={env.get('HOME') or '~'} with XDG_CONFIG_HOME unset")
+            return (f", but with this user's secret at {place}, where {setting} does not "
+                    "point: run with the XDG_CONFIG_HOME and HOME it was recorded under")
+    return ""
+
+
+def _other_key_paths(env: Mapping[str, str]) -> list[str]:
+    """Where else this user's secret is found under a usual environment: the default under
+    HOME and under the account's home, and under this process's XDG_CONFIG_HOME."""
+    current = key_path(env)
+    homes = [env.get("HOME"), os.environ.get("HOME"), os.path.expanduser("~")]
+    places = [key_path({"HOME": home}) for home in homes if home]
+    if os.environ.get("XDG_CONFIG_HOME"):
+        places.append(key_path(os.environ))
+    return [place for place in dict.fromkeys(places) if place != current]
+
+
+def compiler_trust(record: CompileRecord, key: bytes | None,
+                   env: Mapping[str, str] | None = None) -> str | None:
     """Why the compiler `record` names may not be run (its `--version`), or None when this
-    user's seal vouches for it (a v2 seal that checks out)."""
-    checked = check(record, key)
+    user's seal vouches for it (a v2 seal that checks out); `env` as for `check`."""
+    checked = check(record, key, env)
     if not checked.trusted:
         return f"record {record.record_id[:12]}: {checked.reason}"
     if not checked.covers_compiler:

@@ -93,6 +93,51 @@ LAYOUT = BrokenLayout()
 '''
 
 
+_RANDOM_BYTES = bytes(range(256)) * 32
+
+
+def _unchanged(relative: str, data: bytes) -> Callable[[Path], None]:
+    def check(tmp: Path) -> None:
+        assert (tmp / relative).read_bytes() == data, f"{tmp / relative} was changed"
+        left = sorted(p.name for p in (tmp / relative).parent.iterdir()
+                      if p.name.startswith((tmp / relative).name + "-"))
+        assert left == [], f"left beside {tmp / relative}: {left}"
+    return check
+
+
+def _bad_ledger(make: Callable[[Path], None], *argv: str) -> Callable[[Path], Case]:
+    """A ledger file made by `make` at $TMP/ledger.db, which the command must leave as it is."""
+    def setup(tmp: Path) -> Case:
+        make(tmp / "ledger.db")
+        return Case(list(argv), check=_unchanged("ledger.db", (tmp / "ledger.db").read_bytes()))
+    return setup
+
+
+def _random_bytes(path: Path) -> None:
+    path.write_bytes(_RANDOM_BYTES)
+
+
+def _foreign_sqlite(path: Path) -> None:
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE customers (name TEXT)")
+    conn.commit()
+    conn.close()
+
+
+def _tables_missing(path: Path) -> None:
+    import sqlite3
+
+    from cacheaudit.ledger import Ledger
+
+    Ledger.open(str(path)).close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE records")
+    conn.commit()
+    conn.close()
+
+
 def _broken_plugin(tmp: Path) -> Case:
     """A runtime package whose layout raises: a bug, not bad input (exit 3)."""
     package = tmp / "plugins" / "brokenjit"
@@ -147,6 +192,14 @@ CASES: dict[str, Callable[[Path], Case]] = {
                                              check=_absent("typo")),
     "ledger-not-a-ledger": _with_file("bad.db", "not sqlite", "report", "--ledger",
                                       "$TMP/bad.db"),
+    "ledger-random-bytes": _bad_ledger(_random_bytes, "stats", "--ledger", "$TMP/ledger.db"),
+    "ledger-foreign-sqlite": _bad_ledger(_foreign_sqlite, "explain", "k", "--ledger",
+                                         "$TMP/ledger.db"),
+    "ledger-tables-missing": _bad_ledger(_tables_missing, "scan", "--allow-empty", "--ledger",
+                                         "$TMP/ledger.db"),
+    "run-ledger-directory": _plain("run", "--ledger", "$TMP/work", "--", "touch", "$TMP/ran",
+                                   check=_absent("ran")),
+    "diff-directory": _plain("diff", "$TMP/work", "$TMP/x.db"),
     "output-unwritable": _plain("snapshot", "-o", "$TMP/no/snapshot.md"),
     "unknown-command": _plain("frobnicate"),
     "unknown-option": _plain("scan", "--frobnicate"),

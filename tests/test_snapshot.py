@@ -196,7 +196,8 @@ def test_diff_shows_exactly_what_changed(tmp_path: Path):
     assert table.stdout.strip() == "no differences"
     bad = subprocess.run([sys.executable, "-m", "cacheaudit", "diff", str(before),
                           str(tmp_path / "home")], capture_output=True, text=True, env=env)
-    assert bad.returncode == 2 and "not a snapshot" in bad.stderr
+    assert bad.returncode == 2
+    assert f"{tmp_path / 'home'}: a directory, not a ledger file, a snapshot" in bad.stderr
 
 
 def test_markdown_renders_on_github(tmp_path: Path):

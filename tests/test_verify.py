@@ -246,7 +246,9 @@ def test_unsealed_or_foreign_ledger_commands_run_only_with_yes(project: Project)
     assert code == ExitCode.UNTRUSTED and report == {}
     [line] = stderr.strip().splitlines()[-1:]
     assert line.startswith("cacheaudit: error: 1 of the commands") and "--yes" in line
-    assert "another user's secret" in line
+    # Which secret sealed it is not known: the line names the one it checked with, no owner.
+    assert "sealed with another secret (key " in line and f"than the one at {key} (key " in line
+    assert "another user's secret" not in line
     code, report, stderr = verify(p, "--yes")
     assert code == ExitCode.CLEAN, stderr
     assert outcomes(report) == {os.path.basename(served["path"]): "identical"}
@@ -268,6 +270,41 @@ def test_unsealed_or_foreign_ledger_commands_run_only_with_yes(project: Project)
     code, report, stderr = verify(p, "--yes")
     # The changed command builds another binary: run, and judged as what it builds.
     assert "-DEXTRA=7" in stderr and [f["code"] for f in report["findings"]] == ["CA403"]
+
+
+def test_a_secret_under_another_xdg_config_home_is_named_not_called_another_users(
+        project: Project):
+    """Only XDG_CONFIG_HOME differs between recording and verifying: the record was sealed
+    with this user's own secret, under the default place; the refusal says so and which
+    setting points elsewhere, and claims no other user."""
+    from cacheaudit import seal
+
+    p = project
+    p.once()
+    recorded_with = p.root / "home" / ".config" / "cacheaudit" / "seal.key"
+    assert recorded_with.exists()
+    other = p.root / "elsewhere"
+    # A secret of this user's under the other directory too, as a compile recorded there makes.
+    assert seal.user_key({"XDG_CONFIG_HOME": str(other)}) is not None
+    code, report, stderr = verify(p, XDG_CONFIG_HOME=str(other))
+    assert code == ExitCode.UNTRUSTED and report == {}, stderr
+    [line] = stderr.strip().splitlines()[-1:]
+    assert f"it was not sealed with the secret at {other / 'cacheaudit' / 'seal.key'}, but " \
+           f"with this user's secret at {recorded_with}, where XDG_CONFIG_HOME={other} does " \
+           "not point" in line, line
+    assert "another user" not in line and "--yes" in line
+
+    # No secret at all under the other directory: said so, and where the one that sealed it is.
+    (other / "cacheaudit" / "seal.key").unlink()
+    code, _, stderr = verify(p, XDG_CONFIG_HOME=str(other))
+    assert code == ExitCode.UNTRUSTED, stderr
+    [line] = stderr.strip().splitlines()[-1:]
+    assert f"there is no sealing secret at {other / 'cacheaudit' / 'seal.key'} to check it " \
+           f"with, but with this user's secret at {recorded_with}" in line, line
+    assert "another user" not in line
+    # As recorded, it checks out.
+    code, _, stderr = verify(p)
+    assert code == ExitCode.CLEAN, stderr
 
 
 def test_a_seal_key_others_can_read_is_no_secret(tmp_path: Path):

@@ -421,7 +421,7 @@ def ledger_trust(ledger: Ledger | None, env: Mapping[str, str]
     def trust(record: CompileRecord) -> str | None:
         if owner is not None:
             return owner
-        checked = seal.check(record, key)
+        checked = seal.check(record, key, env)
         return None if checked.trusted else f"record {record.record_id[:12]}: {checked.reason}"
 
     return trust
@@ -458,9 +458,9 @@ def verify(entries: Sequence[CacheEntry], env: Mapping[str, str], *,
     untrusted = [r for r in rebuilds if r.needs_yes]
     if untrusted and not options.yes:
         raise UntrustedCommands(
-            f"{len(untrusted)} of the commands to run come from records this user did not "
-            f"seal ({untrusted[0].needs_yes}): read them with --dry-run, then run again with "
-            "--yes to run them")
+            f"{len(untrusted)} of the commands to run come from records whose seal does not "
+            f"check out here ({untrusted[0].needs_yes}): read them with --dry-run, then run "
+            "again with --yes to run them")
     for rebuild in rebuilds:
         say(f"will run for {rebuild.entry.path}: {rebuild.shown()}  # {rebuild.origin}; "
             + "; ".join(rebuild.notes))

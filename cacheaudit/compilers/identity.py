@@ -293,7 +293,7 @@ def recorded_distrust(record: CompileRecord, env: Mapping[str, str]) -> str | No
         return "the record names no compiler"
     from cacheaudit import seal  # not on the shim's path: only the rebuild oracle asks
 
-    why = seal.compiler_trust(record, seal.user_key(env, create=False))
+    why = seal.compiler_trust(record, seal.user_key(env, create=False), env)
     if why is not None:
         return why
     try:

@@ -15,9 +15,9 @@ from cacheaudit.ledger.combine_sql import (
     needs_redaction,
     record_indexes_built_once,
 )
-from cacheaudit.ledger.opening import read_only_uris
+from cacheaudit.ledger.opening import read_only_uri
 from cacheaudit.ledger.rows import _named_params, _rows, _value
-from cacheaudit.ledger.schema import SCHEMA_VERSION, stored_version
+from cacheaudit.ledger.schema import SCHEMA_VERSION, damaged_file, stored_version
 from cacheaudit.ledger.spool import ingest_spool
 from cacheaudit.ledger.store import Ledger
 from cacheaudit.ledger.values import COMPANION_SUFFIXES, RunInfo, TestWindow
@@ -48,6 +48,7 @@ def combine(target: Ledger, sources: Sequence[str], *, keep: bool = True,
     Both store the same.
     """
     result = CombineResult()
+    _refuse_damaged(target)
     with record_indexes_built_once(target.conn, target._retry,
                                    list(sources) if set_wise else [], target.path):
         for source in sources:
@@ -58,6 +59,13 @@ def combine(target: Ledger, sources: Sequence[str], *, keep: bool = True,
             try:
                 opened = Ledger.open(path, create=False)
             except LedgerError as exc:
+                result.skipped.append(f"{source}: {exc}")
+                continue
+            try:
+                opened.check_columns()
+                _refuse_damaged(opened)
+            except LedgerError as exc:
+                opened.close()
                 result.skipped.append(f"{source}: {exc}")
                 continue
             with opened:
@@ -77,11 +85,24 @@ def combine(target: Ledger, sources: Sequence[str], *, keep: bool = True,
     return result
 
 
+def _refuse_damaged(target: Ledger) -> None:
+    """Refuse a ledger SQLite finds damaged, to combine into or from: combining drops and
+    rebuilds the target's record indexes and copies into every table, so damage met halfway
+    would leave the target changed, a source half combined. Reads all of it, once, where
+    combining reads each source whole anyway."""
+    try:
+        problems = [row[0] for row in target.conn.execute("PRAGMA main.quick_check(1)")]
+    except sqlite3.DatabaseError as exc:
+        raise LedgerError(damaged_file(target.path, exc)) from exc
+    if problems != ["ok"]:
+        raise LedgerError(damaged_file(target.path, problems[0]))
+
+
 def _schema_version(path: str) -> int | None:
     """The source's schema version before `Ledger.open` upgrades it; None when it cannot be
     read here (`Ledger.open` then says why)."""
     try:
-        conn = sqlite3.connect(read_only_uris(path)[0], uri=True)
+        conn = sqlite3.connect(read_only_uri(path), uri=True)
     except sqlite3.Error:
         return None
     try:

@@ -48,6 +48,7 @@ def open_ledger(path: str, *, create: bool = True) -> Ledger:
     ledger = Ledger.open(path, create=create)
     ledger.tell = lambda line: report_problem(line, prefix="")
     try:
+        ledger.check_columns()
         if not ledger.read_only:
             ingest_spool(ledger)
         waiting = pending_spooled(ledger.path)
@@ -58,8 +59,11 @@ def open_ledger(path: str, *, create: bool = True) -> Ledger:
         if ledger.unseen:
             report_problem(f"the ledger {ledger.path} is read-only here: {ledger.unseen}",
                            prefix="")
-    except BaseException:
+    except BaseException as exc:
+        explained = ledger.explained(exc)
         ledger.close()
+        if explained is not None:
+            raise explained from exc
         raise
     return ledger
 

@@ -11,8 +11,15 @@ from typing import TypeVar
 from cacheaudit.exceptions import LedgerError
 from cacheaudit.ledger import private
 from cacheaudit.ledger.connection import LedgerConnection
-from cacheaudit.ledger.opening import connect_read_only, writable
-from cacheaudit.ledger.schema import BUSY_TIMEOUT_S, prepare
+from cacheaudit.ledger.opening import connect_read_only, truncated, writable
+from cacheaudit.ledger.schema import (
+    BUSY_TIMEOUT_S,
+    RESTORE,
+    damage,
+    damaged_file,
+    missing_columns,
+    prepare,
+)
 from cacheaudit.ledger.values import default_ledger_path
 from cacheaudit.ledger.writes import LedgerWrites
 
@@ -37,7 +44,11 @@ class Opening(LedgerConnection):
         if not exists and not create:
             raise LedgerError(f"no ledger at {path}")
         if exists and os.path.isdir(path):
-            raise LedgerError(f"{path} is a directory, not a cacheaudit ledger")
+            raise LedgerError(f"{path} is a directory, not a cacheaudit ledger (give a file "
+                              f"in it: {os.path.join(path, 'ledger.db')})")
+        cut = truncated(path) if exists else None
+        if cut is not None:
+            raise LedgerError(cut + RESTORE)
         if not exists:
             try:
                 private.make_directories(os.path.dirname(path))
@@ -67,14 +78,39 @@ class Opening(LedgerConnection):
             prepare(conn, path, create, patience_s, read_only=read_only)
         except sqlite3.DatabaseError as exc:
             conn.close()
-            if "not a database" in str(exc) or "malformed" in str(exc):
+            if "not a database" in str(exc):
                 raise LedgerError(
                     f"{path} is not a cacheaudit ledger (not an SQLite file)") from exc
+            if "malformed" in str(exc):
+                raise LedgerError(damaged_file(path, exc)) from exc
             raise LedgerError(f"cannot use ledger {path}: {exc}") from exc
         except BaseException:
             conn.close()
             raise
         return ledger
+
+    def check_columns(self) -> None:
+        """Refuse a ledger whose tables lack columns this version reads (a damaged or
+        hand-edited file), naming them: before a command writes into it."""
+        try:
+            lacking = missing_columns(self.conn)
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(damaged_file(self.path, exc)) from exc
+        if lacking:
+            raise LedgerError(f"{self.path} is a damaged cacheaudit ledger: {lacking}{RESTORE}")
+
+    def explained(self, error: BaseException) -> LedgerError | None:
+        """`error`, raised while this ledger was read or written, as the bad input it is when
+        the file is to blame (damaged pages, a table or column it lost), naming the file; None
+        otherwise. The one place where what SQLite finds wrong with a ledger met after its
+        opening becomes a usage error instead of an internal one."""
+        if not isinstance(error, sqlite3.DatabaseError):
+            return None
+        try:
+            why = damage(self.conn, self.path, error)
+        except sqlite3.Error:
+            return None
+        return None if why is None else LedgerError(why)
 
     def close(self) -> None:
         self.conn.close()
@@ -82,8 +118,13 @@ class Opening(LedgerConnection):
     def __enter__(self: Opened) -> Opened:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, _type: object, error: BaseException | None, _traceback: object) -> None:
+        try:
+            explained = self.explained(error) if error is not None else None
+        finally:
+            self.close()
+        if explained is not None:
+            raise explained from error
 
 
 class LedgerWriter(Opening, LedgerWrites):
