@@ -22,6 +22,12 @@ class InductorExtra(TypedDict, total=False):
     custom_passes_changed: list[dict[str, Any]]
     """On an FX hit: (pass, class, field, recorded, current) against the entry's compile
     record, for a pass whose uuid() is unchanged."""
+    graph_ops: list[str]
+    """On an FX hit inside `AOTAutogradCache.try_load`: the custom ops (`ns::name`) Dynamo's
+    graph calls, the only ones its snapshot is compared for."""
+    is_backward: bool
+    """On an FX hit: whether it is the backward half of an AOTAutograd graph (a forward half is
+    not told of a new backward formula)."""
     built_record: str
     """On an FX hit: the id of the compile record its snapshot was compared with."""
     source: str
