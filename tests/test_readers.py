@@ -704,3 +704,34 @@ def test_deepjit_command_forms_give_the_same_argv():
     assert command_flags(quoted, ["/it's here"]) == ["-O3"]
     words, why = command_words("'/usr/bin/nvcc' 'kernel.cu")
     assert words is None and "unbalanced" in why
+
+
+def test_deepjit_s_rocm_entries_are_judged_by_the_rocm_backend_s_key(tmp_path: Path) -> None:
+    """DeepJIT's two backends key different variables: the CUDA backend's key leaves CPATH out
+    (its README: "not discovered automatically"), the ROCm backend's `CompilerInfo::get_hash`
+    (backend/rocm/backend.hpp) hashes CPATH, CPLUS_INCLUDE_PATH and C_INCLUDE_PATH. A CPATH
+    that differs from the build's is CA202 on the CUDA entry, whose hit it does not stop, and
+    nothing on the ROCm entry (`kernel.hsaco`, meta.json's backend), where it makes a miss."""
+    from cacheaudit.audit.checks.environment import environment_findings
+    from cacheaudit.audit.context import AuditContext
+    from cacheaudit.model import CompileRecord
+    from cacheaudit.runtimes import policy_for
+
+    cuda = deepjit_entry(tmp_path, "gemm_cuda", D1)
+    meta = dict(_meta(str(tmp_path / "tmp" / "BUILD")), backend="ROCm")
+    rocm = deepjit_entry(tmp_path, "gemm_rocm", D2, binary=("kernel.hsaco", CUBIN), source=None,
+                         meta=meta, extra={"kernel.hip": SOURCE})
+    entries = {e.path: e for e in DEEPJIT.read(str(tmp_path), StateCache())
+               if isinstance(e, CacheEntry)}
+    assert set(entries) == {str(cuda), str(rocm)}
+    assert entries[str(rocm)].binary.path == str(rocm / "kernel.hsaco")
+    policy = policy_for("deepjit")
+    flagged = {}
+    for path, entry in entries.items():
+        record = CompileRecord(record_id="r", event="compile", started_ns=1, duration_ns=0,
+                               runtime="deepjit", entry=path,
+                               env={"CPATH": str(tmp_path / "include")})
+        flagged[os.path.basename(path)] = {
+            f.subject for f in environment_findings(AuditContext(env={}), entry, record, policy)
+            if f.code == "CA202"}
+    assert flagged == {f"gemm_cuda.{D1}": {"CPATH"}, f"gemm_rocm.{D2}": set()}, flagged

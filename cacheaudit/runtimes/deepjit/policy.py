@@ -334,6 +334,18 @@ class DeepJitPolicy(FamilyPolicy):
                               env: Mapping[str, str]) -> list[ConfigurationChange]:
         return family_checks.configuration_changes(self, entry, first_env, env)
 
+    def environment_variant(self, entry: CacheEntry) -> str | None:
+        """"rocm" for an entry DeepJIT's ROCm backend built (`kernel.hsaco`, or meta.json's
+        `"backend": "ROCm"`): its `CompilerInfo::get_hash` (backend/rocm/backend.hpp) keys
+        CPATH, CPLUS_INCLUDE_PATH, C_INCLUDE_PATH and the HIP variables, which the CUDA
+        backend's key leaves out (environment.py, the `deepjit:rocm` statuses)."""
+        backend = entry.meta.get("backend")
+        binary = entry.binary.path if entry.binary is not None else ""
+        if (isinstance(backend, str) and backend.lower() == "rocm") or binary.endswith(
+                "/kernel.hsaco"):
+            return "rocm"
+        return None
+
     def scan_findings(self, entries: Sequence[CacheEntry],
                       env: Mapping[str, str]) -> list[Finding]:
         return family_checks.prefix_fallback_findings(entries, env)
