@@ -308,7 +308,9 @@ def main_diff_only(hosts: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = list(argv if argv is not None else sys.argv[1:])
+    """`argv`: the command line's arguments (`python -m benchmarks.bench_fleet ...`); none
+    under `python -m benchmarks`, whose own arguments are not this module's."""
+    args = list(argv or ())
     if args[:1] == ["--diff-only"]:
         main_diff_only(int(args[1]))
         return
@@ -353,4 +355,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -125,7 +125,7 @@ class _ExitAudit:
             from cacheaudit.runtimes import flush_all
 
             flush_all()
-            if _nothing_seen(observation) and not _recorded(self.session):
+            if observation.saw_nothing() and not _recorded(self.session):
                 return
             report = _audit_run(self.session, observation, self.started_ns)
             if report is not None:
@@ -151,14 +151,6 @@ def leave_audit(to: str) -> None:
     does not audit it again at exit."""
     if _audit is not None:
         _audit.left_to = to
-
-
-def _nothing_seen(observation: Observation) -> bool:
-    """No entry opened, and every entry known at the start watched: a run that recorded
-    nothing besides was served nothing from a disk cache. Where some were not watched, the
-    audit runs: they may have been served unseen."""
-    return (not observation.opens.opens and observation.problem is None
-            and not observation.opens.unwatched and not observation.plan.problems)
 
 
 def _recorded(prepared: Session) -> bool:

@@ -16,13 +16,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 
 from cacheaudit.opens import ObservedOpens, OpenObserver
-from cacheaudit.runtimes import default_roots, layouts
+from cacheaudit.runtimes import layouts, layouts_declaring
 
 # Not `typing`: it imports `re` and `enum`, ~20 ms of a session's first process.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import NamedTuple, Protocol
 
+    from cacheaudit.layout import Layout
     from cacheaudit.ledger import Ledger
     from cacheaudit.model import CacheEntry
 
@@ -60,18 +61,30 @@ def known_roots(ledger: Ledger | None, env: Mapping[str, str],
     """The cache roots a scope can know at its start: those given, those earlier scans found
     (kept in the ledger) and every layout's default roots under `env` (the job's environment),
     each an existing directory that some layout takes for a root."""
-    candidates = {os.path.abspath(r) for r in roots}
+    return sorted(_roots_and_readers(ledger, env, roots))
+
+
+def _roots_and_readers(ledger: Ledger | None, env: Mapping[str, str],
+                       roots: Sequence[str]) -> dict[str, tuple[Layout, ...]]:
+    """`known_roots`, each with the layouts that take it for a root: for a root given or kept
+    in the ledger, any layout; for a default root, those whose default roots name it (the
+    specs' roots modules say which, so that no other reader is loaded: a session's first
+    process on a machine with one runtime's cache loads that runtime's reader alone)."""
+    anywhere = {os.path.abspath(r) for r in roots}
     if ledger is not None:
         with contextlib.suppress(Exception):
-            candidates.update(ledger.known_roots())
-    # The specs' roots modules, not the layouts: the readers are loaded only where one of the
-    # candidates exists (a session's first process on a machine without caches loads none).
-    candidates.update(default_roots(env))
-    existing = [c for c in candidates if os.path.isdir(c)]
-    if not existing:
-        return []
-    readers = layouts()
-    return sorted(c for c in existing if any(r.is_root(c) for r in readers))
+            anywhere.update(ledger.known_roots())
+    found: dict[str, tuple[Layout, ...]] = {}
+    for root, declaring in layouts_declaring(env).items():
+        if root not in anywhere and (claiming := tuple(r for r in declaring if r.is_root(root))):
+            found[root] = claiming
+    if any(os.path.isdir(c) for c in anywhere):
+        readers = layouts()
+        for candidate in anywhere:
+            if os.path.isdir(candidate) and (
+                    claiming := tuple(r for r in readers if r.is_root(candidate))):
+                found[candidate] = claiming
+    return found
 
 
 def plan_watch(ledger: Ledger | None, env: Mapping[str, str],
@@ -82,21 +95,16 @@ def plan_watch(ledger: Ledger | None, env: Mapping[str, str],
     entries: dict[str, str] = {}
     binaries: dict[str, str] = {}
     problems: dict[str, str] = {}
-    known = known_roots(ledger, env, roots)
+    known = _roots_and_readers(ledger, env, roots)
     if not known:  # no root, no entry to read: neither the states nor the model are needed
         return WatchPlan()
     from cacheaudit.digest import StatOnlyCache
     from cacheaudit.model import CacheEntry
 
     cache = StatOnlyCache()  # the entries' paths are the plan; their contents are the audit's
-    if ledger is not None:
-        with contextlib.suppress(Exception):
-            cache.remember(ledger.seen_states())
-    for root in known:
-        for layout in layouts():
+    for root, readers in sorted(known.items()):
+        for layout in readers:
             try:
-                if not layout.is_root(root):
-                    continue
                 for item in layout.read(root, cache):
                     if not isinstance(item, CacheEntry) or item.path in entries:
                         continue
@@ -107,7 +115,7 @@ def plan_watch(ledger: Ledger | None, env: Mapping[str, str],
                         binaries[binary] = item.path
             except Exception as exc:  # noqa: BLE001 - the root is audited as unobserved
                 problems[root] = f"its entries could not be listed: {type(exc).__name__}: {exc}"
-    return WatchPlan(tuple(known), entries, binaries, problems)
+    return WatchPlan(tuple(sorted(known)), entries, binaries, problems)
 
 
 class Observation(NamedTuple):
@@ -117,6 +125,13 @@ class Observation(NamedTuple):
     opens: ObservedOpens
     problem: str | None = None
     """Why nothing at all could be observed."""
+
+    def saw_nothing(self) -> bool:
+        """No entry opened, and every entry known at the start watched: a run that recorded
+        nothing besides was served nothing from a disk cache known at its start. Where some
+        were not watched, they may have been served unseen."""
+        return (not self.opens.opens and self.problem is None and not self.opens.unwatched
+                and not self.plan.problems)
 
     def unobserved(self, entry: CacheEntry) -> str | None:
         """Why this entry's opens were not seen, or None when they were."""
@@ -194,21 +209,13 @@ class ScopeObserver:
     def start(cls, ledger: str, env: Mapping[str, str],
               roots: Sequence[str] = ()) -> ScopeObserver:
         """An observer of the entries known to the ledger at `ledger` (read, never created) and
-        to `env`; never raises."""
-        if ledger and not os.path.exists(os.path.abspath(ledger)):
-            # `open_existing`'s own answer, before importing the ledger's readers and writers:
-            # a session's first process has no ledger yet.
-            return cls(None, env, roots)
-        try:
-            from cacheaudit.ledger import open_existing
+        to `env`; never raises. The ledger's roots are read alone (`known_roots_at`): neither
+        its readers nor the record model are imported for them."""
+        if ledger and os.path.isfile(os.path.abspath(ledger)):
+            from cacheaudit.ledger.opening import known_roots_at
 
-            opened = open_existing(ledger)
-        except Exception:  # noqa: BLE001 - the roots of the environment are watched still
-            opened = None
-        if opened is None:
-            return cls(None, env, roots)
-        with opened:
-            return cls(opened, env, roots)
+            roots = (*roots, *known_roots_at(os.path.abspath(ledger)))
+        return cls(None, env, roots)
 
     def observation(self) -> Observation:
         """What was seen so far (or in all, once stopped)."""

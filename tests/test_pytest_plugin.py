@@ -288,6 +288,68 @@ def pytest_unconfigure(config):
     assert sorted(w.nodeid for w in tests) == [f"test_quiet.py::test_{n}" for n in range(5)]
 
 
+def test_a_session_that_opens_no_known_entry_reports_without_the_judge(
+        project: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A cache root known at the start (the ledger keeps it from the session that built its
+    entry), its every entry watched and none opened, and no record: the session was served
+    nothing from it, and its report is what the judge says of that run afterwards, made
+    without importing the judge. The control: a session served that entry (a disk hit, its
+    binary opened) runs the judge and counts the hit."""
+    import os
+
+    from cacheaudit.audit import audit_run
+    from cacheaudit.ledger import open_existing
+    from cacheaudit.opens import ObservedOpens
+    from cacheaudit.watch import Observation, plan_watch
+
+    for name in ("HOME", "XDG_CACHE_HOME"):
+        (tmp_path / name.lower()).mkdir()
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+    modules = tmp_path / "modules.json"
+    # One tree for the three sessions (each inner session has a base temp of its own).
+    conftest = CONFTEST.replace('tmp_path_factory.getbasetemp() / "shared-tree"',
+                                f'__import__("pathlib").Path({str(tmp_path / "tree")!r})')
+    assert conftest != CONFTEST
+    project.makeconftest(conftest + f"""
+import json
+def pytest_unconfigure(config):
+    with open({str(modules)!r}, "w") as handle:
+        json.dump(sorted(sys.modules), handle)
+""")
+    served = f"def test_served(runtime):\n    runtime.compile('k', {SOURCE.format(n=1)})\n"
+    project.makepyfile(test_build=served)
+    project.runpytest_subprocess("--cacheaudit").assert_outcomes(passed=1)
+    with open_existing(str(tmp_path / "ledger.db")) as ledger:
+        assert ledger.known_roots(), "the building session's scan kept no root"
+
+    (project.path / "test_build.py").unlink()
+    project.makepyfile(test_quiet="".join(f"def test_{n}():\n    assert {n} >= 0\n"
+                                          for n in range(5)))
+    result = project.runpytest_subprocess("--cacheaudit")
+    result.assert_outcomes(passed=5)
+    imported = set(json.loads(modules.read_text()))
+    assert not imported & set(JUDGE), f"imported by the session: {sorted(imported & set(JUDGE))}"
+    out = " ".join(result.stdout.str().split())
+    run_uuid = re.search(r"in run ([0-9a-f]{32})", out).group(1)
+    # The judge's word on that run, given what the session watched and that its tests (which
+    # touch no cache) opened nothing there.
+    with open_existing(str(tmp_path / "ledger.db")) as ledger:
+        plan = plan_watch(ledger, os.environ)
+        assert plan.entries, "the session had no entry to watch"
+        truth = audit_run(ledger, run_uuid, os.environ,
+                          observation=Observation(plan, ObservedOpens(started_ns=1)))
+    assert truth.findings == [] and truth.records == []
+    assert f"{truth.summary()} in run {run_uuid}" in out
+    assert "cacheaudit: no findings" in out
+
+    (project.path / "test_quiet.py").unlink()
+    project.makepyfile(test_served=served)
+    result = project.runpytest_subprocess("--cacheaudit")
+    result.assert_outcomes(passed=1)
+    assert set(JUDGE) <= set(json.loads(modules.read_text())), "the served session skipped it"
+    assert "1 disk hit" in " ".join(result.stdout.str().split()), result.stdout.str()
+
+
 def test_a_misspelt_ini_fail_on_is_a_usage_error(project: pytest.Pytester):
     project.makeini("[pytest]\naddopts = -p no:cacheprovider\ncacheaudit = true\n"
                     "cacheaudit_fail_on = errors\n")

@@ -306,9 +306,9 @@ def test_buffered_hits_reach_the_ledger_when_the_process_ends(tmp_path: Path, en
 
 def test_the_watch_plan_reads_no_entry_to_know_it_is_there(tmp_path: Path) -> None:
     """A session's first process plans which entry directories to watch; an Inductor root's
-    precompiled header (tens of MB in a real cache) is listed by its stat and never opened, and
-    the plan is the one a reading of every file gives. Seen through the interpreter's own audit
-    events (`open`), in a process of its own."""
+    precompiled header (tens of MB in a real cache) is listed by its stat and never opened, the
+    plan is the one a reading of every file gives, and Inductor's is the only reader loaded.
+    Seen through the interpreter's own audit events (`open`), in a process of its own."""
     key = "c" + "a" * 51
     headers = tmp_path / "inductor" / "precompiled_headers"
     headers.mkdir(parents=True)
@@ -325,9 +325,12 @@ def test_the_watch_plan_reads_no_entry_to_know_it_is_there(tmp_path: Path) -> No
                "TMPDIR": {str(tmp_path)!r}, "HOME": {str(tmp_path)!r}}}
         plan = watch.plan_watch(None, env)
         stat_only = sorted(opened)
+        readers = sorted(m for m in sys.modules if m.startswith("cacheaudit.runtimes.")
+                         and m.endswith(".layout"))
         watch.StatOnlyCache = StateCache  # the same plan, every file read
         read = watch.plan_watch(None, env)
-        print(json.dumps({{"opened": stat_only, "plan": sorted(plan.entries.items()),
+        print(json.dumps({{"opened": stat_only, "readers": readers,
+                          "plan": sorted(plan.entries.items()),
                           "read": sorted(read.entries.items()), "roots": list(plan.roots)}}))
     """)
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
@@ -339,4 +342,6 @@ def test_the_watch_plan_reads_no_entry_to_know_it_is_there(tmp_path: Path) -> No
     assert seen["roots"] == [str(tmp_path / "inductor")]
     assert gch in dict(seen["plan"]), seen["plan"]
     assert seen["plan"] == seen["read"]
+    # A default root is read by the layout that declared it, and no other reader is loaded.
+    assert seen["readers"] == ["cacheaudit.runtimes.inductor.layout"], seen["readers"]
     assert not [path for path in seen["opened"] if path.endswith((".gch", ".h"))], seen["opened"]

@@ -81,13 +81,17 @@ def nothing_to_audit(ledger: Ledger, run_uuid: str, env: Mapping[str, str],
     cache roots that the run's records touched, those known to the ledger and to `env` (and
     `roots`, given) and those the observer planned to watch (`audit_scope`); with no record of
     the run and none of those roots it judges no entry, counts nothing and finds nothing, and
-    its report is `RunReport(run_uuid, [], [])`. Cheap: one record is asked for, no entry read.
+    its report is `RunReport(run_uuid, [], [])`. So is it where the observer watched every
+    entry of the roots known at the start and saw none opened, and no other root is known now
+    (`Observation.saw_nothing`): every entry the scope could answer for is one it built or
+    opened. Cheap: one record is asked for, no entry read.
     """
     from cacheaudit.watch import known_roots
 
-    if observation is not None and observation.plan.roots:
-        return False
     if ledger.records(where="runs.run_uuid = ?", params=(run_uuid,), limit=1,
                       with_graphs=False, with_files=False):
         return False
+    if observation is not None and observation.plan.roots:
+        return observation.saw_nothing() and set(known_roots(ledger, env, roots)) <= set(
+            observation.plan.roots)
     return not known_roots(ledger, env, roots)

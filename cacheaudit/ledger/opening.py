@@ -99,6 +99,24 @@ def connect_read_only(path: str, patience_s: float) -> tuple[sqlite3.Connection,
                   "read" if unseen else None)
 
 
+def known_roots_at(path: str, patience_s: float = 1.0) -> list[str]:
+    """The cache roots the ledger at `path` keeps (`cache_roots`), read as `connect_read_only`
+    reads and with the standard library alone: a session's observer needs them before
+    anything else of the ledger, whose record model costs more to import than the session's
+    start may take. [] where the file cannot be read as a ledger: the audit at the end opens
+    it in full and says why."""
+    try:
+        conn, _unseen = connect_read_only(path, patience_s)
+    except (sqlite3.Error, OSError):
+        return []
+    try:
+        return [str(row[0]) for row in conn.execute("SELECT path FROM cache_roots")]
+    except sqlite3.Error:
+        return []
+    finally:
+        conn.close()
+
+
 def attach_read_only(conn: sqlite3.Connection, path: str, name: str) -> None:
     """The ledger at `path` attached to `conn` as schema `name`, read as `connect_read_only`
     reads: `mode=ro` where its WAL files are there to share, else `immutable=1`."""

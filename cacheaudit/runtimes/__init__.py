@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
@@ -43,7 +44,7 @@ def reset() -> None:
     change the set of runtimes within one process)."""
     from cacheaudit import envvars
 
-    for cached in (spec_module.specs, spec_module.by_name, layouts, policy_for,
+    for cached in (spec_module.specs, spec_module.by_name, layouts, _layout_of, policy_for,
                    envvars.registry):
         cached.cache_clear()
 
@@ -63,14 +64,32 @@ def layouts() -> tuple[Layout, ...]:
     for declared in specs():
         if declared.layout is not None:
             module = declared.module(declared.layout)
-            if module in seen:
-                continue
-            try:
-                seen[module] = _attribute(module, "LAYOUT")
-            except Exception as exc:  # noqa: BLE001 - one bad plugin never stops a scan
-                _report_once(f"the layout of runtime {declared.name!r} cannot be loaded "
-                             f"({module}): {type(exc).__name__}: {exc}")
+            if module not in seen and (layout := _layout_of(declared, module)) is not None:
+                seen[module] = layout
     return tuple(seen.values())
+
+
+@functools.cache
+def _layout_of(declared: RuntimeSpec, module: str) -> Layout | None:
+    try:
+        return _attribute(module, "LAYOUT")
+    except Exception as exc:  # noqa: BLE001 - one bad plugin never stops a scan
+        _report_once(f"the layout of runtime {declared.name!r} cannot be loaded "
+                     f"({module}): {type(exc).__name__}: {exc}")
+        return None
+
+
+def layouts_declaring(env: Mapping[str, str]) -> dict[str, tuple[Layout, ...]]:
+    """Each default cache root under `env` that exists -> the layouts whose default roots
+    name it, only those loaded: a session's observer reads a default root with the readers
+    that declared it, and loads no other."""
+    found: dict[str, dict[str, RuntimeSpec]] = {}
+    for declared, module, root in _default_roots(env):
+        if os.path.isdir(root):
+            found.setdefault(root, {}).setdefault(module, declared)
+    return {root: tuple(layout for module, declared in modules.items()
+                        if (layout := _layout_of(declared, module)) is not None)
+            for root, modules in found.items()}
 
 
 def default_roots(env: Mapping[str, str]) -> list[str]:
@@ -79,7 +98,12 @@ def default_roots(env: Mapping[str, str]) -> list[str]:
     module (standard library only) without loading a reader; a spec without one has its layout
     loaded for it. A roots module that cannot be loaded or fails (a broken plugin) is left out,
     said once on stderr, as a layout that cannot be loaded is."""
-    found: list[str] = []
+    return [root for _declared, _module, root in _default_roots(env)]
+
+
+def _default_roots(env: Mapping[str, str]) -> list[tuple[RuntimeSpec, str, str]]:
+    """(the spec, its layout module, a default root) for `default_roots`."""
+    found: list[tuple[RuntimeSpec, str, str]] = []
     seen: set[str] = set()
     for declared in specs():
         if declared.layout is None:
@@ -90,13 +114,14 @@ def default_roots(env: Mapping[str, str]) -> list[str]:
         seen.add(layout_module)
         try:
             if declared.roots is None:
-                found.extend(_attribute(layout_module, "LAYOUT").default_roots(env))
+                roots = _attribute(layout_module, "LAYOUT").default_roots(env)
             else:
-                found.extend(_attribute(declared.module(declared.roots),
-                                        "default_roots")(env))
+                roots = _attribute(declared.module(declared.roots), "default_roots")(env)
         except Exception as exc:  # noqa: BLE001 - one bad plugin never stops a session
             _report_once(f"the default roots of runtime {declared.name!r} cannot be read "
                          f"({declared.roots or layout_module}): {type(exc).__name__}: {exc}")
+            continue
+        found.extend((declared, layout_module, root) for root in roots)
     return found
 
 
