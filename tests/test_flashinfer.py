@@ -821,3 +821,22 @@ def test_an_aot_library_beside_the_package_is_noted_as_what_flashinfer_loads(
     assert entry.meta["aot_library"] == str(aot)
     assert "flashinfer" not in sys.modules or sys.modules["flashinfer"].__file__ != str(
         package / "__init__.py")
+
+
+def test_a_directory_of_many_subdirectories_is_no_workspace_level(tmp_path: Path):
+    """Asked whether another runtime's cache of many entries is FlashInfer's, the reader does
+    not list it to its end: a level above cached_ops holds a handful of versions or arch
+    lists, so one with more than LEVELS_MAX subdirectories is none, even where one of them
+    holds a module; the same module under a real workspace level is found."""
+    from cacheaudit.runtimes.flashinfer import layout as flashinfer_layout
+
+    crowd = tmp_path / "crowd"
+    for n in range(flashinfer_layout.LEVELS_MAX + 1):
+        (crowd / f"entry{n:04d}").mkdir(parents=True)
+    module = crowd / "entry0000" / "cached_ops" / "m"
+    module.mkdir(parents=True)
+    (module / "build.ninja").write_text("rule cc\n  command = c++ $in -o $out\n")
+    reader = flashinfer_layout.LAYOUT
+    assert not reader.is_root(str(crowd))
+    shutil.rmtree(crowd / f"entry{flashinfer_layout.LEVELS_MAX:04d}")
+    assert reader.is_root(str(crowd)), "a level of LEVELS_MAX subdirectories is still one"

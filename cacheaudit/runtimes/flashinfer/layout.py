@@ -174,10 +174,33 @@ def _jit_dirs(path: str, depth: int = MAX_DEPTH) -> Iterator[str]:
         if os.path.isdir(candidate := os.path.join(path, JIT_DIR)):
             yield candidate
         return
-    for child in _subdirs(path):
+    levels = _level_dirs(path)
+    for child in levels:
         if child.name in ("cubins", GENERATED_DIR):
             continue
         yield from _jit_dirs(child.path, depth - 1)
+
+
+LEVELS_MAX = 256
+"""The most subdirectories a level above cached_ops has (versions, arch lists: a handful): a
+directory with more is no FlashInfer workspace level, and is not listed to its end."""
+
+
+def _level_dirs(path: str) -> list[os.DirEntry[str]]:
+    """The subdirectories of a directory above cached_ops, sorted; none where there are more
+    than `LEVELS_MAX` (another runtime's cache of 100,000 entries, asked whether it is
+    FlashInfer's, is not listed, sorted and stat'ed entry by entry)."""
+    found: list[os.DirEntry[str]] = []
+    try:
+        with os.scandir(path) as listing:
+            for item in listing:
+                if is_directory(item):
+                    if len(found) == LEVELS_MAX:
+                        return []
+                    found.append(item)
+    except OSError:
+        return []
+    return sorted(found, key=lambda item: item.name)
 
 
 class FlashInferReader(Layout):
