@@ -75,6 +75,21 @@ class ObservedOpens(NamedTuple):
         return directory not in self.unwatched
 
 
+def _queued(fd: int) -> Iterator[bytes]:
+    """What an inotify descriptor (non-blocking) holds now, read until it is empty; raises
+    OSError but for an interrupted read (retried)."""
+    while True:
+        try:
+            data = os.read(fd, 64 * 1024)
+        except BlockingIOError:
+            return
+        except InterruptedError:
+            continue
+        if not data:
+            return
+        yield data
+
+
 def watch_limit() -> int | None:
     """The user's inotify watch limit, or None where /proc does not say."""
     try:
@@ -266,17 +281,7 @@ class OpenObserver:
     def _drain_locked(self, keep: bool) -> None:
         if self._fd < 0:
             return
-        while True:
-            try:
-                data = os.read(self._fd, 64 * 1024)
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                if exc.errno == errno.EINTR:
-                    continue
-                raise
-            if not data:
-                return
+        for data in _queued(self._fd):
             self._parse(data, time.time_ns(), keep)
 
     def _parse(self, data: bytes, now: int, keep: bool) -> None:
@@ -380,22 +385,14 @@ class ChangeWatch:
         if self._broken is not None or self._fd < 0 or os.getpid() != self._pid:
             self._moment += 1
             return self._moment
-        changed = False
-        while True:
-            try:
-                data = os.read(self._fd, 64 * 1024)
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                if exc.errno == errno.EINTR:
-                    continue
-                self._fail(f"reading inotify failed: {os.strerror(exc.errno or 0)}")
-                break
-            if not data:
-                break
-            changed = True
-        if changed:
-            self._moment += 1
+        try:
+            changed = False
+            for _events in _queued(self._fd):  # drained to the end: one moment for them all
+                changed = True
+            if changed:
+                self._moment += 1
+        except OSError as exc:
+            self._fail(f"reading inotify failed: {os.strerror(exc.errno or 0)}")
         return self._moment
 
     @property

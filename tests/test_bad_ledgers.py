@@ -63,32 +63,28 @@ def _truncated(path: Path) -> None:
         handle.truncate(path.stat().st_size - 3 * PAGE)
 
 
-def _foreign(path: Path) -> None:
+def _executed(path: Path, *statements: str) -> None:
     conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE customers (name TEXT)")
-    conn.execute("INSERT INTO customers VALUES ('ada')")
+    for statement in statements:
+        conn.execute(statement)
     conn.commit()
     conn.close()
+
+
+def _foreign(path: Path) -> None:
+    _executed(path, "CREATE TABLE customers (name TEXT)", "INSERT INTO customers VALUES ('ada')")
 
 
 def _without_tables(path: Path) -> None:
     good_ledger(path, records=10)
-    conn = sqlite3.connect(path)
-    conn.execute("DROP TABLE records")
-    conn.execute("DROP TABLE runs")
-    conn.commit()
-    conn.close()
+    _executed(path, "DROP TABLE records", "DROP TABLE runs")
 
 
 def _without_a_column(path: Path) -> None:
     """Every table there, `records` without its `kernel` column: found only when a query
     reads it, mid-command."""
     good_ledger(path, records=10)
-    conn = sqlite3.connect(path)
-    conn.execute("DROP INDEX records_by_kernel")
-    conn.execute("ALTER TABLE records DROP COLUMN kernel")
-    conn.commit()
-    conn.close()
+    _executed(path, "DROP INDEX records_by_kernel", "ALTER TABLE records DROP COLUMN kernel")
 
 
 def _overwritten_pages(path: Path) -> None:
