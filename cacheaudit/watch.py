@@ -76,15 +76,25 @@ def _roots_and_readers(ledger: Ledger | None, env: Mapping[str, str],
             anywhere.update(ledger.known_roots())
     found: dict[str, tuple[Layout, ...]] = {}
     for root, declaring in layouts_declaring(env).items():
-        if root not in anywhere and (claiming := tuple(r for r in declaring if r.is_root(root))):
+        if root not in anywhere and (claiming := _claiming(declaring, root)):
             found[root] = claiming
     if any(os.path.isdir(c) for c in anywhere):
         readers = layouts()
         for candidate in anywhere:
-            if os.path.isdir(candidate) and (
-                    claiming := tuple(r for r in readers if r.is_root(candidate))):
+            if os.path.isdir(candidate) and (claiming := _claiming(readers, candidate)):
                 found[candidate] = claiming
     return found
+
+
+def _claiming(readers: Sequence[Layout], root: str) -> tuple[Layout, ...]:
+    """The readers that take `root` for one of theirs; one that fails to say does not (its
+    entries there are then audited as not observed)."""
+    claiming = []
+    for reader in readers:
+        with contextlib.suppress(Exception):
+            if reader.is_root(root):
+                claiming.append(reader)
+    return tuple(claiming)
 
 
 def plan_watch(ledger: Ledger | None, env: Mapping[str, str],
