@@ -70,11 +70,8 @@ def demo(
     from cacheaudit.demo import render, result_json, run_demo
 
     console = shared.console()
-    def prose(line: str) -> None:
-        # Wrapped between words; a path longer than the line overflows it, whole.
-        console.print(line, soft_wrap=False, overflow="ignore")
-
-    say = (lambda _line: None) if json_output else prose
+    say = (lambda _line: None) if json_output else (
+        lambda line: output.print_prose(console, line))
     result = run_demo(say=say, compiler=compiler)
     try:
         if json_output:

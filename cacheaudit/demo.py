@@ -22,7 +22,7 @@ from cacheaudit import contract, documents
 from cacheaudit.audit import ScanResult, scan
 from cacheaudit.exceptions import UsageError
 from cacheaudit.ledger import Ledger
-from cacheaudit.output import escape_markup, summary_line
+from cacheaudit.output import escape_markup, print_prose, summary_line
 from cacheaudit.render import Totals, View
 from cacheaudit.render import render as render_findings
 from cacheaudit.shim import ShimError, find_real_compiler, install_masquerade
@@ -252,8 +252,8 @@ def render(result: DemoResult, console: Console) -> None:
         return
     totals = Totals(len(scan.entries), len(scan.roots), scan.matched, scan.reconstructed)
     render_findings(scan.findings, [totals.text()], View(width=console.width), console)
-    console.print(escape_markup(
+    print_prose(console, escape_markup(
         "The runtime served the same binary three times while the code it was built from "
         f"changed twice: its key covers neither the edited header nor "
         f"{result.changed_variable}. Each finding names the input, its recorded and current "
-        "value, and how that was established."), soft_wrap=False, overflow="ignore")
+        "value, and how that was established."))

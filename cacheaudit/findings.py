@@ -70,6 +70,8 @@ def hint_text(code: str, entry: str | None, remedy: str | None = None) -> str:
     """The hint of `code` for `entry` (a path), with the runtime's own remedy where the hint
     offers one (`Policy.key_remedy`; `DEFAULT_KEY_REMEDY` without)."""
     template = HINTS.get(code, "")
+    if not entry:  # "evict the entry (the entry)" says nothing: no path, no parenthesis
+        template = template.replace(" ({entry})", "")
     remedy_text = (remedy or DEFAULT_KEY_REMEDY).format(
         input=REMEDY_INPUTS.get(code, "the input"))
     return template.format(entry=entry or "the entry", remedy=remedy_text)
@@ -111,7 +113,8 @@ def make_finding(code: str, *, subject: str, message: str, entry: CacheEntry | N
     than the evidence's own (the side given as prose then keeps that prose)."""
     if code not in FINDING_CODES:
         raise ValueError(f"unknown finding code {code}")
-    path = entry.path if entry else None
+    # A finding on a record names the entry it served (an in-process adapter's hit).
+    path = entry.path if entry else (record.entry if record is not None else None)
     hint = (hint.format(entry=path or "the entry") if hint is not None
             else hint_text(code, path))
     if evidence is None and (isinstance(recorded, EVIDENCE_TYPES)

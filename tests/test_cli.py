@@ -120,10 +120,20 @@ def test_demo_shows_a_stale_hit_and_names_its_causes(compiler: str, tmp_path: Pa
     assert not os.path.exists(demo["workdir"])
 
 
-def test_demo_table_names_the_stale_header():
-    shown = cacheaudit("demo", "--compiler", "g++", env=dict(os.environ, COLUMNS="200"))
+@pytest.mark.parametrize("columns", [80, 200])
+def test_demo_table_names_the_stale_header(columns: int):
+    """The demo's narration at the terminal's width: wrapped between words, never cut (an
+    80-column terminal once lost every sentence's end, the verdict "stale" with them); a line
+    over the width is one that carries a path longer than half of it, whole."""
+    shown = cacheaudit("demo", "--compiler", "g++", env=dict(os.environ, COLUMNS=str(columns)))
     assert shown.returncode == 0, shown.stderr
-    assert "disk-hit" in shown.stdout and "CA101" in shown.stdout and "tile.h" in shown.stdout
+    out = shown.stdout
+    assert "disk-hit" in out and "CA101" in out and "tile.h" in out
+    words = " ".join(out.split())
+    assert "a fresh compile gives different bytes: stale" in words, out
+    assert "how that was established." in words, out
+    for line in out.splitlines():
+        assert len(line) <= columns or any(len(w) > columns // 2 for w in line.split()), line
 
 
 # ------------------------------------------------------------------ recorded text, bad input

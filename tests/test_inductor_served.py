@@ -360,6 +360,9 @@ def test_cacheaudit_run_of_the_served_process_names_each_changed_input(served: S
     for name, subject in SUBJECTS.items():
         messages = [f["message"] for f in findings if f["subject"] == subject]
         assert messages and all(words[name] in m for m in messages), (subject, messages)
+        # What to do names the entry served (the finding is the hit record's).
+        for finding in (f for f in findings if f["subject"] == subject):
+            assert f"evict the entry ({finding['entry']})" in finding["hint"], finding
     assert not [f for f in findings if f["subject"] == "ca::scaled"]
 
 
@@ -376,6 +379,8 @@ def test_pytest_plugin_of_a_served_session_names_each_changed_input(served: Serv
     assert not [head for head, _ in blocks if head.endswith("error")
                 and head.rsplit(": ", 1)[0] in served.entries["scaled"]], output[-3000:]
     assert "ca::scaled" not in output, output[-3000:]
+    # What to do names the entry: the session's own hit record's finding, which it keeps.
+    assert "evict the entry (the entry)" not in " ".join(output.split()), output[-3000:]
 
 
 def _finding_blocks(output: str) -> list[tuple[str, set[str]]]:

@@ -451,6 +451,11 @@ def damage(conn: sqlite3.Connection, path: str, error: sqlite3.DatabaseError) ->
     code = (getattr(error, "sqlite_errorcode", 0) or 0) & 0xFF
     if code == _SQLITE_NOTADB:
         return f"{path} is not a cacheaudit ledger (not an SQLite file)"
+    if str(error).startswith("Could not decode to UTF-8"):
+        # cacheaudit writes UTF-8 text alone: other bytes there are damage (an overwritten
+        # page SQLite's checks pass, a hand edit). The error quotes the bytes: not repeated.
+        return (f"{path} is a damaged cacheaudit ledger: a text value in it is not UTF-8"
+                f"{RESTORE}")
     if code != _SQLITE_CORRUPT and not str(error).startswith(("no such table", "no such column")):
         return None
     try:
