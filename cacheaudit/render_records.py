@@ -147,8 +147,14 @@ def explanation_lines(explanation: Any, view: View) -> list[Line]:
         lines += [Line(t) for t in wrap(head, width, "", INDENT)]
         lines += evidence("key", entry.key or "-", width)
         lines += evidence("built", ns_text(entry.built_ns), width)
-        lines += evidence("last hit", f"{ns_text(entry.committed_ns)} (the runtime's hit "
-                                      "marker, or its commit)", width)
+        hits = [r.started_ns for r in getattr(explanation, "lookups", ()) or ()]
+        if entry.committed_ns is None and hits:
+            # A runtime without a hit marker (Inductor, FlashInfer): its recorded hits say.
+            lines += evidence("last hit", f"{ns_text(max(hits))} (the last hit recorded in "
+                                          "the ledger)", width)
+        else:
+            lines += evidence("last hit", f"{ns_text(entry.committed_ns)} (the runtime's hit "
+                                          "marker, or its commit)", width)
         for problem in entry.problems:
             lines += evidence("problem", problem, width, "yellow")
         lines.append(Line(""))

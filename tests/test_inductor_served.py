@@ -231,6 +231,8 @@ class Served:
     """The adapter's FX disk-hit records of each entry, over every process."""
     backward_graphs: set[str]
     """The FX entries served as the backward half of an AOTAutograd graph (`is_backward`)."""
+    env: dict[str, str]
+    """The environment every process got (its ledger is `CACHEAUDIT_LEDGER`)."""
 
 
 @pytest.fixture(scope="module")
@@ -289,7 +291,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
                   aot_files={str(p) for p in (cache / "aotautograd").glob("*/*") if p.is_file()},
                   fx_hits=fx_hits,
                   backward_graphs={str(r.entry) for r in adapter if r.event == "disk-hit"
-                                   and r.extra.get("is_backward") is True})
+                                   and r.extra.get("is_backward") is True}, env=env)
 
 
 def _errors(findings: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
@@ -444,3 +446,22 @@ def test_an_entry_served_twice_is_one_finding_per_op(served: Served) -> None:
                      if head == f"{entry}: CA101 error" and subject in words]
             assert len(shown) == 1, (subject, entry, served.plugin.stdout[-3000:])
     assert served.scan["counts"].get("CA101") == len(_errors(served.scan["findings"]))
+
+
+def test_explain_of_a_served_entry_says_when_it_was_last_hit(served: Served) -> None:
+    """`cacheaudit explain` of an FX entry: Inductor leaves no hit marker, so the last hit is
+    the latest of the adapter's disk-hit records of it (the pytest session's, after the
+    `cacheaudit run` process's), not "-"."""
+    from cacheaudit.ledger import Ledger
+
+    entry = sorted(e for e in served.entries["formula"] if served.fx_hits.get(e, 0) >= 2)[0]
+    with Ledger.open(served.env["CACHEAUDIT_LEDGER"], create=False) as ledger:
+        latest = max(r.started_ns for r in ledger.records()
+                     if r.entry == entry and r.event == "disk-hit")
+    done = subprocess.run([sys.executable, "-m", "cacheaudit", "explain", entry], env=served.env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode in (0, 1), done.stderr
+    [line] = [x for x in done.stdout.splitlines() if x.strip().startswith("last hit")]
+    from cacheaudit.findings import ns_text
+
+    assert ns_text(latest) in line and "recorded in the ledger" in line, line
