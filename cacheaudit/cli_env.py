@@ -68,10 +68,11 @@ def demo(
 
     from cacheaudit import output
     from cacheaudit.demo import render, result_json, run_demo
+    from cacheaudit.render import print_prose
 
     console = shared.console()
     say = (lambda _line: None) if json_output else (
-        lambda line: output.print_prose(console, line))
+        lambda line: print_prose(console, line))
     result = run_demo(say=say, compiler=compiler)
     try:
         if json_output:

@@ -22,8 +22,8 @@ from cacheaudit import contract, documents
 from cacheaudit.audit import ScanResult, scan
 from cacheaudit.exceptions import UsageError
 from cacheaudit.ledger import Ledger
-from cacheaudit.output import escape_markup, print_prose, summary_line
-from cacheaudit.render import Totals, View
+from cacheaudit.output import escape_markup, summary_line
+from cacheaudit.render import Totals, View, print_prose
 from cacheaudit.render import render as render_findings
 from cacheaudit.shim import ShimError, find_real_compiler, install_masquerade
 

@@ -30,30 +30,6 @@ def escape_markup(value: object) -> str:
 _e = escape_markup
 
 
-def print_prose(console: Console, markup: str) -> None:
-    """Rich markup for a person, wrapped between words to the console's width; a word longer
-    than the line (a path) overflows it, whole, never cut or folded (rich's own wrapping
-    either folds such a word or, told to leave it alone, crops the line)."""
-    from rich.text import Text
-
-    width = max(console.width, 20)
-    for paragraph in str(markup).splitlines() or [""]:
-        text = Text.from_markup(paragraph)
-        plain = text.plain
-        indent = len(plain) - len(plain.lstrip(" "))  # kept on the lines it wraps onto
-        starts: list[int] = []
-        position = column = indent
-        for word in plain[indent:].split(" "):
-            if column > indent and column + 1 + len(word) > width:
-                starts.append(position)
-                column = indent + len(word)
-            else:
-                column += (1 if column > indent else 0) + len(word)
-            position += len(word) + 1
-        for number, line in enumerate(text.divide(starts)):
-            line.rstrip()
-            console.print(Text(" " * indent) + line if number else line, soft_wrap=True)
-
 
 # ------------------------------------------------------------------------------------ findings
 

@@ -145,6 +145,26 @@ def wrap(text: str, width: int, first: str = "", rest: str | None = None) -> lis
                          **options) or [first.rstrip()]
 
 
+def print_prose(console: Console, markup: str) -> None:
+    """Rich markup for a person, wrapped between words to the console's width as the findings
+    are (`render.wrap`: a word longer than the line, a path, overflows it whole), its styles
+    kept (rich's own wrapping either folds such a word or, told to leave it alone, crops the
+    line)."""
+    from rich.text import Text
+
+    for paragraph in str(markup).splitlines() or [""]:
+        text = Text.from_markup(paragraph)
+        plain = text.plain
+        indent = " " * (len(plain) - len(plain.lstrip(" ")))  # kept on the lines it wraps onto
+        starts, position = [], 0
+        for line in wrap(plain.lstrip(" "), max(console.width, 20), indent):
+            position = plain.index(line.strip(), position)
+            starts.append(position)
+        for number, piece in enumerate(text.divide(starts[1:])):
+            piece.rstrip()
+            console.print(Text(indent) + piece if number else piece, soft_wrap=True)
+
+
 def evidence(label: str, value: str, width: int, style: str = "") -> list[Line]:
     """`    label     value`, the value wrapped under itself."""
     first = f"{INDENT}{label:<{LABEL_WIDTH}}" if len(label) < LABEL_WIDTH else (
