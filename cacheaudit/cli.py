@@ -76,9 +76,9 @@ class _Terminated(BaseException):
 
 
 def _terminate(signum: int, _frame: object) -> None:
-    from cacheaudit import children
+    from cacheaudit.shimrun import kill_own_children
 
-    children.kill_all()
+    kill_own_children()
     raise _Terminated(signum)
 
 

@@ -233,11 +233,14 @@ def _restore(previous: dict[int, object]) -> None:
         signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
-def _kill_helpers() -> None:
-    """End cacheaudit's own children (the dependency pass, a `--version` probe), if any."""
-    children = sys.modules.get("cacheaudit.children")
-    if children is not None:
-        children.kill_all()
+def kill_own_children() -> None:
+    """End cacheaudit's own children (the dependency pass, a `--version` probe, a scan's
+    reconstruction), if any. Safe in a signal handler."""
+    # A signal can land while `cacheaudit.children` is still being imported: that module is in
+    # `sys.modules` without `kill_all` yet, and has started no child.
+    kill_all = getattr(sys.modules.get("cacheaudit.children"), "kill_all", None)
+    if kill_all is not None:
+        kill_all()
 
 
 class _Interrupted(BaseException):
@@ -258,14 +261,16 @@ class _Forwarder:
         that (`_Interrupted`), as Ctrl-C would."""
 
     def receive(self, sig: int, _frame: object) -> None:
-        if sig in _TERMINATING:
-            _kill_helpers()
+        # The compiler is told first: nothing of cacheaudit's own may stand between the signal
+        # and the user's compile.
         if self.child is None:
             self.pending.append(sig)
-            return
-        self.child.send_signal(sig)
-        if self.recording and sig in _TERMINATING:
-            raise _Interrupted(f"signal {sig} while the record was written")
+        else:
+            self.child.send_signal(sig)
+        if sig in _TERMINATING:
+            kill_own_children()
+            if self.recording and self.child is not None:
+                raise _Interrupted(f"signal {sig} while the record was written")
 
     def child_changed(self, _sig: int, _frame: object) -> None:
         """SIGCHLD: when the compile has ended, note the time (it is reaped here; `wait` then

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -189,6 +190,25 @@ def test_a_signal_sent_to_the_shim_reaches_the_compiler(shim_env: ShimEnv, tmp_p
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 42
     assert seen.read_text().strip() == "got-term"
+
+
+def test_a_signal_during_the_import_of_children_still_reaches_the_compiler(
+        monkeypatch: pytest.MonkeyPatch):
+    # The CI failure this pins: SIGTERM landed while `cacheaudit.children` was half imported
+    # (in sys.modules, no `kill_all` yet); the handler failed on it before passing the signal on,
+    # and the compiler ran to its end.
+    from cacheaudit.shimrun import Compile, _Forwarder
+
+    monkeypatch.setitem(sys.modules, "cacheaudit.children", types.ModuleType("cacheaudit.children"))
+    compiler = Compile(os.posix_spawn("/bin/sleep", ["sleep", "30"], dict(os.environ)))
+    forwarder = _Forwarder()
+    forwarder.attach(compiler)
+    try:
+        forwarder.receive(signal.SIGTERM, None)
+        assert compiler.wait() == -signal.SIGTERM, "the compiler (sleep) never got SIGTERM"
+    finally:
+        compiler.send_signal(signal.SIGKILL)
+        compiler.wait()
 
 
 @needs_gxx
