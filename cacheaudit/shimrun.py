@@ -134,7 +134,31 @@ def compile_and_record(name: str, real: str, argv0: str, argv: Sequence[str],
         beside.close()
     if returncode < 0:
         _die_like(-returncode)
+    _end_now(returncode)
     return returncode
+
+
+def _end_now(status: int) -> None:
+    """Exit with the compile's status without the interpreter's teardown: the record is written
+    (or spooled), the scratch directory removed, every file of ours closed, and what is left is
+    freeing the modules the recording loaded one by one, 10-15 ms that the build would wait for
+    (docs/performance.md, "Fixed costs"). The exit functions still run (an adapter's, coverage's);
+    a thread that is not a daemon gets the ordinary exit, which waits for it."""
+    threading = sys.modules.get("threading")
+    if threading is not None and any(
+            thread.is_alive() and not thread.daemon and thread is not threading.main_thread()
+            for thread in threading.enumerate()):
+        return
+    import atexit
+    import contextlib
+
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing to lose
+                stream.flush()
+        os._exit(status)
 
 
 class _Beside:

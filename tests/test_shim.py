@@ -230,6 +230,36 @@ def test_recording_failure_never_fails_the_compile_and_loses_nothing(
 
 
 @needs_gxx
+def test_the_shim_ends_without_teardown_but_keeps_status_record_and_exit_functions(
+        shim_env: ShimEnv, tmp_path: Path):
+    # The recording path skips the interpreter's teardown (`shimrun._end_now`): the compile's
+    # status, its record, what the process wrote to stderr and every exit function registered in
+    # it (here by a sitecustomize, as coverage's would be) must all survive that.
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    ran = tmp_path / "exit-functions-ran"
+    (site_dir / "sitecustomize.py").write_text(
+        "import atexit, sys\n"
+        "sys.stderr.write('buffered by the shim process')\n"
+        f"atexit.register(lambda: open({str(ran)!r}, 'w').write('ran'))\n")
+    (tmp_path / "ok.c").write_text("int ok;\n")
+    (tmp_path / "bad.c").write_text("int bad = ;\n")
+    env = {"PYTHONPATH": str(site_dir)}
+    ok = shim_env.run(["gcc", "-c", "ok.c", "-o", "ok.o"], cwd=tmp_path, env=env)
+    assert ok.returncode == 0 and (tmp_path / "ok.o").exists(), ok.stderr
+    assert ran.read_text() == "ran", "the shim's exit functions did not run"
+    assert b"buffered by the shim process" in ok.stderr
+    ran.unlink()
+    bad = shim_env.run(["gcc", "-c", "bad.c", "-o", "bad.o"], cwd=tmp_path, env=env)
+    bare = subprocess.run(["gcc", "-c", "bad.c", "-o", "bad.o"], cwd=tmp_path,
+                          env=shim_env.bare_env(), capture_output=True)
+    assert bare.returncode != 0 and bad.returncode == bare.returncode
+    assert ran.read_text() == "ran"
+    records = {Path(r.sources[0].path).name: r.exit_code for r in shim_env.records()}
+    assert records == {"ok.c": 0, "bad.c": bare.returncode}
+
+
+@needs_gxx
 def test_unwritable_ledger_still_compiles(shim_env: ShimEnv, header_tree: Path):
     env = {"CACHEAUDIT_LEDGER": "/proc/cacheaudit/ledger.db", "CPATH": str(header_tree / "cpath")}
     done = shim_env.run(["g++", "-c", "-I../inc", "k.cpp", "-o", "../out/k.o"],
