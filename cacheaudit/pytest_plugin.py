@@ -25,11 +25,11 @@ from cacheaudit.config import FAIL_ON_CHOICES
 
 if TYPE_CHECKING:
     from cacheaudit.audit import RunReport
-    from cacheaudit.ledger import Ledger, TestWindow
+    from cacheaudit.ledger import Ledger, RunInfo, TestWindow
     from cacheaudit.model import CompileRecord, Finding
     from cacheaudit.render import Line
     from cacheaudit.session import Session
-    from cacheaudit.watch import ScopeObserver
+    from cacheaudit.watch import Observation, ScopeObserver
 
 MARKER = "no_cacheaudit"
 _PLUGIN_NAME = "_cacheaudit_session"
@@ -235,43 +235,72 @@ class _Session:
             self.problem = f"{type(exc).__name__}: {exc}"
 
     def _finish(self, session: pytest.Session) -> None:
-        from cacheaudit.audit.options import fails
-        from cacheaudit.audit.report import RunReport, nothing_to_audit
-        from cacheaudit.ledger import Ledger, RunInfo, open_ledger
+        from cacheaudit.ledger.values import RunInfo
         from cacheaudit.runtimes import flush_all
 
         flush_all()
         observation = self.observer.stop() if self.observer is not None else None
         run = RunInfo(run_uuid=self.run_uuid, label="pytest")
         if self.worker:
-            with Ledger.open(self.ledger) as ledger:
+            from cacheaudit.ledger.sessions import SessionLedger
+
+            with SessionLedger.open(self.ledger) as ledger:
                 ledger.add_tests(run, self.windows)
             return
-        with open_ledger(self.ledger) as ledger:
-            workers = sorted(glob.glob(glob.escape(self.ledger) + ".gw*[0-9]"))
-            if workers:
-                from cacheaudit.ledger import combine
+        workers = sorted(glob.glob(glob.escape(self.ledger) + ".gw*[0-9]"))
+        self.report = (None if workers else self._quiet(run, observation)) or self._audited(
+            run, observation, workers)
+        if not self.report.findings:
+            return
+        from cacheaudit.audit.options import fails
 
-                combine(ledger, workers, keep=False)
-            else:  # what a combine of no ledgers does, without importing it
-                ledger.mend_record_indexes()
-            ledger.add_tests(run, self.windows)
-            if nothing_to_audit(ledger, self.run_uuid, os.environ, self.roots, observation):
-                # What `audit_run` reports of such a run, without importing the judge.
-                self.report = RunReport(self.run_uuid, [], [])
-            else:
-                from cacheaudit.audit import audit_run
-
-                self.report = audit_run(ledger, self.run_uuid, os.environ,
-                                        started_ns=self.started_ns, roots=self.roots,
-                                        observation=observation)
-            if self.report.findings:
-                ledger.add_findings(self.report.findings)
         if fails(self.report.findings, self.fail_on):
             self.failed = True
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
             self.snapshot = self._write_snapshot()
+
+    def _quiet(self, run: RunInfo, observation: Observation | None) -> RunReport | None:
+        """The report of a session that has nothing to audit (nothing spooled, no record of its
+        run, no entry opened: `nothing_to_audit`), its tests stored, all without the records'
+        model (`SessionLedger`); None where there may be something."""
+        from cacheaudit.audit.report import RunReport, nothing_to_audit
+        from cacheaudit.ledger.places import pending_spooled
+        from cacheaudit.ledger.sessions import SessionLedger
+
+        if not os.path.exists(self.ledger) or pending_spooled(self.ledger):
+            return None  # a ledger to make, or records to fold in: the whole ledger's business
+        with SessionLedger.open(self.ledger) as ledger:
+            if not nothing_to_audit(ledger, self.run_uuid, os.environ, self.roots, observation):
+                return None
+            ledger.mend_record_indexes()  # what a combine of no ledgers does
+            ledger.add_tests(run, self.windows)
+        # What `audit_run` reports of such a run, without importing the judge.
+        return RunReport(self.run_uuid, [], [])
+
+    def _audited(self, run: RunInfo, observation: Observation | None,
+                 workers: list[str]) -> RunReport:
+        """The workers' ledgers combined, the tests stored, and the run audited."""
+        from cacheaudit.audit.report import RunReport, nothing_to_audit
+        from cacheaudit.ledger import open_ledger
+
+        with open_ledger(self.ledger) as ledger:
+            if workers:
+                from cacheaudit.ledger import combine
+
+                combine(ledger, workers, keep=False)
+            else:
+                ledger.mend_record_indexes()
+            ledger.add_tests(run, self.windows)
+            if nothing_to_audit(ledger, self.run_uuid, os.environ, self.roots, observation):
+                return RunReport(self.run_uuid, [], [])
+            from cacheaudit.audit import audit_run
+
+            report = audit_run(ledger, self.run_uuid, os.environ, started_ns=self.started_ns,
+                               roots=self.roots, observation=observation)
+            if report.findings:
+                ledger.add_findings(report.findings)
+            return report
 
     def _write_snapshot(self) -> str | None:
         """A failing session leaves the bug-report snapshot beside its ledger."""

@@ -23,11 +23,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cacheaudit.model import FINDING_CODES, Finding
-
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.text import Text
+
+    from cacheaudit.model import Finding
 
 FORMATS = ("full", "concise", "json", "markdown", "github", "sarif")
 """`--output-format` values; `json` is `cacheaudit.output`'s."""
@@ -366,6 +366,8 @@ def verdict(findings: Sequence[Finding]) -> str:
     """`2 errors, 1 warning: 1 CA101, 1 CA202, 1 CA201`, or `no findings`."""
     if not findings:
         return "no findings"
+    from cacheaudit.model import FINDING_CODES  # a report without findings never needs it
+
     severities = Counter(f.severity.value for f in findings)
     codes = Counter(f.code for f in findings)
     by_severity = ", ".join(count_text(severities[s], s) for s in ("error", "warning", "info")
@@ -515,6 +517,7 @@ def sarif_log(findings: Sequence[Finding], scope: Sequence[str] = ()) -> dict[st
     header, else the entry; a variable as a logical location), the entry as a related
     location, the rules from the finding codes."""
     from cacheaudit import __version__
+    from cacheaudit.model import FINDING_CODES
 
     codes = sorted(FINDING_CODES)
     rules = [{"id": code, "name": FINDING_CODES[code].name,

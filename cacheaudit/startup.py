@@ -156,10 +156,9 @@ def leave_audit(to: str) -> None:
 def _recorded(prepared: Session) -> bool:
     """Whether anything of the run reached the ledger or its spool (cheap: no record is read
     in full; nothing of the ledger but its places where there is no ledger file)."""
-    from cacheaudit.ledger.places import spool_dir
+    from cacheaudit.ledger.places import pending_spooled
 
-    spool = spool_dir(prepared.ledger)
-    if os.path.isdir(spool) and any(name.endswith(".json") for name in os.listdir(spool)):
+    if pending_spooled(prepared.ledger):
         return True
     if not os.path.exists(prepared.ledger):  # `open_existing`'s own answer, before its import
         return False
@@ -169,8 +168,7 @@ def _recorded(prepared: Session) -> bool:
     if opened is None:
         return False
     with opened:
-        return bool(opened.records(where="runs.run_uuid = ?", params=(prepared.run_uuid,),
-                                   limit=1, with_graphs=False, with_files=False))
+        return opened.has_records_of(prepared.run_uuid)
 
 
 def _audit_run(prepared: Session, observation: Observation, started_ns: int

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from cacheaudit.layout import Layout
     from cacheaudit.ledger import Ledger
+    from cacheaudit.ledger.sessions import SessionWrites
     from cacheaudit.model import CacheEntry
 
     class Window(Protocol):
@@ -56,7 +57,7 @@ class WatchPlan(NamedTuple):
         return sorted(set(self.entries.values()))
 
 
-def known_roots(ledger: Ledger | None, env: Mapping[str, str],
+def known_roots(ledger: SessionWrites | None, env: Mapping[str, str],
                 roots: Sequence[str] = ()) -> list[str]:
     """The cache roots a scope can know at its start: those given, those earlier scans found
     (kept in the ledger) and every layout's default roots under `env` (the job's environment),
@@ -64,7 +65,7 @@ def known_roots(ledger: Ledger | None, env: Mapping[str, str],
     return sorted(_roots_and_readers(ledger, env, roots))
 
 
-def _roots_and_readers(ledger: Ledger | None, env: Mapping[str, str],
+def _roots_and_readers(ledger: SessionWrites | None, env: Mapping[str, str],
                        roots: Sequence[str]) -> dict[str, tuple[Layout, ...]]:
     """`known_roots`, each with the layouts that take it for a root: for a root given or kept
     in the ledger, any layout; for a default root, those whose default roots name it (the

@@ -287,6 +287,22 @@ def pytest_unconfigure(config):
     assert "cacheaudit: no findings" in out
     assert sorted(w.nodeid for w in tests) == [f"test_quiet.py::test_{n}" for n in range(5)]
 
+    # The next such session finds the ledger made: its end stores the tests and answers
+    # without the records' model or the whole ledger (`SessionLedger`), and says the same.
+    again = project.runpytest_subprocess("--cacheaudit")
+    again.assert_outcomes(passed=5)
+    imported = set(json.loads(modules.read_text()))
+    heavy = {"cacheaudit.model", "cacheaudit.ledger.store", "cacheaudit.ledger.writes"}
+    assert not imported & heavy, f"a quiet session's end imported {sorted(imported & heavy)}"
+    out = " ".join(again.stdout.str().split())
+    second = re.search(r"in run ([0-9a-f]{32})", out).group(1)
+    with open_existing(str(tmp_path / "ledger.db")) as ledger:
+        truth = audit_run(ledger, second, os.environ)
+        tests = ledger.tests(second)
+    assert truth.findings == [] and truth.records == [] and second != run_uuid
+    assert f"{truth.summary()} in run {second}" in out and "cacheaudit: no findings" in out
+    assert sorted(w.nodeid for w in tests) == [f"test_quiet.py::test_{n}" for n in range(5)]
+
 
 def test_a_session_that_opens_no_known_entry_reports_without_the_judge(
         project: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

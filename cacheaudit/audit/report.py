@@ -12,7 +12,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from cacheaudit.ledger import Ledger
+    from cacheaudit.ledger.sessions import SessionWrites
     from cacheaudit.model import CompileRecord, Finding
     from cacheaudit.watch import Observation
 
@@ -75,7 +75,7 @@ class RunReport:
         return self.counts.text()
 
 
-def nothing_to_audit(ledger: Ledger, run_uuid: str, env: Mapping[str, str],
+def nothing_to_audit(ledger: SessionWrites, run_uuid: str, env: Mapping[str, str],
                      roots: Sequence[str] = (), observation: Observation | None = None) -> bool:
     """Whether `audit_run` of `run_uuid` can only report nothing: it judges the entries of the
     cache roots that the run's records touched, those known to the ledger and to `env` (and
@@ -88,8 +88,7 @@ def nothing_to_audit(ledger: Ledger, run_uuid: str, env: Mapping[str, str],
     """
     from cacheaudit.watch import known_roots
 
-    if ledger.records(where="runs.run_uuid = ?", params=(run_uuid,), limit=1,
-                      with_graphs=False, with_files=False):
+    if ledger.has_records_of(run_uuid):
         return False
     if observation is not None and observation.plan.roots:
         return observation.saw_nothing() and set(known_roots(ledger, env, roots)) <= set(

@@ -12,7 +12,11 @@ from typing import Any, TypeVar
 from cacheaudit.exceptions import LedgerBusy, LedgerError, LedgerReadOnly
 from cacheaudit.ledger.rows import _is_busy, _retrying
 from cacheaudit.ledger.schema import BUSY_TIMEOUT_S
-from cacheaudit.model import CompilerIdentity, IncludeGraph
+
+# Annotations only: a session's end opens the ledger without the records' model.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from cacheaudit.model import CompilerIdentity, IncludeGraph
 
 T = TypeVar("T")
 

@@ -39,3 +39,11 @@ in."""
 def spool_dir(ledger_path: str) -> str:
     """Where records kept aside for the ledger at `ledger_path` wait (`cacheaudit.ledger.spool`)."""
     return ledger_path + ".spool"
+
+
+def pending_spooled(ledger_path: str) -> int:
+    """How many records wait in the spool of the ledger at `ledger_path`."""
+    try:
+        return sum(1 for n in os.listdir(spool_dir(ledger_path)) if n.endswith(".json"))
+    except OSError:
+        return 0

@@ -8,14 +8,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from cacheaudit import bounded
-from cacheaudit.ledger.reads import LedgerReads
+from cacheaudit.ledger.reads import LedgerReads, _state_from_row
 from cacheaudit.ledger.rows import (
     STATE_COLUMNS,
     _chunks,
     _params,
     _rows,
     _select_list,
-    _state_from_row,
     _value,
 )
 from cacheaudit.ledger.values import RunInfo, TestWindow
@@ -71,9 +70,6 @@ class LedgerQueries(LedgerReads):
                                        command=tuple(bounded.loads_or(r["command"], []))
                                        if r["command"] else None)
                 for r in rows}
-
-    def known_roots(self) -> list[str]:
-        return [r["path"] for r in _rows(self.conn, "SELECT path FROM cache_roots")]
 
     def seen_states(self) -> list[FileState]:
         rows = _rows(self.conn,

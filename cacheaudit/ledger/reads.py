@@ -17,7 +17,6 @@ from cacheaudit.ledger.rows import (
     _row,
     _rows,
     _select_list,
-    _state_from_row,
     _value,
 )
 from cacheaudit.ledger.schema import _TABLES
@@ -64,6 +63,12 @@ _BLOB_SHAPES: dict[str, tuple[str, Any]] = {
     "notes_id": ("a list of strings", _strings),
 }
 
+
+
+def _state_from_row(row: Row) -> FileState:
+    return FileState(row["path"], bool(row["present"]), row["size"], row["mtime_ns"],
+                     row["ctime_ns"], row["inode"], row["digest"] or None, bool(row["settled"]),
+                     row["error"] or None)
 
 class LedgerReads(LedgerConnection):
     """How a `Ledger` reads records (and their parts) back, for the queries built on it."""

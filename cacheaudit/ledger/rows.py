@@ -11,8 +11,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from cacheaudit.model import FileState
-
 _RETRY_DEADLINE_S = 60.0
 
 T = TypeVar("T")
@@ -113,12 +111,6 @@ def _select_list(*columns: str) -> str:
 STATE_COLUMNS = _select_list("f.path", "s.present", "s.size", "s.mtime_ns", "s.ctime_ns",
                               "s.inode", "s.digest", "s.settled", "s.error")
 """A file state's columns, from `file_states s JOIN files f`."""
-
-
-def _state_from_row(row: Row) -> FileState:
-    return FileState(row["path"], bool(row["present"]), row["size"], row["mtime_ns"],
-                     row["ctime_ns"], row["inode"], row["digest"] or None, bool(row["settled"]),
-                     row["error"] or None)
 
 
 def _value(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:

@@ -23,9 +23,10 @@ from typing import Any
 from cacheaudit import bounded
 from cacheaudit.exceptions import LedgerError
 from cacheaudit.ledger import private
+from cacheaudit.ledger.places import pending_spooled, spool_dir
 from cacheaudit.ledger.redact import redact_record, redact_run
 from cacheaudit.ledger.store import Ledger
-from cacheaudit.ledger.values import RunInfo, default_ledger_path, spool_dir
+from cacheaudit.ledger.values import RunInfo, default_ledger_path
 from cacheaudit.ledger.writes import LedgerWrites
 from cacheaudit.model import (
     ArgToken,
@@ -207,14 +208,6 @@ def sweep_temporaries(ledger_path: str) -> int:
         except OSError:
             continue
     return removed
-
-
-def pending_spooled(ledger_path: str) -> int:
-    """How many records wait in the spool of the ledger at `ledger_path`."""
-    try:
-        return sum(1 for n in os.listdir(spool_dir(ledger_path)) if n.endswith(".json"))
-    except OSError:
-        return 0
 
 
 def read_spooled(path: str) -> Any:

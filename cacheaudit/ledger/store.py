@@ -4,8 +4,8 @@ transactions) and the read path (`reads`: rows back into records by column name;
 
 from __future__ import annotations
 
+from cacheaudit.ledger.opened import Opening
 from cacheaudit.ledger.queries import LedgerQueries
-from cacheaudit.ledger.writer import Opening
 from cacheaudit.ledger.writes import LedgerWrites
 
 

@@ -10,13 +10,12 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from cacheaudit import __version__
 from cacheaudit.ids import uuid4_hex
 from cacheaudit.ledger import batching
-from cacheaudit.ledger.connection import LedgerConnection
 from cacheaudit.ledger.redact import redact_records, redact_run
 from cacheaudit.ledger.rows import _blob_json, _params, _value
-from cacheaudit.ledger.values import Attribution, RunInfo, TestWindow
+from cacheaudit.ledger.sessions import SessionWrites
+from cacheaudit.ledger.values import Attribution, RunInfo
 from cacheaudit.model import (
     CompileRecord,
     CompilerIdentity,
@@ -26,7 +25,7 @@ from cacheaudit.model import (
 )
 
 
-class LedgerWrites(LedgerConnection):
+class LedgerWrites(SessionWrites):
     """What a `Ledger` stores, and the content-addressed ids it stores it under."""
 
     # ---------------------------------------------------------------- interning
@@ -92,21 +91,6 @@ class LedgerWrites(LedgerConnection):
         self._ids[("compiler", digest)] = row_id
         return row_id
 
-    def _run_id(self, run: RunInfo) -> int:
-        cached = self._ids.get(("run", run.run_uuid))
-        if cached is not None:
-            return cached
-        self.conn.execute(
-            "INSERT INTO runs (run_uuid, started_ns, host, pid, label, command,"
-            " cacheaudit_version) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(run_uuid) DO NOTHING",
-            _params((run.run_uuid, run.started_ns, run.host, run.pid, run.label,
-                     None if run.command is None else _blob_json(list(run.command)),
-                     __version__)))
-        row_id = int(_value(self.conn, "SELECT id FROM runs WHERE run_uuid = ?",
-                            (run.run_uuid,)))
-        self._ids[("run", run.run_uuid)] = row_id
-        return row_id
-
     # ---------------------------------------------------------------- writing
 
     def add_records(self, records: Iterable[CompileRecord], run: RunInfo) -> int:
@@ -168,39 +152,6 @@ class LedgerWrites(LedgerConnection):
 
         self._retry(write)
         return audit_uuid
-
-    def mend_record_indexes(self) -> None:
-        """The schema's record indexes made where one is missing, as every combine first does
-        (a combine killed between dropping and rebuilding them leaves the records without):
-        what `combine` of no sources writes, without importing the combine."""
-        from cacheaudit.ledger.schema import _RECORD_INDEXES
-
-        def write() -> None:
-            self.conn.execute("BEGIN IMMEDIATE")
-            try:
-                for statement in _RECORD_INDEXES.values():
-                    self.conn.execute(statement)
-                self.conn.execute("COMMIT")
-            except BaseException:
-                if self.conn.in_transaction:
-                    self.conn.execute("ROLLBACK")
-                raise
-
-        self._retry(write)
-
-    def add_tests(self, run: RunInfo, tests: Iterable[TestWindow]) -> None:
-        rows = list(tests)
-
-        def write() -> None:
-            with self._write() as conn:
-                run_id = self._run_id(run)
-                conn.executemany(
-                    "INSERT INTO tests (run_id, nodeid, started_ns, finished_ns,"
-                    " outcome, worker) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                    [_params((run_id, t.nodeid, t.started_ns, t.finished_ns, t.outcome, t.worker))
-                     for t in rows])
-
-        self._retry(write)
 
     def remember_roots(self, roots: Iterable[tuple[str, str]]) -> None:
         rows = [_params((root, layout, time.time_ns())) for layout, root in roots]

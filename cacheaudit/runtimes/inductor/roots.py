@@ -33,9 +33,10 @@ def default_cache_dir(env: Mapping[str, str]) -> str:
                 None)
     if user is None:
         try:
-            import getpass
+            # What getpass.getuser() falls back to, without getpass's imports (termios, ...).
+            import pwd
 
-            user = getpass.getuser()
+            user = pwd.getpwuid(os.getuid()).pw_name
         except (KeyError, OSError, ImportError):
             user = f"uid_{os.getuid()}"
     return os.path.join(temp, "torchinductor_" + user.translate(_REPLACED))
