@@ -16,7 +16,9 @@ helpers go through sqlite-utils on the same connection.
 # directories), `redact` (command lines as stored), `rows` (values in, rows out by name,
 # retries), `schema` (the SQL, its history, migrations, the writers' and readers' patience),
 # `opening` (writable or read-only connections), `connection` (what a ledger's writes and reads
-# share: its state, short write transactions), `writes` (content-addressed interning, the write
+# share: its state, short write transactions), `opened` (the `Opening` of every ledger class),
+# `sessions` (a session's run, tests and end questions, without the records' model: the
+# `SessionLedger`), `writes` (content-addressed interning, the write
 # path), `reads` (rows back into records), `queries`, `store` (the `Ledger`: opened, closed, all
 # of the above), `spool` (records kept aside, atomic and swept; the readers' way in), `combine`,
 # `evictions`.
