@@ -87,24 +87,39 @@ SPOOL_FOLD_IN = 20
 next compiles without any one of them paying for all of it."""
 
 
-def write_record(record: CompileRecord, run: RunInfo, ledger_path: str | None = None) -> str | None:
+def write_record(record: CompileRecord, run: RunInfo, ledger_path: str | None = None, *,
+                 opened: LedgerWriter | None = None) -> str | None:
     """Store one record; spool it when the ledger cannot take it. Returns a problem, or None."""
-    return write_records([record], run, ledger_path)
+    return write_records([record], run, ledger_path, opened=opened)
+
+
+def open_writer(ledger_path: str) -> LedgerWriter | None:
+    """The ledger at `ledger_path` opened for `write_records` ahead of the write (the shim does
+    so while the compile runs); None where it cannot be, the write then opening it itself and
+    saying why."""
+    try:
+        return LedgerWriter.open(ledger_path, patience_s=WRITER_PATIENCE_S)
+    except Exception:  # noqa: BLE001 - write_records reports what goes wrong
+        return None
 
 
 def write_records(records: Sequence[CompileRecord], run: RunInfo,
-                  ledger_path: str | None = None, *, sealed: bool = False) -> str | None:
+                  ledger_path: str | None = None, *, sealed: bool = False,
+                  opened: LedgerWriter | None = None) -> str | None:
     """Store records in one transaction, waiting at most `WRITER_PATIENCE_S` for another
     process's lock; what the ledger cannot take is spooled. Then a few spooled records are
-    folded in. Returns the problem in one line, or None. Never raises."""
+    folded in. `opened` (`open_writer` of the same path) is used, and closed, instead of a
+    connection of its own. Returns the problem in one line, or None. Never raises."""
     path = ledger_path or default_ledger_path()
     try:
         stored = list(records) if sealed else [_stored(r) for r in records]
         run = redact_run(run)
     except Exception as exc:  # noqa: BLE001 - fail open
+        if opened is not None:
+            opened.close()
         return f"{type(exc).__name__}: {exc}"
     try:
-        with LedgerWriter.open(path, patience_s=WRITER_PATIENCE_S) as ledger:
+        with opened or LedgerWriter.open(path, patience_s=WRITER_PATIENCE_S) as ledger:
             ledger.add_records(stored, run)
             _fold_in_spool(ledger)
         return None
@@ -339,6 +354,8 @@ class ShimRecorder:
     """(sources, graph) hashed while the compile ran (`collect_inputs`)."""
     _environment: dict[str, str] | None = field(default=None, repr=False)
     _run: RunInfo | None = field(default=None, repr=False)
+    _writer: LedgerWriter | None = field(default=None, repr=False)
+    """The ledger, opened while the compile ran (`ready_to_write`), for `finish`."""
 
     @classmethod
     def prepare(cls, name: str, real: str, argv: Sequence[str],
@@ -412,21 +429,35 @@ class ShimRecorder:
         from cacheaudit.envvars.kept import kept_environment
         from cacheaudit.ledger.places import ENVIRONMENT_TABLE_SUFFIX
 
-        self._environment = kept_environment(
-            self.env, default_ledger_path(self.env) + ENVIRONMENT_TABLE_SUFFIX)
+        ledger = default_ledger_path(self.env)
+        self._environment = kept_environment(self.env, ledger + ENVIRONMENT_TABLE_SUFFIX)
         self._run = current_run(self.env)
+        # Opened now (made or upgraded where needed, its schema checked): the compile's end
+        # waits only for the record's own transaction.
+        self._writer = open_writer(ledger)
 
     def finish(self, returncode: int, duration_ns: int) -> None:
         """After the compile: hash inputs and outputs, write the record. Never raises."""
+        writer, self._writer = self._writer, None
         try:
             record = self._build(returncode, duration_ns)
             run = self._run or current_run(self.env)
         except Exception as exc:  # noqa: BLE001 - fail open
+            if writer is not None:
+                writer.close()
             report_problem(f"{type(exc).__name__}: {exc}")
             return
-        problem = write_record(record, run)
+        problem = write_record(record, run, default_ledger_path(self.env), opened=writer)
         if problem:
             report_problem(problem)
+
+    def close(self) -> None:
+        """Close what `ready_to_write` opened and `finish` did not use (an interrupted
+        recording)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
 
     def build(self, returncode: int, duration_ns: int) -> CompileRecord:
         """The record of the compile, without storing it: for an in-process adapter that ran

@@ -194,8 +194,10 @@ class _Beside:
             recorder.notes.append(f"recording setup failed: {type(exc).__name__}: {exc}")
 
     def close(self) -> None:
-        if self.recorder is not None and self.recorder.dependency_pass is not None:
-            self.recorder.dependency_pass.kill()
+        if self.recorder is not None:
+            self.recorder.close()
+            if self.recorder.dependency_pass is not None:
+                self.recorder.dependency_pass.kill()
         if "cacheaudit.scratch" not in sys.modules:
             return  # nothing was recorded: nothing of ours to remove or sweep
         from cacheaudit import scratch
