@@ -26,8 +26,8 @@ Opened = TypeVar("Opened", bound="Opening")
 
 
 class Opening(LedgerConnection):
-    """How a ledger file is opened (made or upgraded, else read-only) and closed, for `Ledger`
-    and `LedgerWriter` alike."""
+    """How a ledger file is opened (made or upgraded, else read-only) and closed, for `Ledger`,
+    `LedgerWriter` and `SessionLedger` alike."""
 
     @classmethod
     def open(cls: type[Opened], path: str | None = None, *, create: bool = True,
