@@ -3,7 +3,6 @@ watched meanwhile, then audited as one scope (`cacheaudit.audit.scope`)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from cacheaudit.audit import RunReport, ScopeObserver, audit_run
 from cacheaudit.exceptions import CommandNotRun, ExitCode, LedgerBusy, UsageError
 from cacheaudit.ledger import Ledger, open_ledger
 from cacheaudit.session import prepare
+from cacheaudit.shimrun import SignalForwarder, restore_handlers
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
@@ -52,19 +52,21 @@ def run_recorded(command: Sequence[str], *, ledger: str) -> RunOutcome:
     # while the command runs.
     observer = ScopeObserver.start(session.ledger, session.env)
     try:
+        # Before the command starts: a signal that arrives while it is being started is held
+        # and handed to it, never taken by cacheaudit alone (as the shim does for a compile).
+        forwarder = SignalForwarder()
+        previous = forwarder.install(_FORWARDED)
         try:
-            child = subprocess.Popen(list(command), env=session.env)
-        except OSError as exc:
-            status = (ExitCode.NOT_FOUND if isinstance(exc, FileNotFoundError)
-                      else ExitCode.NOT_EXECUTABLE)
-            raise CommandNotRun(f"cannot run {command[0]}: {exc.strerror}", status) from exc
-        previous = {sig: signal.signal(sig, lambda s, _f: _forward(child, s))
-                    for sig in _FORWARDED}
-        try:
+            try:
+                child = subprocess.Popen(list(command), env=session.env)
+            except OSError as exc:
+                status = (ExitCode.NOT_FOUND if isinstance(exc, FileNotFoundError)
+                          else ExitCode.NOT_EXECUTABLE)
+                raise CommandNotRun(f"cannot run {command[0]}: {exc.strerror}", status) from exc
+            forwarder.attach(child)
             returncode = child.wait()
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            restore_handlers(previous)
         status = returncode if returncode >= 0 else 128 - returncode
         observation = observer.stop()
         try:
@@ -92,8 +94,3 @@ def _refuse_unusable_ledger(ledger: str) -> None:
             opened.check_columns()
     except LedgerBusy:
         return
-
-
-def _forward(child: subprocess.Popen[bytes], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        child.send_signal(sig)

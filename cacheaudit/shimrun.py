@@ -25,8 +25,14 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
+    from typing import Protocol
 
     from cacheaudit.recorder import ShimRecorder
+
+    class Signalled(Protocol):
+        """What a signal is forwarded to: the shim's `Compile`, `cacheaudit run`'s `Popen`."""
+
+        def send_signal(self, sig: int) -> None: ...
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                       signal.SIGUSR1, signal.SIGUSR2)
@@ -97,11 +103,8 @@ def compile_and_record(name: str, real: str, argv0: str, argv: Sequence[str],
     """Run the compile transparently while the recorder works beside it; exit as it exited."""
     # Handlers go in before the compiler starts: a signal that arrives in between is held and
     # handed to the compiler as soon as it exists, never taken by the shim alone.
-    forwarder = _Forwarder()
-    # A signal our parent ignores (nohup's SIGHUP) stays ignored: the compiler inherits SIG_IGN
-    # from us, as it would from the parent, whereas a handler of ours is reset by exec.
-    previous = {sig: signal.signal(sig, forwarder.receive) for sig in _FORWARDED_SIGNALS
-                if signal.getsignal(sig) != signal.SIG_IGN}
+    forwarder = SignalForwarder()
+    previous = forwarder.install(_FORWARDED_SIGNALS)
     # The compile's end, noted when it happens: the recording may still be busy then.
     previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, forwarder.child_changed)
     started_ns = time.time_ns()
@@ -109,7 +112,7 @@ def compile_and_record(name: str, real: str, argv0: str, argv: Sequence[str],
     try:
         child = Compile(_spawn(real, [argv0, *argv], child_env))
     except OSError as exc:
-        _restore(previous)
+        restore_handlers(previous)
         sys.stderr.write(f"cacheaudit-shim: cannot run {real}: {exc.strerror}\n")
         return cannot_run_status(exc)
     forwarder.attach(child)
@@ -130,7 +133,7 @@ def compile_and_record(name: str, real: str, argv0: str, argv: Sequence[str],
             finally:
                 forwarder.recording = False
     finally:
-        _restore(previous)
+        restore_handlers(previous)
         beside.close()
     if returncode < 0:
         _die_like(-returncode)
@@ -254,7 +257,7 @@ def _load_site() -> None:
         site.main()
 
 
-def _restore(previous: dict[int, object]) -> None:
+def restore_handlers(previous: dict[int, object]) -> None:
     for sig, handler in previous.items():
         signal.signal(sig, handler)  # type: ignore[arg-type]
 
@@ -275,12 +278,14 @@ class _Interrupted(BaseException):
     Exception`: spool the record, report a problem) must not take it for a failure."""
 
 
-class _Forwarder:
-    """Signals sent to the shim, passed on to the compiler; a terminating one also ends
-    cacheaudit's own children (the dependency pass, a hanging `--version` probe) at once."""
+class SignalForwarder:
+    """Signals sent to the shim (or to `cacheaudit run`), passed on to the user's process (the
+    compiler, the command); a terminating one also ends cacheaudit's own children (the
+    dependency pass, a hanging `--version` probe) at once. Installed before that process
+    starts: a signal in between is held and handed to it by `attach`."""
 
     def __init__(self) -> None:
-        self.child: Compile | None = None
+        self.child: Signalled | None = None
         self.pending: list[int] = []
         self.recording = False
         """The compile has ended and its record is being written: a terminating signal ends
@@ -304,7 +309,15 @@ class _Forwarder:
         if self.child is not None:
             self.child.poll()
 
-    def attach(self, child: Compile) -> None:
+    def install(self, signals: Sequence[int]) -> dict[int, object]:
+        """This forwarder as the handler of `signals`, but of none that this process ignores
+        (nohup's SIGHUP): the child inherits SIG_IGN from us, as it would from our parent,
+        whereas a handler of ours is reset by exec. Returns the handlers it replaced (for
+        `restore_handlers`)."""
+        return {sig: signal.signal(sig, self.receive) for sig in signals
+                if signal.getsignal(sig) != signal.SIG_IGN}
+
+    def attach(self, child: Signalled) -> None:
         self.child = child
         for sig in self.pending:
             self.receive(sig, None)

@@ -259,6 +259,43 @@ def test_ctrl_c_exits_130(tmp_path: Path):
     assert "Traceback" not in err and "aborted" not in err
 
 
+def test_sigterm_to_run_reaches_its_command_and_its_status_stands(tmp_path: Path):
+    import signal
+    import time
+
+    started, seen = tmp_path / "started", tmp_path / "seen"
+    job = (f"trap 'echo got-term > {seen}; exit 42' TERM; touch {started}; "
+           "i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done")
+    env = dict(os.environ, CACHEAUDIT_LEDGER=str(tmp_path / "l.db"), HOME=str(tmp_path))
+    child = subprocess.Popen([sys.executable, "-m", "cacheaudit", "run", "--", "sh", "-c", job],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not started.exists() and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGTERM)
+    _out, err = child.communicate(timeout=60)
+    assert seen.read_text().strip() == "got-term", "the command (sh) never got SIGTERM"
+    assert child.returncode == 42, err
+
+
+def test_a_signal_before_the_command_exists_is_held_and_handed_to_it():
+    # `cacheaudit run` installs its forwarder before it starts the command: a signal that lands
+    # while Popen runs is kept, then sent to the command as soon as there is one.
+    import signal
+
+    from cacheaudit.shimrun import SignalForwarder
+
+    forwarder = SignalForwarder()
+    forwarder.receive(signal.SIGTERM, None)
+    command = subprocess.Popen(["sleep", "30"])
+    try:
+        forwarder.attach(command)
+        assert command.wait(timeout=30) == -signal.SIGTERM, "the held SIGTERM never reached sleep"
+    finally:
+        command.kill()
+        command.wait()
+
+
 def test_demo_without_a_compiler_is_a_usage_error_and_leaves_nothing(tmp_path: Path):
     empty = tmp_path / "empty-bin"
     empty.mkdir()

@@ -197,11 +197,11 @@ def test_a_signal_during_the_import_of_children_still_reaches_the_compiler(
     # The CI failure this pins: SIGTERM landed while `cacheaudit.children` was half imported
     # (in sys.modules, no `kill_all` yet); the handler failed on it before passing the signal on,
     # and the compiler ran to its end.
-    from cacheaudit.shimrun import Compile, _Forwarder
+    from cacheaudit.shimrun import Compile, SignalForwarder
 
     monkeypatch.setitem(sys.modules, "cacheaudit.children", types.ModuleType("cacheaudit.children"))
     compiler = Compile(os.posix_spawn("/bin/sleep", ["sleep", "30"], dict(os.environ)))
-    forwarder = _Forwarder()
+    forwarder = SignalForwarder()
     forwarder.attach(compiler)
     try:
         forwarder.receive(signal.SIGTERM, None)
