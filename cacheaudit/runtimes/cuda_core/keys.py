@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import inspect
 import re
 from collections.abc import Callable, Container, Mapping
 from typing import TYPE_CHECKING, Any
@@ -301,6 +300,8 @@ _GIVEN_NOT = object()
 def _known_signature(function: Callable[..., Any]) -> tuple[object, object] | None:
     """The defaults of `name_expressions` and `extra_digest` when `function` takes exactly the
     keyword-only parameters of `_PARAMETERS` (the first four required), else None."""
+    import inspect
+
     try:
         parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
