@@ -299,8 +299,8 @@ class HitBuffer:
     parent's, which the parent writes.
 
     A hit path that must be cheaper still reads the fields itself: `last` holds the previous
-    hit's group with what that hit served, so that a repeat is counted without working out its
-    slot (cuda.core's)."""
+    hit's group with what that hit served (and whatever else the hit path compares), so that a
+    repeat is counted without working out its slot (cuda.core's)."""
 
     __slots__ = ("age_ns", "due_ns", "last", "limit", "lock", "pending")
 
@@ -312,16 +312,18 @@ class HitBuffer:
         self.age_ns = age_ns
         self.due_ns: float = 0
         """When the oldest pending group is `age_ns` old."""
-        self.last: tuple[Hit, object] | None = None
+        self.last: tuple[Any, ...] | None = None
+        """(group, *served) of the last hit noted with `served`; None after a write."""
 
     def __len__(self) -> int:
         return len(self.pending)
 
     def note(self, slot: Hashable, now: int, new: Callable[[], Hit],
-             served: object = None) -> bool:
+             served: tuple[Any, ...] | None = None) -> bool:
         """Count a hit on the group `slot`; `new()` makes the group at its first hit (under the
         lock, so that no other thread counts on a group half made). `served`, when given, is
-        kept as `last` with the group. Returns whether the buffer is due for a write."""
+        kept as `last`, after the group: `(group, *served)`. Returns whether the buffer is due
+        for a write."""
         with self.lock:
             pending = self.pending
             group = pending.get(slot)
@@ -332,7 +334,7 @@ class HitBuffer:
                 if not pending:
                     self.due_ns = now + self.age_ns
                 group = pending[slot] = new()
-            self.last = None if served is None else (group, served)
+            self.last = None if served is None else (group, *served)
             return len(pending) >= self.limit or now > self.due_ns
 
     def take(self) -> list[Hit]:

@@ -98,6 +98,72 @@ def test_a_sigkilled_parent_takes_its_child_and_grandchild_along(tmp_path: Path,
                        kills=1, processes_left=0)
 
 
+@pytest.fixture
+def launched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every child through the launchers (prlimit, setpriv, sh; Python vforks), as from a
+    process over `LAUNCH_ABOVE_BYTES` (an adapter inside torch)."""
+    if children._find_launchers() is None:
+        pytest.skip("util-linux prlimit and setpriv are not installed: children are forked")
+    monkeypatch.setattr(children, "LAUNCH_ABOVE_BYTES", -1)
+
+
+def test_a_launched_child_has_the_limits_of_a_forked_one(launched: None):
+    # RLIMIT_AS in KiB for `ulimit -v`, soft and hard; no core files.
+    done = children.run(["sh", "-c", "ulimit -c; ulimit -H -c; ulimit -v; ulimit -H -v"],
+                        timeout=60, env=os.environ)
+    assert done.returncode == 0, done
+    assert done.stdout.split() == [b"0", b"0", *[str(children.PASS_ADDRESS_SPACE >> 10)
+                                                 .encode()] * 2], done.stdout
+    allocate = [sys.executable, "-c", "bytearray(768 << 20); print('allocated')"]
+    refused = children.run(allocate, timeout=60, env=os.environ,
+                           limits=children.Limits(address_space=512 << 20))
+    assert refused.returncode != 0 and b"MemoryError" in refused.stderr, refused
+    fits = children.run(allocate, timeout=60, env=os.environ, limits=children.PASS_LIMITS)
+    assert (fits.returncode, fits.stdout) == (0, b"allocated\n"), fits
+
+
+def test_a_launched_child_runs_the_program_named_with_its_arguments(launched: None,
+                                                                    tmp_path: Path):
+    done = children.run(["printf", "%s|", "a b", "-n", "$HOME"], timeout=60, env=os.environ,
+                        cwd=str(tmp_path))
+    assert (done.returncode, done.stdout) == (0, b"a b|-n|$HOME|"), done
+    with pytest.raises(FileNotFoundError):
+        children.run(["cacheaudit-no-such-program"], timeout=60, env=os.environ)
+    with pytest.raises(FileNotFoundError):
+        children.run(["true"], timeout=60, env=os.environ, cwd=str(tmp_path / "missing"))
+
+
+def test_a_launched_child_dies_with_its_sigkilled_parent_without_a_watchdog(tmp_path: Path):
+    """PDEATHSIG as `setpriv` arms it: the parent's watchdog is disabled, so only the signal
+    can take the child (and, through it, nothing else: the grandchild is the watchdog's)."""
+    if children._find_launchers() is None:
+        pytest.skip("util-linux prlimit and setpriv are not installed: children are forked")
+    pids = tmp_path / "pids"
+    script = "\n".join([
+        "import os, time",
+        "from cacheaudit import children",
+        "children.LAUNCH_ABOVE_BYTES = -1",
+        "children._watch = lambda group: (None, None)",
+        "process = children.start(['sleep', '60'], env=os.environ)",
+        f"open({str(pids)!r}, 'w').write(str(process.pid))",
+        "time.sleep(60)", ""])
+    parent = subprocess.Popen([sys.executable, "-c", script],
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    deadline = time.monotonic() + 30
+    while not (pids.exists() and pids.read_text()):
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.05)
+    child = int(pids.read_text())
+    time.sleep(0.3)
+    assert _alive(child), "the launched child (sleep) must run until its parent dies"
+    program, *arguments = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[:2]
+    assert (os.path.basename(program), arguments) == (b"sleep", [b"60"]), \
+        "the launchers exec the program itself, in the same process"
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    assert _gone([child]), "a launched child outlived its SIGKILLed parent"
+
+
 def test_kill_all_ends_every_child_and_refuses_new_ones():
     process = children.start(["sleep", "60"], env=os.environ)
     try:

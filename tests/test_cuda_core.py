@@ -616,6 +616,101 @@ def test_bare_name_stale_hit_is_real_and_found(tmp_path: Path, workdir: Path,
 
 
 @needs_cuda_core
+@pytest.mark.parametrize("kind", ["disk", "memory"])
+def test_a_repeated_hit_served_after_its_header_changed_is_flagged(
+        adapter: Any, workdir: Path, tmp_path: Path, ledger_path: Path, kind: str) -> None:
+    """Repeats of a hit (same cache, key and bytes) are counted on the hook's fast path, which
+    only counts and times them: the check against the header is made at the write, and must
+    still see a change that came before the last of them."""
+    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+
+    from cacheaudit import audit
+    from cacheaudit.ledger import Ledger
+
+    root = tmp_path / "pc"
+    cache = FileStreamProgramCache(root) if kind == "disk" else InMemoryProgramCache()
+    _compile(BARE_SOURCE, _options(name="kernel.cu"), cache)
+    _compile(BARE_SOURCE, _options(name="kernel.cu"), cache)  # a first hit: the whole way
+    _compile(BARE_SOURCE, _options(name="kernel.cu"), cache)  # a repeat: the fast path
+    _write(workdir / "local.h", "#define LOCAL_VALUE 6\n", aged=False)
+    _compile(BARE_SOURCE, _options(name="kernel.cu"), cache)  # a repeat, now stale
+    adapter.flush()
+    records = _records(ledger_path)
+    header = str(workdir / "local.h")
+    assert [(r.event, r.extra.get("hits")) for r in records] == [
+        ("compile", None), (f"{kind}-hit", 3)]
+    assert [c["path"] for c in records[1].extra["changed_before_hit"]] == [header]
+    if kind == "memory":
+        findings = audit.audit_records(records)
+    else:
+        with Ledger.open(str(ledger_path)) as ledger:
+            findings = audit.scan([str(root)], os.environ, ledger=ledger).findings
+    assert [f.subject for f in findings if f.code == "CA101"] == [header]
+
+
+@needs_cuda_core
+def test_repeated_hits_before_a_header_change_are_not_flagged(
+        adapter: Any, workdir: Path, tmp_path: Path, ledger_path: Path) -> None:
+    from cuda.core.utils import FileStreamProgramCache
+
+    cache = FileStreamProgramCache(tmp_path / "pc")
+    for _ in range(3):  # a compile, a first hit, a repeat
+        _compile(BARE_SOURCE, _options(name="kernel.cu"), cache)
+    # Changed after the last hit, before the write: those hits served what was current.
+    _write(workdir / "local.h", "#define LOCAL_VALUE 7\n", aged=False)
+    adapter.flush()
+    records = _records(ledger_path)
+    assert [(r.event, r.extra.get("hits")) for r in records] == [("compile", None),
+                                                                 ("disk-hit", 2)]
+    assert "changed_before_hit" not in records[1].extra
+
+
+@needs_cuda_core
+def test_a_compile_after_a_miss_of_a_key_made_before_is_timed_from_the_miss(
+        adapter: Any, tmp_path: Path, ledger_path: Path) -> None:
+    """A key made again is not noted again (equal keys, equal inputs): the compile that a later
+    miss of it starts is timed from that miss, not from the key's first making."""
+    from cuda.core.utils import FileStreamProgramCache
+
+    source = 'extern "C" __global__ void k(int* o) { o[0] = 27; }\n'
+    cache = FileStreamProgramCache(tmp_path / "pc")
+    _compile(source, _options(), cache)
+    _compile(source, _options(), cache)
+    cache.clear()  # evicted
+    before = time.time_ns()
+    _compile(source, _options(), cache)
+    adapter.flush()
+    records = _records(ledger_path)
+    assert [r.event for r in records] == ["compile", "disk-hit", "compile"]
+    assert records[2].started_ns >= before
+    assert records[2].extra["key_inputs"]["code_size"] == len(source)
+
+
+@needs_cuda_core
+def test_the_key_observer_raises_what_make_program_cache_key_raises(adapter: Any) -> None:
+    import cuda.core.utils as utils
+
+    from cacheaudit.runtimes.cuda_core.keys import ORIGINAL_ATTRIBUTE
+
+    observer = utils.make_program_cache_key
+    original = getattr(observer, ORIGINAL_ATTRIBUTE)
+    good = {"code": 'extern "C" __global__ void k() {}\n', "code_type": "c++",
+            "options": _options(), "target_type": "cubin"}
+    assert observer(**good) == original(**good)
+    assert observer(**good, extra_digest=b"x") == original(**good, extra_digest=b"x")
+    for args, kwargs in (((), {k: v for k, v in good.items() if k != "code"}),
+                         ((), {**good, "unknown": 1}),
+                         (("positional",), good),
+                         ((), {**good, "code_type": "fortran"})):
+        with pytest.raises(Exception) as ours:
+            observer(*args, **kwargs)
+        with pytest.raises(Exception) as theirs:
+            original(*args, **kwargs)
+        assert (type(ours.value), str(ours.value)) == (type(theirs.value), str(theirs.value)), \
+            f"make_program_cache_key(*{args!r}, **{sorted(kwargs)!r})"
+
+
+@needs_cuda_core
 def test_bare_name_unchanged_header_is_a_warning(adapter: Any, workdir: Path, tmp_path: Path,
                                                  ledger_path: Path) -> None:
     from cuda.core.utils import FileStreamProgramCache

@@ -29,18 +29,24 @@ directory, a quoted `#include`, no `extra_digest`: NVRTC then reads the header f
 process's working directory, and the key never sees it), the headers NVRTC read, from its own
 trace (`cacheaudit.headers`), as the record's include graph.
 
-Cost on a hit: the runtime's disk hit is ~55-70 µs; the adapter counts the hit in a buffer,
-grouped by key, cache, served bytes (an xxh3) and environment (a snapshot shared while it does
-not change, so that the test, the run, the ledger and the compile environment are those of the
-hit, not of the write; "does not change" is a generation that os._Environ's __setitem__ and
-__delitem__, wrapped while the adapter is installed, bump). A hit repeating the previous one is
-compared with the bytes that one served rather than hashed, which are held until the next
-write. Hits under `CACHEAUDIT_DISABLE` are not counted. The buffer is written,
-one record per group, in one transaction through the ledger the process keeps open: with every
-compile record, when 256 distinct groups are pending, at the first hit more than 5 s after the
-oldest pending one (the age is checked only when a hit comes: an idle process's buffer waits for
-the next compile, `flush()`, uninstall or exit). A file a record covers is re-checked at write
-time, and a hit served after it changed is marked (`extra["changed_before_hit"]`).
+Cost on a hit (benchmarks/bench_cuda_core.py, budget 1.05x): the runtime's disk hit is ~30-60
+µs, and after its system calls every object the adapter's code touches is a cache miss, so the
+hit path touches few. The key observer notes a key only the first time it is made (equal keys,
+equal inputs), and binds cuda-core 1.2.2's keyword arguments directly. The cache hook counts a
+repeat of the previous hit inline (same cache object, key and bytes: compared with the bytes
+that hit served, held until the next write), checking what it can before the runtime's call;
+the rest goes the whole way (`_Recorder.hit`): the hit is counted in a buffer, grouped by key,
+cache, served bytes (an xxh3) and environment (a snapshot shared while it does not change, so
+that the test, the run, the ledger and the compile environment are those of the hit, not of the
+write; "does not change" is a generation that os._Environ's __setitem__ and __delitem__, wrapped
+while the adapter is installed, bump, and at which they drop the repeat memo). A lookup that
+misses is timed: the compile a store ends started then. Hits under `CACHEAUDIT_DISABLE` are not
+counted. The buffer is written, one record per group, in one transaction through the ledger the
+process keeps open: with every compile record, when 256 distinct groups are pending, at the
+first hit more than 5 s after the oldest pending one (the age is checked only when a hit comes:
+an idle process's buffer waits for the next compile, `flush()`, uninstall or exit). A file a
+record covers is re-checked at write time, and a hit served after it changed (the last hit of
+its group, as the fast path times it) is marked (`extra["changed_before_hit"]`).
 """
 
 from __future__ import annotations
@@ -152,6 +158,7 @@ in place (someone may restore an original they saved before we installed ours)."
 def _next_environ_generation() -> None:
     global _environ_generation
     _environ_generation = next(_GENERATIONS)
+    _RECORDER.last = None
 
 
 def _environ_watcher(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -163,8 +170,11 @@ def _environ_watcher(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             # After the change, never before it: a hit that reads the old generation keeps
             # the old snapshot (right when that hit began); every hit after this line reads
-            # a new one, and snapshots the environment after reading it.
+            # a new one, and snapshots the environment after reading it. Then the repeat
+            # memo goes, in that order (the hook's fast path does not read the generation:
+            # `last` is set only under the generation it was snapshot at, see `add`).
             _environ_generation = next(_GENERATIONS)
+            _RECORDER.last = None
 
     setattr(method, ORIGINAL_ATTRIBUTE, original)
     return method
@@ -214,11 +224,16 @@ class _Recorder(HitBuffer):
 
     # Slots: a hit reads several of these, from the object itself rather than a separate values
     # array (one memory fetch fewer on a path that pays for each).
-    __slots__ = ("contexts", "problems", "seen", "states", "watch")
+    __slots__ = ("contexts", "misses", "problems", "seen", "states", "watch")
 
     def __init__(self) -> None:
         super().__init__(limit=_PENDING_MAX, age_ns=_PENDING_AGE_NS)
         self.contexts: dict[bytes, tuple[int, dict[str, Any]]] = {}
+        """Key -> (when it was first made, what from). A key made again is not noted again
+        (`keys.key_observer`): equal keys hash equal inputs."""
+        self.misses: dict[bytes, int] = {}
+        """Key -> when a lookup of it last missed: the start of the compile that a store of
+        it ends (a key made again is not timed by the observer)."""
         self.watch: dict[bytes, _Watch] = {}
         self.problems = ProblemLog()
         self.states = StateCache()
@@ -238,20 +253,30 @@ class _Recorder(HitBuffer):
             self.trim()
 
     def trim(self) -> None:
-        contexts = self.contexts
-        while len(contexts) > _CONTEXTS_MAX:
-            try:
-                contexts.pop(next(iter(contexts)))
-            except (StopIteration, KeyError, RuntimeError):
-                return
+        for table in (self.contexts, self.misses):
+            while len(table) > _CONTEXTS_MAX:
+                try:
+                    table.pop(next(iter(table)))  # type: ignore[attr-defined]
+                except (StopIteration, KeyError, RuntimeError):
+                    break
 
-    def hit(self, key: Hashable, data: bytes, event: Event, files: Hashable) -> None:
-        """One served lookup: ~0.6 µs, kept lean on purpose (a disk hit costs ~55-70 µs)."""
+    def missed(self, key: object) -> None:
+        """A lookup of `key` missed: a compile starts (the hooks' exception path only)."""
+        misses = self.misses
+        misses[as_key_bytes(key)] = _time_ns()
+        if len(misses) > _CONTEXTS_MAX:
+            self.trim()
+
+    def hit(self, key: Hashable, data: bytes, event: Event, files: Hashable,
+            source: object) -> None:
+        """One served lookup, the whole way: the hooks' fast path (`_getitem_hook`) counts a
+        repeat of the previous hit itself, and comes here for the rest. `source` is the cache
+        object that served it (what the fast path compares by identity)."""
         generation, environ, disabled = self.seen
         if (generation != _environ_generation
                 or _ENVIRON_CLASS.__setitem__ is not _environ_watch[0]
                 or _ENVIRON_CLASS.__delitem__ is not _environ_watch[1]):
-            environ, disabled = self.environ_now(environ)
+            generation, environ, disabled = self.environ_now(environ)
         if disabled:
             return
         now = _time_ns()
@@ -261,7 +286,7 @@ class _Recorder(HitBuffer):
         # memcmp from a disk one) instead of hashed: on a disk hit the hash function's code,
         # cold again after the runtime's system calls, cost more than all the rest.
         if (last is not None and type(data) is bytes and last[0].environ is environ
-                and last[0].files is files and last[0].key == key and last[0].event == event
+                and last[2] is source and last[0].event == event and last[3] == key
                 and (data is last[1] or data == last[1])):
             group = last[0]
             # acquire/release rather than `with`: the context-manager protocol costs twice
@@ -280,10 +305,10 @@ class _Recorder(HitBuffer):
                 if due:
                     _flush_hits()
                 return
-        self.add(key, data, event, files, environ, now)
+        self.add(key, data, event, files, source, environ, generation, now)
 
-    def add(self, key: Hashable, data: bytes, event: Event, files: Hashable, environ: Environ,
-            now: int) -> None:
+    def add(self, key: Hashable, data: bytes, event: Event, files: Hashable, source: object,
+            environ: Environ, generation: int, now: int) -> None:
         """A hit that does not repeat the previous one: found by key, cache, environment and
         the served bytes' hash."""
         digest = _xxh3(data)
@@ -291,22 +316,29 @@ class _Recorder(HitBuffer):
         # group holds it, so that its id cannot be reused while the group is pending.
         slot = (key, event, files, digest, id(environ))
         # Only immutable bytes are kept to compare with: a buffer the cache may change later
-        # must be hashed again.
-        if self.note(slot, now, lambda: _Hit(now, event, key, files, digest, len(data), environ),
-                     data if type(data) is bytes else None):
+        # must be hashed again. Nor is a hit whose environment is not watched (generation
+        # -1): the fast path would not see it change.
+        served = ((data, source, key) if type(data) is bytes and generation >= 0 else None)
+        due = self.note(slot, now, lambda: _Hit(now, event, key, files, digest, len(data),
+                                                 environ), served)
+        if generation != _environ_generation:
+            # The environment changed since this hit's snapshot, perhaps before its watcher
+            # cleared `last` and we set it: the next hit must look again.
+            self.last = None
+        if due:
             _flush_hits()
 
-    def environ_now(self, last: Environ | None) -> tuple[Environ, bool]:
+    def environ_now(self, last: Environ | None) -> tuple[int, Environ, bool]:
         """The environment of a hit when the generation says it may have changed (or is not
         kept), and whether it disables recording: `last` again while it is equal, so that hits
-        keep sharing one snapshot."""
+        keep sharing one snapshot. With the generation it holds at (-1: not watched)."""
         # The generation is read before the environment: a change after this line bumps it
         # again, and the next hit looks again.
         generation = _environ_generation if _environ_watched() else -1
         if last is None or _ENVIRON_DATA is None or last != _ENVIRON_DATA:
             last = environ_snapshot()
-        self.seen = (generation, last, last.disabled)
-        return last, last.disabled
+        seen = self.seen = (generation, last, last.disabled)
+        return seen
 
     # ---------------------------------------------------------------- problems
 
@@ -337,6 +369,8 @@ class _Recorder(HitBuffer):
                          "installed when this key was made")
         else:
             started_ns, kwargs = context
+            # The key was timed when first made; a compile after a later miss started then.
+            started_ns = max(started_ns, self.misses.pop(key_bytes, 0))
             options = kwargs.get("options")
             kernel = getattr(options, "name", None)
             inputs = describe_key(kwargs.get("code"), kwargs.get("code_type", "c++"), options,
@@ -460,16 +494,62 @@ def quietly() -> Iterator[None]:
 def _getitem_hook(original: Callable[[Any, Any], bytes], event: Event, switch: Switch
                   ) -> Callable[[Any, Any], bytes]:
     disk = event == "disk-hit"
-    hit = _RECORDER.hit
+    recorder = _RECORDER
+    hit = recorder.hit
+    # Made by `_install` after `_watch_environ`: these are the watchers of this installation
+    # (or not ours at all, when the watch failed: then every hit takes the whole way).
+    environ_class = _ENVIRON_CLASS
+    set_watch, del_watch = _environ_watch
 
     @functools.wraps(original)
     def __getitem__(self: Any, key: Any) -> bytes:
-        data = original(self, key)
-        if switch.on and not (_QUIETING and _LOCAL.quiet):
+        # The fast path: a repeat of the previous hit (same cache object, key and bytes, and
+        # `last` is cleared when the environment changes) is counted here, inline. A hit
+        # costs ~30-60 us and its budget is 5%; every object touched after the runtime's
+        # system calls is a cache miss, so what can be compared before the call is (`last`
+        # is checked again, under the lock, after it).
+        memo = None
+        if switch.on:
             try:
-                hit(key, data, event, self if disk else None)
+                last = recorder.last
+                if (last is not None and last[2] is self and not _QUIETING and last[3] == key
+                        and environ_class.__setitem__ is set_watch
+                        and environ_class.__delitem__ is del_watch):
+                    memo = last
             except Exception as exc:  # noqa: BLE001 - fail open
-                _RECORDER.problem(exc, "hit")
+                recorder.problem(exc, "hit")
+        try:
+            data = original(self, key)
+        except KeyError:
+            if switch.on:
+                try:
+                    recorder.missed(key)
+                except Exception as exc:  # noqa: BLE001 - fail open
+                    recorder.problem(exc, "miss")
+            raise
+        if switch.on:
+            try:
+                if memo is not None and (data is memo[1] or data == memo[1]):
+                    now = _time_ns()
+                    lock = recorder.lock
+                    lock.acquire()
+                    try:
+                        counted = recorder.last is memo  # else written or cleared meanwhile
+                        if counted:
+                            group = memo[0]
+                            group.count += 1
+                            group.last_ns = now
+                            due = now > recorder.due_ns
+                    finally:
+                        lock.release()
+                    if counted:
+                        if due:
+                            _flush_hits()
+                        return data
+                if not (_QUIETING and _LOCAL.quiet):
+                    hit(key, data, event, self if disk else None, self)
+            except Exception as exc:  # noqa: BLE001 - fail open
+                recorder.problem(exc, "hit")
         return data
 
     setattr(__getitem__, ORIGINAL_ATTRIBUTE, original)
@@ -559,7 +639,8 @@ class CudaCoreAdapter(Adapter):
         live = observer_switch(original)
         if live is not None and live.on:
             return  # observed already, by another copy of this module (a reload)
-        observer = key_observer(original, switch, _RECORDER.note_key, _RECORDER.problem)
+        observer = key_observer(original, switch, _RECORDER.note_key, _RECORDER.problem,
+                                _RECORDER.contexts)
         replacements: list[tuple[object, str, object]] = [
             (package, "make_program_cache_key", observer)]
         if getattr(utils, "make_program_cache_key", None) is original:

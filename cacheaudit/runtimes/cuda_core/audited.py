@@ -63,13 +63,23 @@ def audited_class() -> type:
         def _hit(self, key: Any, data: bytes) -> None:
             try:
                 _RECORDER.hit(key, data, self._event,
-                              self._inner if self._files else None)
+                              self._inner if self._files else None, self)
             except Exception as exc:  # noqa: BLE001 - fail open
                 _RECORDER.problem(exc, "hit")
 
+        def _missed(self, key: Any) -> None:
+            try:
+                _RECORDER.missed(key)
+            except Exception as exc:  # noqa: BLE001 - fail open
+                _RECORDER.problem(exc, "miss")
+
         def __getitem__(self, key: Any) -> bytes:
-            with quietly():
-                data = self._inner[key]
+            try:
+                with quietly():
+                    data = self._inner[key]
+            except KeyError:
+                self._missed(key)
+                raise
             self._hit(key, data)
             return data  # type: ignore[no-any-return]
 
@@ -77,6 +87,7 @@ def audited_class() -> type:
             with quietly():
                 data = self._inner.get(key, _MISSING)
             if data is _MISSING:
+                self._missed(key)
                 return default
             self._hit(key, data)
             return data  # type: ignore[no-any-return]

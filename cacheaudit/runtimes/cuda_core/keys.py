@@ -31,7 +31,7 @@ import dataclasses
 import functools
 import hashlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from typing import TYPE_CHECKING, Any
 
 from cacheaudit.model import CompileRecord
@@ -291,22 +291,90 @@ def covered_reads(kwargs: Mapping[str, Any], inputs: Mapping[str, Any]
 # ------------------------------------------------------------------------------ the observer
 
 
+_PARAMETERS = ("code", "code_type", "options", "target_type", "name_expressions", "extra_digest")
+"""`make_program_cache_key`'s parameters (cuda-core 1.2.2), all keyword-only; the last two have
+defaults."""
+_GIVEN_NOT = object()
+
+
+def _known_signature(function: Callable[..., Any]) -> tuple[object, object] | None:
+    """The defaults of `name_expressions` and `extra_digest` when `function` takes exactly the
+    keyword-only parameters of `_PARAMETERS` (the first four required), else None."""
+    import inspect
+
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if (tuple(p.name for p in parameters) != _PARAMETERS
+            or any(p.kind is not p.KEYWORD_ONLY for p in parameters)
+            or any(p.default is not p.empty for p in parameters[:4])
+            or any(p.default is p.empty for p in parameters[4:])):
+        return None
+    return parameters[4].default, parameters[5].default
+
+
 def key_observer(original: Callable[..., bytes], switch: Switch,
                  note: Callable[[bytes, dict[str, Any]], None],
-                 problem: Callable[[BaseException, str], None]) -> Callable[..., bytes]:
+                 problem: Callable[[BaseException, str], None],
+                 known: Container[bytes] = ()) -> Callable[..., bytes]:
     """`make_program_cache_key` wrapped: while `switch` is on, each key it returns (as bytes)
-    and the keyword arguments it was made from go to `note`, and what goes wrong there to
-    `problem` (fail open). The key and any exception are the original's."""
+    that is not in `known`, and the keyword arguments it was made from, go to `note`, and what
+    goes wrong there to `problem` (fail open). The key and any exception are the original's.
 
-    @functools.wraps(original)
-    def make_program_cache_key(*args: Any, **kwargs: Any) -> bytes:
-        key = original(*args, **kwargs)
-        if switch.on:
-            try:
-                note(key if type(key) is bytes else as_key_bytes(key), kwargs)
-            except Exception as exc:  # noqa: BLE001 - fail open
-                problem(exc, "key")
-        return key
+    `known` is what the caller already holds the inputs of: equal keys were made from equal
+    inputs (the key is a hash of them), so a key made again, which is every cache hit's, costs
+    one membership test (a disk hit is ~30-60 us, and its budget a few of them). Where the
+    original has the signature of cuda-core 1.2.2, the wrapper has it too: arguments bound
+    straight to parameters, not gathered in a dict and spread again for every call."""
+
+    defaults = _known_signature(original)
+    if defaults is None:
+        @functools.wraps(original)
+        def make_program_cache_key(*args: Any, **kwargs: Any) -> bytes:
+            key = original(*args, **kwargs)
+            if switch.on:
+                try:
+                    if key not in known:
+                        note(key if type(key) is bytes else as_key_bytes(key), kwargs)
+                except Exception as exc:  # noqa: BLE001 - fail open
+                    problem(exc, "key")
+            return key
+    else:
+        names_default, digest_default = defaults
+
+        @functools.wraps(original)
+        def make_program_cache_key(  # type: ignore[misc]
+                *args: Any, code: Any = _GIVEN_NOT, code_type: Any = _GIVEN_NOT,
+                options: Any = _GIVEN_NOT, target_type: Any = _GIVEN_NOT,
+                name_expressions: Any = _GIVEN_NOT, extra_digest: Any = _GIVEN_NOT,
+                **rest: Any) -> bytes:
+            if (args or rest or code is _GIVEN_NOT or code_type is _GIVEN_NOT
+                    or options is _GIVEN_NOT or target_type is _GIVEN_NOT):
+                # Not a call the original accepts: it raises its own error, about what was
+                # given.
+                given = {name: value for name, value in zip(_PARAMETERS, (
+                    code, code_type, options, target_type, name_expressions, extra_digest),
+                    strict=True) if value is not _GIVEN_NOT}
+                return original(*args, **given, **rest)
+            # The original's defaults, given: the same call to a Python function.
+            if name_expressions is _GIVEN_NOT:
+                name_expressions = names_default
+            if extra_digest is _GIVEN_NOT:
+                extra_digest = digest_default
+            key = original(code=code, code_type=code_type, options=options,
+                           target_type=target_type, name_expressions=name_expressions,
+                           extra_digest=extra_digest)
+            if switch.on:
+                try:
+                    if key not in known:
+                        note(key if type(key) is bytes else as_key_bytes(key), {
+                            "code": code, "code_type": code_type, "options": options,
+                            "target_type": target_type, "name_expressions": name_expressions,
+                            "extra_digest": extra_digest})
+                except Exception as exc:  # noqa: BLE001 - fail open
+                    problem(exc, "key")
+            return key
 
     setattr(make_program_cache_key, ORIGINAL_ATTRIBUTE, original)
     setattr(make_program_cache_key, _SWITCH_ATTRIBUTE, switch)
