@@ -198,10 +198,10 @@ def environ_text(snapshot: Environ) -> tuple[dict[str, str], dict[str, str]]:
     memo = _decoded.get(id(snapshot))
     if memo is not None and memo[0] is snapshot:
         return memo[1], memo[2]
-    from cacheaudit import envvars
+    from cacheaudit.recorder import recorded_environment
 
     text = {_text(name): _text(value) for name, value in snapshot.items()}
-    compile_env = envvars.compile_environment(text)
+    compile_env = recorded_environment(text)
     if len(_decoded) > 64:
         _decoded.clear()
     _decoded[id(snapshot)] = (snapshot, text, compile_env)

@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cacheaudit import envvars
 from cacheaudit.digest import StateCache, normalise_path
 from cacheaudit.exceptions import LedgerBusy
 from cacheaudit.ids import hostname
@@ -272,6 +271,17 @@ def disabled(env: Mapping[str, str]) -> bool:
     return flag_set(env, DISABLE_VARIABLE)
 
 
+def recorded_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The compile-affecting variables of `env` as a record keeps them
+    (`envvars.compile_environment`), answered from the registry's table beside the ledger
+    (`envvars.kept`): the registry itself loads every runtime's spec and environment module,
+    10-15 ms that neither a shim nor an adapter's first record in a process need pay."""
+    from cacheaudit.envvars.kept import kept_environment
+    from cacheaudit.ledger.places import ENVIRONMENT_TABLE_SUFFIX
+
+    return kept_environment(env, default_ledger_path(env) + ENVIRONMENT_TABLE_SUFFIX)
+
+
 def store_in_process(record: CompileRecord, *, observer: str,
                      env: Mapping[str, str] | None = None) -> str | None:
     """Store a record an in-process adapter built, with this process's details filled in:
@@ -281,7 +291,7 @@ def store_in_process(record: CompileRecord, *, observer: str,
         return None
     try:
         record = dataclasses.replace(
-            record, env=record.env or envvars.compile_environment(env), pid=os.getpid(),
+            record, env=record.env or recorded_environment(env), pid=os.getpid(),
             host=hostname(), test_id=record.test_id or test_id_from(env),
             observer=observer)
         return _HELD.write([record], current_run(env, observer, in_process=True),
@@ -426,15 +436,12 @@ class ShimRecorder:
         the registry's table beside the ledger (`envvars.kept`): the registry itself, which
         loads every runtime's spec and environment module, is built by the first shim only."""
         from cacheaudit import seal  # noqa: F401
-        from cacheaudit.envvars.kept import kept_environment
-        from cacheaudit.ledger.places import ENVIRONMENT_TABLE_SUFFIX
 
-        ledger = default_ledger_path(self.env)
-        self._environment = kept_environment(self.env, ledger + ENVIRONMENT_TABLE_SUFFIX)
+        self._environment = recorded_environment(self.env)
         self._run = current_run(self.env)
         # Opened now (made or upgraded where needed, its schema checked): the compile's end
         # waits only for the record's own transaction.
-        self._writer = open_writer(ledger)
+        self._writer = open_writer(default_ledger_path(self.env))
 
     def finish(self, returncode: int, duration_ns: int) -> None:
         """After the compile: hash inputs and outputs, write the record. Never raises."""
@@ -510,7 +517,7 @@ class ShimRecorder:
             kernel=_kernel_name(self.command.sources or self.command.objects),
             compiler=self.compiler, argv=self.argv, effective_argv=self.effective,
             cwd=self.cwd, env=(self._environment if self._environment is not None
-                               else envvars.compile_environment(self.env)),
+                               else recorded_environment(self.env)),
             sources=sources + objects, graph=include_graph, outputs=outputs,
             exit_code=None if signal_number else returncode, signal=signal_number,
             duration_ns=duration_ns, pid=os.getpid(), host=hostname(),
