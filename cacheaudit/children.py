@@ -46,7 +46,7 @@ import resource
 import signal
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -123,6 +123,8 @@ class _Children:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.live: dict[int, _Watched] = {}
+        self.forked: set[int] = set()
+        """Pids of the workers `forked_map` started and has not reaped."""
         self.stopping = False
 
     def forget_after_fork(self) -> None:
@@ -133,6 +135,7 @@ class _Children:
                 with contextlib.suppress(OSError):
                     os.close(watched.write_end)
         self.live = {}
+        self.forked = set()
         self.lock = threading.Lock()
         self.stopping = False
 
@@ -318,6 +321,9 @@ def kill_all() -> None:
     _children.stopping = True
     for group in list(_children.live):
         kill_group(group)
+    for pid in list(_children.forked):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def live() -> list[int]:
@@ -357,3 +363,219 @@ def run(argv: Sequence[str], *, timeout: float, env: Mapping[str, str], cwd: str
     finally:
         finish(process)
     return Completed(process.returncode, out or b"", err or b"", timed_out)
+
+
+# ------------------------------------------------------------------ forked workers
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A task `forked_map` did not deliver: its work raised (`why` names the error), or the
+    worker that took it ended first. The caller does it in-process instead (fail open)."""
+
+    why: str
+
+
+_FRAME = "<IQ"
+"""A worker's frame header: the task's index and its pickle's length (0: the worker took the
+task, so that a worker that dies is known to leave it undone)."""
+_TASK = "<I"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def forked_map(work: Callable[[int], Any], count: int, workers: int) -> Iterator[Any]:
+    """`work(0)`, ..., `work(count - 1)`, run in up to `workers` forked copies of this process,
+    their results yielded in index order; a task that raised, or whose worker died, is yielded
+    as `Failed` (never retried here). Close the generator (`contextlib.closing`) on every path.
+
+    The workers follow this module's rules for children, adapted to a fork without an exec:
+    each leads a process group of its own (Ctrl-C at a terminal reaches only this process,
+    which then kills them), has PR_SET_PDEATHSIG (SIGKILL: the kernel kills it however this
+    process dies; a fork needs no watchdog, since nothing execs in between), and `kill_all`
+    takes them too. Closing the generator kills and reaps every worker still running; a
+    worker that returns from `work` or fails leaves through `os._exit`, never into the
+    caller's code. Tasks go out on one pipe (each worker takes the next index when it is
+    free), results come back on a pipe per worker as pickles: nothing touches the disk.
+
+    `work` runs in a copy of this process made at the fork: what it reads of the parent's
+    state is the state at that moment, and what it changes there stays in the worker. It must
+    not use what cannot cross a fork (an SQLite connection opened before it: open another)."""
+    import gc
+    import pickle
+    import selectors
+    import struct
+
+    if count <= 0:
+        return
+    if _children.stopping:  # `kill_all` ran: no new processes, the caller works alone
+        workers = 0
+    _load_prctl()
+    parent = os.getpid()
+    tasks_read, tasks_write = os.pipe()
+    started: dict[int, int] = {}
+    """Worker pid -> the read end of its result pipe."""
+    try:
+        # Objects the workers never change are shared with them page for page; frozen, the
+        # collector of neither side walks them (each walk would copy every page it touches).
+        gc.freeze()
+        try:
+            for _ in range(min(workers, count)):
+                read_end, write_end = os.pipe()
+                try:
+                    pid = os.fork()
+                except OSError:
+                    os.close(read_end)
+                    os.close(write_end)
+                    break
+                if pid == 0:  # the worker: never returns from here
+                    status = 70
+                    try:
+                        os.close(read_end)
+                        os.close(tasks_write)
+                        for other in started.values():
+                            os.close(other)
+                        _become_worker(parent)
+                        _serve(work, tasks_read, write_end, pickle, struct)
+                        status = 0
+                    finally:
+                        os._exit(status)
+                os.close(write_end)
+                with contextlib.suppress(OSError):  # the worker sets it too (whoever runs first)
+                    os.setpgid(pid, pid)
+                started[pid] = read_end
+                _children.forked.add(pid)
+        finally:
+            gc.unfreeze()
+        os.close(tasks_read)
+        tasks_read = -1
+        yield from _collect(started, tasks_write, count, selectors, pickle, struct)
+    finally:
+        if tasks_read >= 0:
+            os.close(tasks_read)
+        with contextlib.suppress(OSError):
+            os.close(tasks_write)
+        for pid, read_end in started.items():
+            with contextlib.suppress(OSError):
+                os.close(read_end)
+            _end_worker(pid)
+
+
+def _become_worker(parent: int) -> None:
+    """A forked worker's first steps: its own group, death with its parent, default signals."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(137)
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    # The parent's handlers (the command line's SIGTERM) are the parent's business.
+    for which in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(which, signal.SIG_DFL)
+    _lower(resource.RLIMIT_CORE, 0)
+
+
+def _serve(work: Callable[[int], Any], tasks: int, out: int, pickle: Any, struct: Any) -> None:
+    """Take task indices until none is left; write each one's result back, pickled."""
+    task_size = struct.calcsize(_TASK)
+    while True:
+        taken = os.read(tasks, task_size)
+        if len(taken) != task_size:  # end of the tasks (writes and reads of 4 bytes are atomic)
+            return
+        (index,) = struct.unpack(_TASK, taken)
+        _write_all(out, struct.pack(_FRAME, index, 0))
+        try:
+            payload = pickle.dumps((True, work(index)), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - the parent does the task itself
+            payload = pickle.dumps((False, f"{type(exc).__name__}: {exc}"))
+        _write_all(out, struct.pack(_FRAME, index, len(payload)) + payload)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _collect(started: dict[int, int], tasks_write: int, count: int, selectors: Any,
+             pickle: Any, struct: Any) -> Iterator[Any]:
+    """The parent's side of `forked_map`: hand out the tasks, read the frames, yield in order."""
+    header = struct.calcsize(_FRAME)
+    pending = memoryview(struct.pack(f"<{count}I", *range(count)))
+    done: dict[int, Any] = {}
+    taken: dict[int, set[int]] = {pid: set() for pid in started}
+    buffers: dict[int, bytearray] = {pid: bytearray() for pid in started}
+    selector = selectors.DefaultSelector()
+    by_fd = {read_end: pid for pid, read_end in started.items()}
+    for read_end in by_fd:
+        selector.register(read_end, selectors.EVENT_READ)
+    os.set_blocking(tasks_write, False)
+    selector.register(tasks_write, selectors.EVENT_WRITE)
+    following = 0
+    try:
+        while by_fd:
+            for key, _events in selector.select():
+                fd = key.fd
+                if fd == tasks_write:
+                    # At most PIPE_BUF a write, whole indices: each write is atomic.
+                    with contextlib.suppress(BlockingIOError):
+                        pending = pending[os.write(fd, pending[:4096]):]
+                    if not pending:
+                        selector.unregister(fd)
+                        os.close(fd)
+                    continue
+                pid = by_fd[fd]
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    selector.unregister(fd)
+                    del by_fd[fd]
+                    status = _end_worker(pid, kill=False)
+                    for index in taken[pid]:
+                        done[index] = Failed(f"the worker that took it ended ({status})")
+                    continue
+                buffer = buffers[pid]
+                buffer += chunk
+                while len(buffer) >= header:
+                    index, size = struct.unpack_from(_FRAME, buffer)
+                    if size == 0:
+                        taken[pid].add(index)
+                        del buffer[:header]
+                        continue
+                    if len(buffer) < header + size:
+                        break
+                    ok, value = pickle.loads(buffer[header:header + size])
+                    del buffer[:header + size]
+                    taken[pid].discard(index)
+                    done[index] = value if ok else Failed(value)
+            while following in done:
+                yield done.pop(following)
+                following += 1
+    finally:
+        selector.close()
+    # Every worker has ended: what none delivered is undone.
+    for index in range(following, count):
+        yield done.pop(index, Failed("no worker delivered it"))
+
+
+def _end_worker(pid: int, kill: bool = True) -> str:
+    """Reap a forked worker, killed first with `kill` (else it is ending: its pipe closed);
+    how it ended, in words."""
+    if pid not in _children.forked:
+        return "already reaped"
+    _children.forked.discard(pid)
+    try:
+        if kill:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return "reaped elsewhere"
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {os.WTERMSIG(status)}"
+    return f"exit status {os.WEXITSTATUS(status)}"

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from cacheaudit import compilers, scratch, seal
+from cacheaudit import children, compilers, scratch, seal
 from cacheaudit.audit import execution
 from cacheaudit.audit.checks import (
     compiler_findings,
@@ -156,6 +156,9 @@ class Auditor:
     few entries and kept for the later ones (a scan loads its entries a chunk at a time)."""
     _remembered: set[str] = field(init=False, default_factory=set)
     """Digests of the include graphs whose file states `load` gave the state cache."""
+    pid: int = field(default_factory=os.getpid)
+    """The scan's process, which its reconstructions name (a scan's forked worker makes them
+    on its behalf)."""
 
     def __post_init__(self) -> None:
         self.context = AuditContext(env=self.env, options=self.options, cache=self.cache,
@@ -438,7 +441,7 @@ class Auditor:
             compiler=execution.identify_compiler(self.context, compiler).identity,
             argv=tuple(argv[1:]), cwd=cwd, sources=sources, graph=include_graph,
             outputs=(entry.binary,) if entry.binary is not None else (), exit_code=0,
-            pid=os.getpid(), host=socket.gethostname(), observer=f"reconstructed:{entry.layout}",
+            pid=self.pid, host=socket.gethostname(), observer=f"reconstructed:{entry.layout}",
             notes=("reconstructed after the fact: the graph is what the compiler reads now",),
             reconstructed=True, unknown_at_build=unknown)
         self.reconstructed_now += 1
@@ -609,22 +612,38 @@ them were most of a scan's memory), while the ledger's queries stay batched by t
 thousand."""
 
 
+PARALLEL_FROM = 4_000
+"""Entries from which a scan judges its chunks in forked workers, one per usable core (where
+there are two or more): below it, the forks and each worker's own ledger reads (every hit,
+the shared graph, the policies' memos) cost about what the second core saves."""
+
+
 def scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None = None,
          options: AuditOptions | None = None,
          progress: Callable[[int, int], None] | None = None,
          observed: ObservedEnvironments | None = None,
-         chunk: int = SCAN_CHUNK) -> ScanResult:
+         chunk: int = SCAN_CHUNK, workers: int | None = None) -> ScanResult:
     """Read every root, tie entries to their compiles, judge them, filter by select/ignore.
     `observed`: a scope's observed environments (the audit of a run passes them). `chunk`:
-    entries loaded and judged at a time (`SCAN_CHUNK`); the result does not depend on it."""
+    entries loaded and judged at a time (`SCAN_CHUNK`); `workers`: processes that judge the
+    chunks (None: one per usable core from `PARALLEL_FROM` entries, else this one; 1: this
+    one). The result depends on neither."""
     with _fewer_collections():
         return _scan(paths, env, ledger=ledger, options=options, progress=progress,
-                     observed=observed, chunk=max(1, chunk))
+                     observed=observed, chunk=max(1, chunk), workers=workers)
+
+
+def scan_workers(entries: int, workers: int | None = None) -> int:
+    """How many processes judge a scan of `entries` entries (see `scan`)."""
+    if workers is not None:
+        return max(1, workers)
+    return children.usable_cores() if entries >= PARALLEL_FROM else 1
 
 
 def _scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None,
           options: AuditOptions | None, progress: Callable[[int, int], None] | None,
-          observed: ObservedEnvironments | None, chunk: int) -> ScanResult:
+          observed: ObservedEnvironments | None, chunk: int,
+          workers: int | None) -> ScanResult:
     options = options or AuditOptions()
     roots = discover(paths, env)
     auditor = Auditor(env=env, ledger=ledger, options=options, observed=observed,
@@ -646,13 +665,13 @@ def _scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None
             (entries if isinstance(item, CacheEntry) else leftovers).append(item)
     # Filtered as they are made: what --select/--ignore drop is never held.
     findings = keep([auditor.audit_leftover(left) for left in leftovers], options)
-    for start in range(0, len(entries), chunk):
-        part = entries[start:start + chunk]
-        auditor.load(part)
-        for done, entry in enumerate(part, start + 1):
-            findings += keep(auditor.audit_entry(entry), options)
-            if progress is not None:
-                progress(done, len(entries))
+    processes = scan_workers(len(entries), workers)
+    if processes > 1 and len(entries) > 1:
+        findings += _judge_forked(auditor, entries, chunk, processes, progress)
+    else:
+        for start in range(0, len(entries), chunk):
+            findings += _judge_chunk(auditor, entries[start:start + chunk], progress, start,
+                                     len(entries))
     auditor.context.loaded = LoadedRecords()  # the last chunk's records, no longer needed
     findings += keep(auditor.environment_findings(entries), options)
     auditor.save_reconstructions()
@@ -670,3 +689,83 @@ def _scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None
                       matched=auditor.matched, reconstructed=auditor.reconstructed,
                       reconstructed_now=auditor.reconstructed_now,
                       ledger=ledger.path if ledger else None)
+
+
+def _judge_chunk(auditor: Auditor, part: Sequence[CacheEntry],
+                 progress: Callable[[int, int], None] | None = None, start: int = 0,
+                 total: int = 0) -> list[Finding]:
+    """Tie one chunk of entries to their records and judge them: the findings --select and
+    --ignore keep (filtered as they are made: what they drop is never held)."""
+    auditor.load(part)
+    found: list[Finding] = []
+    for done, entry in enumerate(part, start + 1):
+        found += keep(auditor.audit_entry(entry), auditor.options)
+        if progress is not None:
+            progress(done, total)
+    return found
+
+
+@dataclass
+class _Judged:
+    """A forked worker's answer for one chunk: its findings and what its auditor learnt on the
+    way, which the scan's own auditor takes in, chunk by chunk, in the entries' order."""
+
+    findings: list[Finding]
+    attributions: list[Attribution]
+    held: list[CompileRecord]
+    matched: int
+    reconstructed: int
+    reconstructed_now: int
+
+
+def _judge_forked(auditor: Auditor, entries: Sequence[CacheEntry], chunk: int, workers: int,
+                  progress: Callable[[int, int], None] | None) -> list[Finding]:
+    """The chunks judged in `workers` forked copies of this process (`children.forked_map`),
+    their findings in the entries' order: what one process judging every chunk would report,
+    since an entry's tie and judgement depend only on the entry, its records and the disk,
+    never on the entries judged before it (the memos only save work). Each worker reads the
+    ledger through a read-only connection of its own (one opened before a fork cannot be
+    used after it) and returns its attributions and held reconstructions, which this process
+    writes at the end as one process would. A chunk a worker did not deliver (it failed, it
+    died) is judged here instead: fail open, never a lost entry."""
+    # Smaller chunks than a single process's, so that the cores share out the last ones.
+    size = max(1, min(chunk, -(-len(entries) // (workers * 4))))
+    parts = [entries[start:start + size] for start in range(0, len(entries), size)]
+    ledger_path = auditor.ledger.path if auditor.ledger is not None else None
+    own: list[Auditor] = []
+
+    def work(index: int) -> _Judged:
+        # Runs in a worker: its auditor is made at its first chunk, sharing what the scan's
+        # had at the fork (the state cache with the ledger's seen states).
+        if not own:
+            reader = None if ledger_path is None else Ledger.open(
+                ledger_path, create=False, reader=True)
+            own.append(Auditor(env=auditor.env, ledger=reader, options=auditor.options,
+                               cache=auditor.cache, observed=auditor.observed,
+                               hold_reconstructions=True, pid=auditor.pid))
+        worker = own[0]
+        # Only this chunk's: a chunk that failed half-way left its part behind.
+        worker.attributions, worker._held = [], []
+        before = worker.matched, worker.reconstructed, worker.reconstructed_now
+        found = _judge_chunk(worker, parts[index])
+        return _Judged(found, worker.attributions, worker._held,
+                       worker.matched - before[0], worker.reconstructed - before[1],
+                       worker.reconstructed_now - before[2])
+
+    findings: list[Finding] = []
+    done = 0
+    with contextlib.closing(children.forked_map(work, len(parts), workers)) as results:
+        for index, result in enumerate(results):
+            if isinstance(result, _Judged):
+                findings += result.findings
+                auditor.attributions += result.attributions
+                auditor._held += result.held
+                auditor.matched += result.matched
+                auditor.reconstructed += result.reconstructed
+                auditor.reconstructed_now += result.reconstructed_now
+            else:
+                findings += _judge_chunk(auditor, parts[index])
+            done += len(parts[index])
+            if progress is not None:
+                progress(done, len(entries))
+    return findings
