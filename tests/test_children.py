@@ -263,8 +263,6 @@ def test_forked_map_yields_in_order_and_hands_back_what_it_did_not_do():
 
 
 def test_closing_forked_map_early_kills_its_workers(tmp_path: Path):
-    import contextlib
-
     pids = tmp_path / "pids"
 
     def slow(index: int) -> int:
@@ -275,16 +273,28 @@ def test_closing_forked_map_early_kills_its_workers(tmp_path: Path):
         return index
 
     started = time.monotonic()
-    with contextlib.closing(children.forked_map(slow, 4, 2)) as results:
-        assert next(results) == 0
+    with children.ForkedMap(slow, 4, 2) as pool:
+        assert pool.get(0) == 0
         deadline = time.monotonic() + 30
+        # Tasks are given out as workers take them: `poll` keeps them going meanwhile.
         while len(pids.read_text().split() if pids.exists() else []) < 2:
             assert time.monotonic() < deadline
+            assert not pool.poll()
             time.sleep(0.05)
     assert time.monotonic() - started < 30
     left = [int(p) for p in pids.read_text().split()]
     assert not any(_alive(p) for p in left), f"workers left running: {left}"
     assert children._children.forked == set()
+
+
+def test_a_stopped_forked_map_hands_back_what_it_gave_no_worker():
+    with children.ForkedMap(lambda index: index, 40, 2) as pool:
+        assert pool.get(0) == 0
+        undone = pool.stop()
+        given = [pool.get(index) for index in range(1, pool.count)]
+    # A task is given when a worker is free for it (one waits in the pipe): the rest never.
+    assert undone == list(range(len(given) + 1, 40)) and len(undone) >= 40 - 4, undone
+    assert given == list(range(1, len(given) + 1)), given
 
 
 def test_a_sigkilled_parent_takes_its_forked_workers_along(tmp_path: Path):

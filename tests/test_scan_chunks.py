@@ -149,6 +149,16 @@ def test_a_scan_in_forked_workers_reports_what_one_process_reports(tmp_path: Pat
     private.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(private))
     monkeypatch.setenv("TMPDIR", str(private))
+    pools: list[tuple[int, int]] = []
+
+    class Counted(children.ForkedMap):
+        """The real pool, counted: (tasks, workers) of each one the scans start."""
+
+        def __init__(self, work, count: int, workers: int) -> None:
+            pools.append((count, workers))
+            super().__init__(work, count, workers)
+
+    monkeypatch.setattr(children, "ForkedMap", Counted)
     for attempt in ("first", "second"):
         serial = _scanned(root, serial_ledger, chunk=ENTRIES)
         # Chunks of 7 shared by three workers: every worker judges several, out of order.
@@ -165,6 +175,11 @@ def test_a_scan_in_forked_workers_reports_what_one_process_reports(tmp_path: Pat
         assert _attributed(forked_ledger) == _attributed(serial_ledger), attempt
         # No worker outlives the scan, and none left a file behind.
         assert children.live() == [] and not _children_of_this_process(), attempt
+    # Each scan: one worker was given the first 5 chunks while the scan read on; three
+    # shared the rest with what it had not begun (one chunk at least it took: the first).
+    rest = len(range(35, ENTRIES, 3))
+    assert [p[1] for p in pools] == [1, 3] * 2 and [p[0] for p in pools[::2]] == [5, 5], pools
+    assert all(rest <= p[0] <= rest + 4 for p in pools[1::2]), pools
     assert os.listdir(private) == []
     assert stale.exists()
 

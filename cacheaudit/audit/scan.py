@@ -633,13 +633,6 @@ def scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None 
                      observed=observed, chunk=max(1, chunk), workers=workers)
 
 
-def scan_workers(entries: int, workers: int | None = None) -> int:
-    """How many processes judge a scan of `entries` entries (see `scan`)."""
-    if workers is not None:
-        return max(1, workers)
-    return children.usable_cores() if entries >= PARALLEL_FROM else 1
-
-
 def _scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None,
           options: AuditOptions | None, progress: Callable[[int, int], None] | None,
           observed: ObservedEnvironments | None, chunk: int,
@@ -655,23 +648,34 @@ def _scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None
     entries: list[CacheEntry] = []
     leftovers: list[CacheLeftover] = []
     read: set[str] = set()
-    for layout, root in roots:
-        for item in layout.read(root, auditor.cache):
-            # A root may hold entries of two runtimes (one cache directory serving two
-            # generations of a runtime): each layout then reports the shared tmp/ leftovers.
-            if item.path in read:
-                continue
-            read.add(item.path)
-            (entries if isinstance(item, CacheEntry) else leftovers).append(item)
-    # Filtered as they are made: what --select/--ignore drop is never held.
-    findings = keep([auditor.audit_leftover(left) for left in leftovers], options)
-    processes = scan_workers(len(entries), workers)
-    if processes > 1 and len(entries) > 1:
-        findings += _judge_forked(auditor, entries, chunk, processes, progress)
-    else:
-        for start in range(0, len(entries), chunk):
-            findings += _judge_chunk(auditor, entries[start:start + chunk], progress, start,
-                                     len(entries))
+    cores = children.usable_cores() if workers is None else max(1, workers)
+    forks = _Forks(auditor, entries, chunk, cores, workers is not None) if cores > 1 else None
+    try:
+        for layout, root in roots:
+            for item in layout.read(root, auditor.cache):
+                # A root may hold entries of two runtimes (one cache directory serving two
+                # generations of a runtime): each layout then reports the shared tmp/
+                # leftovers.
+                if item.path in read:
+                    continue
+                read.add(item.path)
+                if isinstance(item, CacheEntry):
+                    entries.append(item)
+                    if forks is not None:
+                        forks.read_one()
+                else:
+                    leftovers.append(item)
+        # Filtered as they are made: what --select/--ignore drop is never held.
+        findings = keep([auditor.audit_leftover(left) for left in leftovers], options)
+        if forks is not None and forks.wanted():
+            findings += forks.judged(progress)
+        else:
+            for start in range(0, len(entries), chunk):
+                findings += _judge_chunk(auditor, entries[start:start + chunk], progress,
+                                         start, len(entries))
+    finally:
+        if forks is not None:
+            forks.close()
     auditor.context.loaded = LoadedRecords()  # the last chunk's records, no longer needed
     findings += keep(auditor.environment_findings(entries), options)
     auditor.save_reconstructions()
@@ -718,44 +722,81 @@ class _Judged:
     reconstructed_now: int
 
 
-def _judge_forked(auditor: Auditor, entries: Sequence[CacheEntry], chunk: int, workers: int,
-                  progress: Callable[[int, int], None] | None) -> list[Finding]:
-    """The chunks judged in `workers` forked copies of this process (`children.forked_map`),
-    their findings in the entries' order: what one process judging every chunk would report,
-    since an entry's tie and judgement depend only on the entry, its records and the disk,
-    never on the entries judged before it (the memos only save work). Each worker reads the
-    ledger through a read-only connection of its own (one opened before a fork cannot be
-    used after it) and returns its attributions and held reconstructions, which this process
-    writes at the end as one process would. A chunk a worker did not deliver (it failed, it
-    died) is judged here instead: fail open, never a lost entry."""
-    # Smaller chunks than a single process's, so that the cores share out the last ones.
-    size = max(1, min(chunk, -(-len(entries) // (workers * 4))))
-    parts = [entries[start:start + size] for start in range(0, len(entries), size)]
-    ledger_path = auditor.ledger.path if auditor.ledger is not None else None
-    own: list[Auditor] = []
+HEAD_CHUNKS = 5
+"""Chunks read and not yet handed out from which a scan with a core to spare forks a worker to
+judge them while it reads on (`_Forks`)."""
 
-    def work(index: int) -> _Judged:
-        # Runs in a worker: its auditor is made at its first chunk, sharing what the scan's
-        # had at the fork (the state cache with the ledger's seen states).
-        if not own:
-            reader = None if ledger_path is None else Ledger.open(
-                ledger_path, create=False, reader=True)
-            own.append(Auditor(env=auditor.env, ledger=reader, options=auditor.options,
-                               cache=auditor.cache, observed=auditor.observed,
-                               hold_reconstructions=True, pid=auditor.pid))
-        worker = own[0]
-        # Only this chunk's: a chunk that failed half-way left its part behind.
-        worker.attributions, worker._held = [], []
-        before = worker.matched, worker.reconstructed, worker.reconstructed_now
-        found = _judge_chunk(worker, parts[index])
-        return _Judged(found, worker.attributions, worker._held,
-                       worker.matched - before[0], worker.reconstructed - before[1],
-                       worker.reconstructed_now - before[2])
 
-    findings: list[Finding] = []
-    done = 0
-    with contextlib.closing(children.forked_map(work, len(parts), workers)) as results:
-        for index, result in enumerate(results):
+class _Forks:
+    """A scan's forked workers (`children.ForkedMap`), each judging chunks of entries read
+    before its fork, their findings merged in the entries' order: what one process judging
+    every chunk would report, since an entry's tie and judgement depend only on the entry, its
+    records and the disk, never on the entries judged before it (the memos only save work).
+
+    While the scan reads (a third of its time), one worker per spare core judges the entries
+    read so far, `HEAD_CHUNKS` chunks or more at a time; once reading is done, the rest is
+    shared by one worker per core, in smaller chunks so that the last ones are shared out too.
+    A scan of fewer than `PARALLEL_FROM` entries (unless `workers` was given) stays in this
+    process. Each worker reads the ledger through a read-only connection of its own (one
+    opened before a fork cannot be used after it) and returns its attributions and held
+    reconstructions, which this process writes at the end as one process would. A chunk a
+    worker did not deliver (it failed, it died) is judged here instead: fail open, never a
+    lost entry."""
+
+    def __init__(self, auditor: Auditor, entries: list[CacheEntry], chunk: int, cores: int,
+                 forced: bool) -> None:
+        self.auditor, self.entries, self.chunk, self.cores = auditor, entries, chunk, cores
+        self.forced = forced
+        """`workers` was given: fork whatever the size."""
+        self.head = HEAD_CHUNKS * chunk if forced else max(HEAD_CHUNKS * chunk, PARALLEL_FROM)
+        self.handed = 0
+        """Entries handed to a pool so far (`entries[:handed]`)."""
+        self.next_look = 0
+        """How many entries read before the pools are asked again whether a core is free."""
+        self.pools: list[children.ForkedMap] = []
+        self.segments: list[tuple[children.ForkedMap, int, Sequence[CacheEntry]]] = []
+        """(pool, task, entries) in the entries' order: where each chunk's findings come from."""
+
+    def read_one(self) -> None:
+        """After each entry read: hand what is read to a new worker when a core is free."""
+        if len(self.entries) - self.handed < self.head or len(self.entries) < self.next_look:
+            return
+        self.next_look = len(self.entries) + 64  # a look is a system call per worker
+        busy = sum(1 for pool in self.pools if not pool.poll())
+        if busy < self.cores - 1:
+            self._fork(self.entries[self.handed:], 1, self.chunk)
+
+    def wanted(self) -> bool:
+        return bool(self.pools) or self.forced or len(self.entries) >= PARALLEL_FROM
+
+    def judged(self, progress: Callable[[int, int], None] | None) -> list[Finding]:
+        """Every entry's findings, in order: the workers' and, for what none delivered, this
+        process's."""
+        # What the workers forked while reading have not begun goes to the last pool, with
+        # what was read after them, so that every core shares the end.
+        undone = {(id(pool), task) for pool in self.pools for task in pool.stop()}
+        again = [i for i, (pool, task, _part) in enumerate(self.segments)
+                 if (id(pool), task) in undone]
+        rest = self.entries[self.handed:]
+        size = max(1, min(self.chunk, -(-len(rest) // (self.cores * 4))))
+        parts = [self.segments[i][2] for i in again]
+        parts += [rest[start:start + size] for start in range(0, len(rest), size)]
+        self.handed = len(self.entries)
+        if parts:
+            last = children.ForkedMap(self._work(parts), len(parts), self.cores)
+            self.pools.append(last)
+            for task, i in enumerate(again):
+                self.segments[i] = (last, task, parts[task])
+            self.segments += [(last, task, parts[task])
+                              for task in range(len(again), len(parts))]
+        auditor, findings, done = self.auditor, [], 0
+
+        def meanwhile() -> None:
+            for pool in self.pools:
+                pool.poll()
+
+        for pool, task, part in self.segments:
+            result = pool.get(task, meanwhile)
             if isinstance(result, _Judged):
                 findings += result.findings
                 auditor.attributions += result.attributions
@@ -764,8 +805,45 @@ def _judge_forked(auditor: Auditor, entries: Sequence[CacheEntry], chunk: int, w
                 auditor.reconstructed += result.reconstructed
                 auditor.reconstructed_now += result.reconstructed_now
             else:
-                findings += _judge_chunk(auditor, parts[index])
-            done += len(parts[index])
+                findings += _judge_chunk(auditor, part)
+            done += len(part)
             if progress is not None:
-                progress(done, len(entries))
-    return findings
+                progress(done, len(self.entries))
+        self.close()
+        return findings
+
+    def close(self) -> None:
+        for pool in self.pools:
+            pool.close()
+
+    def _fork(self, some: Sequence[CacheEntry], workers: int, size: int) -> None:
+        parts = [some[start:start + size] for start in range(0, len(some), size)]
+        self.handed += len(some)
+        pool = children.ForkedMap(self._work(parts), len(parts), workers)
+        self.pools.append(pool)
+        self.segments += [(pool, task, part) for task, part in enumerate(parts)]
+
+    def _work(self, parts: Sequence[Sequence[CacheEntry]]) -> Callable[[int], _Judged]:
+        auditor = self.auditor
+        ledger_path = auditor.ledger.path if auditor.ledger is not None else None
+        own: list[Auditor] = []
+
+        def work(index: int) -> _Judged:
+            # Runs in a worker: its auditor is made at its first chunk, sharing what the
+            # scan's had at the fork (the state cache with the ledger's seen states).
+            if not own:
+                reader = None if ledger_path is None else Ledger.open(
+                    ledger_path, create=False, reader=True)
+                own.append(Auditor(env=auditor.env, ledger=reader, options=auditor.options,
+                                   cache=auditor.cache, observed=auditor.observed,
+                                   hold_reconstructions=True, pid=auditor.pid))
+            worker = own[0]
+            # Only this chunk's: a chunk that failed half-way left its part behind.
+            worker.attributions, worker._held = [], []
+            before = worker.matched, worker.reconstructed, worker.reconstructed_now
+            found = _judge_chunk(worker, parts[index])
+            return _Judged(found, worker.attributions, worker._held,
+                           worker.matched - before[0], worker.reconstructed - before[1],
+                           worker.reconstructed_now - before[2])
+
+        return work
