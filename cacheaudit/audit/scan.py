@@ -17,6 +17,7 @@ import dataclasses
 import gc
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -626,8 +627,8 @@ def scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None 
     """Read every root, tie entries to their compiles, judge them, filter by select/ignore.
     `observed`: a scope's observed environments (the audit of a run passes them). `chunk`:
     entries loaded and judged at a time (`SCAN_CHUNK`); `workers`: processes that judge the
-    chunks (None: one per usable core from `PARALLEL_FROM` entries, else this one; 1: this
-    one). The result depends on neither."""
+    chunks (None: one per usable core from `PARALLEL_FROM` entries, in a process without
+    other threads, else this one; 1: this one). The result depends on neither."""
     with _fewer_collections():
         return _scan(paths, env, ledger=ledger, options=options, progress=progress,
                      observed=observed, chunk=max(1, chunk), workers=workers)
@@ -648,7 +649,10 @@ def _scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None
     entries: list[CacheEntry] = []
     leftovers: list[CacheLeftover] = []
     read: set[str] = set()
-    cores = children.usable_cores() if workers is None else max(1, workers)
+    cores = max(1, workers) if workers is not None else (
+        # A fork copies the locks other threads hold, not the threads that would release
+        # them (an import, a log handler): a process with threads judges in-process.
+        children.usable_cores() if threading.active_count() == 1 else 1)
     forks = _Forks(auditor, entries, chunk, cores, workers is not None) if cores > 1 else None
     try:
         for layout, root in roots:
