@@ -726,9 +726,11 @@ class _Judged:
     reconstructed_now: int
 
 
-HEAD_CHUNKS = 5
+HEAD_CHUNKS = 2
 """Chunks read and not yet handed out from which a scan with a core to spare forks a worker to
-judge them while it reads on (`_Forks`)."""
+judge them while it reads on (`_Forks`; at least `PARALLEL_FROM` entries unless workers were
+asked for). Each such worker takes what is read so far, and the scan reads about three
+entries while one is judged, so they grow about threefold: a few per scan."""
 
 
 class _Forks:
