@@ -32,6 +32,10 @@ How (docs/design.md, "Children die with their parent"):
   ms). Where those programs are missing, or the program to run is not found first, the fork
   path is taken.
 
+A scan's forked workers (`ForkedMap`: copies of this process, no exec) follow the same rules
+by other means: each leads a group of its own, has PR_SET_PDEATHSIG, leaves only through
+`os._exit`, and is killed and reaped when its pool is closed, on every path.
+
 `kill_all` kills every child of this process now (a signal handler's business: the shim's on
 SIGTERM, the command line's); `start` refuses to start more once it has run. Only cacheaudit's
 own helpers come here: the user's compile (the shim's real compiler) and `cacheaudit run`'s
@@ -46,7 +50,7 @@ import resource
 import signal
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -123,6 +127,11 @@ class _Children:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.live: dict[int, _Watched] = {}
+        self.forked: set[int] = set()
+        """Pids of the workers `ForkedMap` started and has not reaped."""
+        self.pool_fds: set[int] = set()
+        """This process's ends of the live `ForkedMap`s' pipes (and selectors), which a worker
+        of another pool closes: a task pipe held open there would never end for its own."""
         self.stopping = False
 
     def forget_after_fork(self) -> None:
@@ -133,6 +142,8 @@ class _Children:
                 with contextlib.suppress(OSError):
                     os.close(watched.write_end)
         self.live = {}
+        self.forked = set()
+        self.pool_fds = set()
         self.lock = threading.Lock()
         self.stopping = False
 
@@ -318,6 +329,9 @@ def kill_all() -> None:
     _children.stopping = True
     for group in list(_children.live):
         kill_group(group)
+    for pid in list(_children.forked):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def live() -> list[int]:
@@ -357,3 +371,291 @@ def run(argv: Sequence[str], *, timeout: float, env: Mapping[str, str], cwd: str
     finally:
         finish(process)
     return Completed(process.returncode, out or b"", err or b"", timed_out)
+
+
+# ------------------------------------------------------------------ forked workers
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A task `forked_map` did not deliver: its work raised (`why` names the error), or the
+    worker that took it ended first. The caller does it in-process instead (fail open)."""
+
+    why: str
+
+
+_FRAME = "<IQ"
+"""A worker's frame header: the task's index and its pickle's length (0: the worker took the
+task, so that a worker that dies is known to leave it undone)."""
+_TASK = "<I"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class ForkedMap:
+    """`work(0)`, ..., `work(count - 1)`, run in up to `workers` forked copies of this process,
+    their results read back in index order (`results`); a task that raised, or whose worker
+    died, comes back as `Failed` (never retried here). Use it as a context manager: leaving
+    it kills and reaps every worker still running.
+
+    The workers follow this module's rules for children, adapted to a fork without an exec:
+    each leads a process group of its own (Ctrl-C at a terminal reaches only this process,
+    which then kills them), has PR_SET_PDEATHSIG (SIGKILL: the kernel kills it however this
+    process dies; a fork needs no watchdog, since nothing execs in between), and `kill_all`
+    takes them too. A worker that returns from `work` or fails leaves through `os._exit`,
+    never into the caller's code. Tasks go out on one pipe (each worker takes the next index
+    when it is free), results come back on a pipe per worker as pickles: nothing touches the
+    disk. `poll` reads what has come back without waiting, so that a caller busy with other
+    work keeps the workers' pipes from filling (a full pipe stops its worker).
+
+    `work` runs in a copy of this process made at the fork: what it reads of the parent's
+    state is the state at that moment, and what it changes there stays in the worker. It must
+    not use what cannot cross a fork (an SQLite connection opened before it: open another)."""
+
+    def __init__(self, work: Callable[[int], Any], count: int, workers: int) -> None:
+        import gc
+        import pickle
+        import selectors
+        import struct
+
+        self._pickle, self._struct = pickle, struct
+        self.count = max(count, 0)
+        self._header = struct.calcsize(_FRAME)
+        self._done: dict[int, Any] = {}
+        self._delivered = 0
+        """Results in (`Failed` ones too)."""
+        self._started: dict[int, int] = {}
+        """Worker pid -> the read end of its result pipe, while it is open."""
+        self._taken: dict[int, set[int]] = {}
+        self._buffers: dict[int, bytearray] = {}
+        self._selector = selectors.DefaultSelector()
+        self._events = selectors.EVENT_READ, selectors.EVENT_WRITE
+        self._tasks_write = -1
+        self._written = 0
+        """Task indices written to the workers so far (`0 .. _written - 1`)."""
+        self._claimed = 0
+        if self.count == 0:
+            return
+        if _children.stopping:  # `kill_all` ran: no new processes, the caller works alone
+            workers = 0
+        _load_prctl()
+        parent = os.getpid()
+        tasks_read, self._tasks_write = os.pipe()
+        _children.pool_fds.update((self._tasks_write, self._selector.fileno()))
+        try:
+            # Objects the workers never change are shared with them page for page; frozen,
+            # the collector of neither side walks them (each walk would copy the pages).
+            gc.freeze()
+            try:
+                for _ in range(min(workers, self.count)):
+                    inherited = list(_children.pool_fds)  # this pool's and any other's
+                    read_end, write_end = os.pipe()
+                    try:
+                        pid = os.fork()
+                    except OSError:
+                        os.close(read_end)
+                        os.close(write_end)
+                        break
+                    if pid == 0:  # the worker: never returns from here
+                        status = 70
+                        try:
+                            os.close(read_end)
+                            for other in inherited:
+                                with contextlib.suppress(OSError):
+                                    os.close(other)
+                            _become_worker(parent)
+                            _serve(work, tasks_read, write_end, pickle, struct)
+                            status = 0
+                        finally:
+                            os._exit(status)
+                    os.close(write_end)
+                    with contextlib.suppress(OSError):  # the worker sets it too: a race
+                        os.setpgid(pid, pid)
+                    self._started[pid] = read_end
+                    _children.pool_fds.add(read_end)
+                    self._taken[pid] = set()
+                    self._buffers[pid] = bytearray()
+                    _children.forked.add(pid)
+                    self._selector.register(read_end, selectors.EVENT_READ, pid)
+            finally:
+                gc.unfreeze()
+        finally:
+            os.close(tasks_read)
+        self._feed()
+
+    def __enter__(self) -> ForkedMap:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill and reap every worker still running; close the pipes."""
+        self._close_tasks()
+        for pid, read_end in list(self._started.items()):
+            self._forget(pid, read_end, kill=True)
+        if self._selector.get_map() is not None:
+            _children.pool_fds.discard(self._selector.fileno())
+            self._selector.close()
+
+    def poll(self) -> bool:
+        """Read what the workers have sent without waiting; whether every result is in."""
+        while self._started and self._pump(0):
+            pass
+        return not self._started or self._delivered >= self.count
+
+    def stop(self) -> list[int]:
+        """Hand out no more tasks: the indices no worker was given, for the caller to do
+        elsewhere (those given are done as before). A task is given to the workers only when
+        one is free to take it, so that most of the work can still be shared out."""
+        self.poll()
+        undone = list(range(self._written, self.count))
+        self.count = self._written
+        self._close_tasks()
+        return undone
+
+    def get(self, index: int, meanwhile: Callable[[], object] | None = None) -> Any:
+        """Task `index`'s result (or `Failed`), waiting for it; while waiting, `meanwhile` is
+        called every few milliseconds (another pool's `poll`)."""
+        while index not in self._done:
+            if not self._started:  # every worker has ended: what none delivered is undone
+                return Failed("no worker delivered it")
+            self._pump(None if meanwhile is None else 0.005)
+            if meanwhile is not None:
+                meanwhile()
+        return self._done.pop(index)
+
+    def results(self, meanwhile: Callable[[], object] | None = None) -> Iterator[Any]:
+        """Every task's result (or `Failed`), in index order, waiting for each in turn."""
+        index = 0
+        while index < self.count:
+            yield self.get(index, meanwhile)
+            index += 1
+
+    def _pump(self, timeout: float | None) -> bool:
+        """One round of the selector: frames read, then tasks given. Whether any was ready."""
+        ready = self._selector.select(timeout)
+        for key, _events in ready:
+            self._read(key.data, key.fd)
+        self._feed()
+        return bool(ready)
+
+    def _feed(self) -> None:
+        """Keep one task waiting in the pipe for the next free worker (and no more: what is
+        not given yet can still go elsewhere, `stop`); end the pipe after the last."""
+        if self._tasks_write < 0:
+            return
+        if self._written < self.count and self._written - self._claimed < 1:
+            # 4 bytes into a pipe holding at most 4 more: never blocks, always whole.
+            os.write(self._tasks_write, self._struct.pack(_TASK, self._written))
+            self._written += 1
+        if self._written >= self.count:
+            self._close_tasks()
+
+    def _close_tasks(self) -> None:
+        if self._tasks_write >= 0:
+            os.close(self._tasks_write)
+            _children.pool_fds.discard(self._tasks_write)
+            self._tasks_write = -1
+
+    def _read(self, pid: int, fd: int) -> None:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            status = self._forget(pid, fd, kill=False)
+            for index in self._taken.pop(pid, ()):
+                self._done[index] = Failed(f"the worker that took it ended ({status})")
+                self._delivered += 1
+            return
+        buffer = self._buffers[pid]
+        buffer += chunk
+        header, struct = self._header, self._struct
+        while len(buffer) >= header:
+            index, size = struct.unpack_from(_FRAME, buffer)
+            if size == 0:
+                self._taken[pid].add(index)
+                self._claimed += 1
+                del buffer[:header]
+                continue
+            if len(buffer) < header + size:
+                break
+            ok, value = self._pickle.loads(buffer[header:header + size])
+            del buffer[:header + size]
+            self._taken[pid].discard(index)
+            self._done[index] = value if ok else Failed(value)
+            self._delivered += 1
+
+    def _forget(self, pid: int, fd: int, kill: bool) -> str:
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        _children.pool_fds.discard(fd)
+        self._started.pop(pid, None)
+        return _end_worker(pid, kill=kill)
+
+
+def forked_map(work: Callable[[int], Any], count: int, workers: int) -> Iterator[Any]:
+    """`ForkedMap(work, count, workers)`'s results in index order, as a generator: close it
+    (`contextlib.closing`) on every path, which kills and reaps the workers still running."""
+    with ForkedMap(work, count, workers) as pool:
+        yield from pool.results()
+
+
+def _become_worker(parent: int) -> None:
+    """A forked worker's first steps: its own group, death with its parent, default signals."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(137)
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    # The parent's handlers (the command line's SIGTERM) are the parent's business.
+    for which in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(which, signal.SIG_DFL)
+    _lower(resource.RLIMIT_CORE, 0)
+
+
+def _serve(work: Callable[[int], Any], tasks: int, out: int, pickle: Any, struct: Any) -> None:
+    """Take task indices until none is left; write each one's result back, pickled."""
+    task_size = struct.calcsize(_TASK)
+    while True:
+        taken = os.read(tasks, task_size)
+        if len(taken) != task_size:  # end of the tasks (writes and reads of 4 bytes are atomic)
+            return
+        (index,) = struct.unpack(_TASK, taken)
+        _write_all(out, struct.pack(_FRAME, index, 0))
+        try:
+            payload = pickle.dumps((True, work(index)), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - the parent does the task itself
+            payload = pickle.dumps((False, f"{type(exc).__name__}: {exc}"))
+        _write_all(out, struct.pack(_FRAME, index, len(payload)) + payload)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _end_worker(pid: int, kill: bool = True) -> str:
+    """Reap a forked worker, killed first with `kill` (else it is ending: its pipe closed);
+    how it ended, in words."""
+    if pid not in _children.forked:
+        return "already reaped"
+    _children.forked.discard(pid)
+    try:
+        if kill:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return "reaped elsewhere"
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {os.WTERMSIG(status)}"
+    return f"exit status {os.WEXITSTATUS(status)}"

@@ -233,3 +233,92 @@ def test_threads_may_start_children_concurrently():
     for thread in threads:
         thread.join()
     assert results == [0] * 8 and children.live() == []
+
+
+# ------------------------------------------------------------------------------- forked workers
+
+
+def _work(index: int) -> tuple[int, int]:
+    """A task for `forked_map`: 3 raises, 5 kills its worker, the rest say who did them."""
+    if index == 3:
+        raise ValueError("three is refused")
+    if index == 5:
+        os._exit(9)
+    return index, os.getpid()
+
+
+def test_forked_map_yields_in_order_and_hands_back_what_it_did_not_do():
+    import contextlib
+
+    with contextlib.closing(children.forked_map(_work, 40, 2)) as results:
+        got = list(results)
+    assert [r[0] for r in got if isinstance(r, tuple)] == [i for i in range(40) if i not in (3, 5)]
+    assert got[3] == children.Failed("ValueError: three is refused"), got[3]
+    assert isinstance(got[5], children.Failed) and "exit status 9" in got[5].why, got[5]
+    workers = {r[1] for r in got if isinstance(r, tuple)}
+    # Done in the workers, never here; a worker that died is not replaced (the caller does
+    # what it left), the other does the rest.
+    assert os.getpid() not in workers and 1 <= len(workers) <= 2, workers
+    assert children._children.forked == set(), "every worker is reaped"
+
+
+def test_closing_forked_map_early_kills_its_workers(tmp_path: Path):
+    pids = tmp_path / "pids"
+
+    def slow(index: int) -> int:
+        if index:
+            with open(pids, "a") as out:
+                out.write(f"{os.getpid()}\n")
+            time.sleep(60)
+        return index
+
+    started = time.monotonic()
+    with children.ForkedMap(slow, 4, 2) as pool:
+        assert pool.get(0) == 0
+        deadline = time.monotonic() + 30
+        # Tasks are given out as workers take them: `poll` keeps them going meanwhile.
+        while len(pids.read_text().split() if pids.exists() else []) < 2:
+            assert time.monotonic() < deadline
+            assert not pool.poll()
+            time.sleep(0.05)
+    assert time.monotonic() - started < 30
+    left = [int(p) for p in pids.read_text().split()]
+    assert not any(_alive(p) for p in left), f"workers left running: {left}"
+    assert children._children.forked == set()
+
+
+def test_a_stopped_forked_map_hands_back_what_it_gave_no_worker():
+    with children.ForkedMap(lambda index: index, 40, 2) as pool:
+        assert pool.get(0) == 0
+        undone = pool.stop()
+        given = [pool.get(index) for index in range(1, pool.count)]
+    # A task is given when a worker is free for it (one waits in the pipe): the rest never.
+    assert undone == list(range(len(given) + 1, 40)) and len(undone) >= 40 - 4, undone
+    assert given == list(range(1, len(given) + 1)), given
+
+
+def test_a_sigkilled_parent_takes_its_forked_workers_along(tmp_path: Path):
+    """SIGKILL of the parent alone: PR_SET_PDEATHSIG kills the workers, which lead groups of
+    their own (a kill of the parent's group would not reach them)."""
+    pids = tmp_path / "pids"
+    script = "\n".join([
+        "import contextlib, os, time",
+        "from cacheaudit import children",
+        "def work(index):",
+        f"    with open({str(pids)!r}, 'a') as out:",
+        "        out.write(f'{os.getpid()}\\n')",
+        "    time.sleep(60)",
+        "with contextlib.closing(children.forked_map(work, 2, 2)) as results:",
+        "    list(results)", ""])
+    parent = subprocess.Popen([sys.executable, "-c", script],
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    deadline = time.monotonic() + 30
+    while len(pids.read_text().split() if pids.exists() else []) < 2:
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.05)
+    workers = [int(p) for p in pids.read_text().split()]
+    assert all(_alive(p) for p in workers), "the workers must run until their parent dies"
+    assert all(os.getpgid(p) == p for p in workers), "each worker leads a group of its own"
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    assert _gone(workers), f"left behind by a SIGKILLed parent: {[p for p in workers if _alive(p)]}"

@@ -1,6 +1,7 @@
 """A scan judges its entries a chunk at a time (`scan.SCAN_CHUNK`: one chunk's records in
-memory, not the whole cache's): the findings, their order and the totals must be exactly those
-of a scan that loads every entry at once.
+memory, not the whole cache's), and a large one judges its chunks in forked workers, one per
+core (`scan.PARALLEL_FROM`): the findings, their order and the totals must be exactly those of
+one process that loads every entry at once.
 
 The cache is DeepJIT's real format (kernel.cu, kernel.cubin, meta.json, .committed) with real
 compile records in a real ledger: half the entries were built against a header that was edited
@@ -13,12 +14,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 import xxhash
 
+from cacheaudit import children
 from cacheaudit.audit import AuditOptions, scan
 from cacheaudit.digest import StateCache
 from cacheaudit.ledger import Ledger, RunInfo, new_record_id
@@ -98,10 +101,10 @@ def _copy_ledger(ledger: Path, to: Path) -> Path:
     return to / ledger.name
 
 
-def _scanned(root: Path, ledger: Path, chunk: int):
+def _scanned(root: Path, ledger: Path, chunk: int, workers: int = 1):
     with Ledger.open(str(ledger)) as opened:
         return scan([str(root)], dict(os.environ), ledger=opened,
-                    options=AuditOptions(reconstruct=False), chunk=chunk)
+                    options=AuditOptions(reconstruct=False), chunk=chunk, workers=workers)
 
 
 def test_chunked_scan_reports_what_one_load_of_every_entry_reports(tmp_path: Path):
@@ -129,3 +132,69 @@ def test_chunked_scan_reports_what_one_load_of_every_entry_reports(tmp_path: Pat
         # Record ids are the same in both ledgers (copies of one): the findings are equal,
         # field by field, in the same order.
         assert chunked.findings == whole.findings, attempt
+
+
+def _attributed(ledger: Path) -> list[tuple[str, str]]:
+    with Ledger.open(str(ledger)) as opened:
+        return sorted((r.record_id, r.entry or "") for r in opened.records(with_graphs=False))
+
+
+def test_a_scan_in_forked_workers_reports_what_one_process_reports(tmp_path: Path,
+                                                                   monkeypatch):
+    root, ledger, stale = _build(tmp_path)
+    serial_ledger, forked_ledger = (_copy_ledger(ledger, tmp_path / "serial"),
+                                    _copy_ledger(ledger, tmp_path / "forked"))
+    # A temporary directory of the scans' own, to see that they leave nothing in it.
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    monkeypatch.setenv("TMPDIR", str(private))
+    pools: list[tuple[int, int]] = []
+
+    class Counted(children.ForkedMap):
+        """The real pool, counted: (tasks, workers) of each one the scans start."""
+
+        def __init__(self, work, count: int, workers: int) -> None:
+            pools.append((count, workers))
+            super().__init__(work, count, workers)
+
+    monkeypatch.setattr(children, "ForkedMap", Counted)
+    for attempt in ("first", "second"):
+        serial = _scanned(root, serial_ledger, chunk=ENTRIES)
+        # Chunks of 7 shared by three workers: every worker judges several, out of order.
+        forked = _scanned(root, forked_ledger, chunk=7, workers=3)
+        codes = Counter(f.code for f in serial.findings)
+        # The cache as built: stale (CA101), unrecorded (CA501), damaged and uncommitted
+        # (CA402) entries are all there to be judged alike.
+        assert codes["CA101"] and codes["CA501"] and codes["CA402"], (attempt, codes)
+        assert [e.path for e in forked.entries] == [e.path for e in serial.entries], attempt
+        assert (forked.matched, forked.reconstructed, forked.reconstructed_now) == (
+            serial.matched, serial.reconstructed, serial.reconstructed_now), attempt
+        assert forked.findings == serial.findings, attempt
+        # The workers' ties went into the ledger as this process's would have.
+        assert _attributed(forked_ledger) == _attributed(serial_ledger), attempt
+        # No worker outlives the scan, and none left a file behind.
+        assert children.live() == [] and not _children_of_this_process(), attempt
+    # Each scan: workers of one process each were given what was read so far (2 chunks or
+    # more) while the scan read on; three shared the rest with what those had not begun.
+    finals = [n for n, (_tasks, workers) in enumerate(pools) if workers == 3]
+    assert len(finals) == 2 and finals[-1] == len(pools) - 1, pools
+    heads = [pools[:finals[0]], pools[finals[0] + 1:finals[1]]]
+    assert all(h and all(w == 1 and t >= 2 for t, w in h) for h in heads), pools
+    assert os.listdir(private) == []
+    assert stale.exists()
+
+
+def _children_of_this_process() -> list[int]:
+    """Pids of this process's children that have not been reaped (from /proc)."""
+    me, found = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me:
+                found.append(int(name))
+    return found

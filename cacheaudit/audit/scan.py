@@ -17,11 +17,12 @@ import dataclasses
 import gc
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from cacheaudit import compilers, scratch, seal
+from cacheaudit import children, compilers, scratch, seal
 from cacheaudit.audit import execution
 from cacheaudit.audit.checks import (
     compiler_findings,
@@ -156,6 +157,9 @@ class Auditor:
     few entries and kept for the later ones (a scan loads its entries a chunk at a time)."""
     _remembered: set[str] = field(init=False, default_factory=set)
     """Digests of the include graphs whose file states `load` gave the state cache."""
+    pid: int = field(default_factory=os.getpid)
+    """The scan's process, which its reconstructions name (a scan's forked worker makes them
+    on its behalf)."""
 
     def __post_init__(self) -> None:
         self.context = AuditContext(env=self.env, options=self.options, cache=self.cache,
@@ -438,7 +442,7 @@ class Auditor:
             compiler=execution.identify_compiler(self.context, compiler).identity,
             argv=tuple(argv[1:]), cwd=cwd, sources=sources, graph=include_graph,
             outputs=(entry.binary,) if entry.binary is not None else (), exit_code=0,
-            pid=os.getpid(), host=socket.gethostname(), observer=f"reconstructed:{entry.layout}",
+            pid=self.pid, host=socket.gethostname(), observer=f"reconstructed:{entry.layout}",
             notes=("reconstructed after the fact: the graph is what the compiler reads now",),
             reconstructed=True, unknown_at_build=unknown)
         self.reconstructed_now += 1
@@ -609,22 +613,31 @@ them were most of a scan's memory), while the ledger's queries stay batched by t
 thousand."""
 
 
+PARALLEL_FROM = 4_000
+"""Entries from which a scan judges its chunks in forked workers, one per usable core (where
+there are two or more): below it, the forks and each worker's own ledger reads (every hit,
+the shared graph, the policies' memos) cost about what the second core saves."""
+
+
 def scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None = None,
          options: AuditOptions | None = None,
          progress: Callable[[int, int], None] | None = None,
          observed: ObservedEnvironments | None = None,
-         chunk: int = SCAN_CHUNK) -> ScanResult:
+         chunk: int = SCAN_CHUNK, workers: int | None = None) -> ScanResult:
     """Read every root, tie entries to their compiles, judge them, filter by select/ignore.
     `observed`: a scope's observed environments (the audit of a run passes them). `chunk`:
-    entries loaded and judged at a time (`SCAN_CHUNK`); the result does not depend on it."""
+    entries loaded and judged at a time (`SCAN_CHUNK`); `workers`: processes that judge the
+    chunks (None: one per usable core from `PARALLEL_FROM` entries, in a process without
+    other threads, else this one; 1: this one). The result depends on neither."""
     with _fewer_collections():
         return _scan(paths, env, ledger=ledger, options=options, progress=progress,
-                     observed=observed, chunk=max(1, chunk))
+                     observed=observed, chunk=max(1, chunk), workers=workers)
 
 
 def _scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None,
           options: AuditOptions | None, progress: Callable[[int, int], None] | None,
-          observed: ObservedEnvironments | None, chunk: int) -> ScanResult:
+          observed: ObservedEnvironments | None, chunk: int,
+          workers: int | None) -> ScanResult:
     options = options or AuditOptions()
     roots = discover(paths, env)
     auditor = Auditor(env=env, ledger=ledger, options=options, observed=observed,
@@ -636,23 +649,37 @@ def _scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None
     entries: list[CacheEntry] = []
     leftovers: list[CacheLeftover] = []
     read: set[str] = set()
-    for layout, root in roots:
-        for item in layout.read(root, auditor.cache):
-            # A root may hold entries of two runtimes (one cache directory serving two
-            # generations of a runtime): each layout then reports the shared tmp/ leftovers.
-            if item.path in read:
-                continue
-            read.add(item.path)
-            (entries if isinstance(item, CacheEntry) else leftovers).append(item)
-    # Filtered as they are made: what --select/--ignore drop is never held.
-    findings = keep([auditor.audit_leftover(left) for left in leftovers], options)
-    for start in range(0, len(entries), chunk):
-        part = entries[start:start + chunk]
-        auditor.load(part)
-        for done, entry in enumerate(part, start + 1):
-            findings += keep(auditor.audit_entry(entry), options)
-            if progress is not None:
-                progress(done, len(entries))
+    cores = max(1, workers) if workers is not None else (
+        # A fork copies the locks other threads hold, not the threads that would release
+        # them (an import, a log handler): a process with threads judges in-process.
+        children.usable_cores() if threading.active_count() == 1 else 1)
+    forks = _Forks(auditor, entries, chunk, cores, workers is not None) if cores > 1 else None
+    try:
+        for layout, root in roots:
+            for item in layout.read(root, auditor.cache):
+                # A root may hold entries of two runtimes (one cache directory serving two
+                # generations of a runtime): each layout then reports the shared tmp/
+                # leftovers.
+                if item.path in read:
+                    continue
+                read.add(item.path)
+                if isinstance(item, CacheEntry):
+                    entries.append(item)
+                    if forks is not None:
+                        forks.read_one()
+                else:
+                    leftovers.append(item)
+        # Filtered as they are made: what --select/--ignore drop is never held.
+        findings = keep([auditor.audit_leftover(left) for left in leftovers], options)
+        if forks is not None and forks.wanted():
+            findings += forks.judged(progress)
+        else:
+            for start in range(0, len(entries), chunk):
+                findings += _judge_chunk(auditor, entries[start:start + chunk], progress,
+                                         start, len(entries))
+    finally:
+        if forks is not None:
+            forks.close()
     auditor.context.loaded = LoadedRecords()  # the last chunk's records, no longer needed
     findings += keep(auditor.environment_findings(entries), options)
     auditor.save_reconstructions()
@@ -670,3 +697,159 @@ def _scan(paths: Sequence[str], env: Mapping[str, str], *, ledger: Ledger | None
                       matched=auditor.matched, reconstructed=auditor.reconstructed,
                       reconstructed_now=auditor.reconstructed_now,
                       ledger=ledger.path if ledger else None)
+
+
+def _judge_chunk(auditor: Auditor, part: Sequence[CacheEntry],
+                 progress: Callable[[int, int], None] | None = None, start: int = 0,
+                 total: int = 0) -> list[Finding]:
+    """Tie one chunk of entries to their records and judge them: the findings --select and
+    --ignore keep (filtered as they are made: what they drop is never held)."""
+    auditor.load(part)
+    found: list[Finding] = []
+    for done, entry in enumerate(part, start + 1):
+        found += keep(auditor.audit_entry(entry), auditor.options)
+        if progress is not None:
+            progress(done, total)
+    return found
+
+
+@dataclass
+class _Judged:
+    """A forked worker's answer for one chunk: its findings and what its auditor learnt on the
+    way, which the scan's own auditor takes in, chunk by chunk, in the entries' order."""
+
+    findings: list[Finding]
+    attributions: list[Attribution]
+    held: list[CompileRecord]
+    matched: int
+    reconstructed: int
+    reconstructed_now: int
+
+
+HEAD_CHUNKS = 2
+"""Chunks read and not yet handed out from which a scan with a core to spare forks a worker to
+judge them while it reads on (`_Forks`; at least `PARALLEL_FROM` entries unless workers were
+asked for). Each such worker takes what is read so far, and the scan reads about three
+entries while one is judged, so they grow about threefold: a few per scan."""
+
+
+class _Forks:
+    """A scan's forked workers (`children.ForkedMap`), each judging chunks of entries read
+    before its fork, their findings merged in the entries' order: what one process judging
+    every chunk would report, since an entry's tie and judgement depend only on the entry, its
+    records and the disk, never on the entries judged before it (the memos only save work).
+
+    While the scan reads (a third of its time), one worker per spare core judges the entries
+    read so far, `HEAD_CHUNKS` chunks or more at a time; once reading is done, the rest is
+    shared by one worker per core, in smaller chunks so that the last ones are shared out too.
+    A scan of fewer than `PARALLEL_FROM` entries (unless `workers` was given) stays in this
+    process. Each worker reads the ledger through a read-only connection of its own (one
+    opened before a fork cannot be used after it) and returns its attributions and held
+    reconstructions, which this process writes at the end as one process would. A chunk a
+    worker did not deliver (it failed, it died) is judged here instead: fail open, never a
+    lost entry."""
+
+    def __init__(self, auditor: Auditor, entries: list[CacheEntry], chunk: int, cores: int,
+                 forced: bool) -> None:
+        self.auditor, self.entries, self.chunk, self.cores = auditor, entries, chunk, cores
+        self.forced = forced
+        """`workers` was given: fork whatever the size."""
+        self.head = HEAD_CHUNKS * chunk if forced else max(HEAD_CHUNKS * chunk, PARALLEL_FROM)
+        self.handed = 0
+        """Entries handed to a pool so far (`entries[:handed]`)."""
+        self.next_look = 0
+        """How many entries read before the pools are asked again whether a core is free."""
+        self.pools: list[children.ForkedMap] = []
+        self.segments: list[tuple[children.ForkedMap, int, Sequence[CacheEntry]]] = []
+        """(pool, task, entries) in the entries' order: where each chunk's findings come from."""
+
+    def read_one(self) -> None:
+        """After each entry read: hand what is read to a new worker when a core is free."""
+        if len(self.entries) - self.handed < self.head or len(self.entries) < self.next_look:
+            return
+        self.next_look = len(self.entries) + 64  # a look is a system call per worker
+        busy = sum(1 for pool in self.pools if not pool.poll())
+        if busy < self.cores - 1:
+            self._fork(self.entries[self.handed:], 1, self.chunk)
+
+    def wanted(self) -> bool:
+        return bool(self.pools) or self.forced or len(self.entries) >= PARALLEL_FROM
+
+    def judged(self, progress: Callable[[int, int], None] | None) -> list[Finding]:
+        """Every entry's findings, in order: the workers' and, for what none delivered, this
+        process's."""
+        # What the workers forked while reading have not begun goes to the last pool, with
+        # what was read after them, so that every core shares the end.
+        undone = {(id(pool), task) for pool in self.pools for task in pool.stop()}
+        again = [i for i, (pool, task, _part) in enumerate(self.segments)
+                 if (id(pool), task) in undone]
+        rest = self.entries[self.handed:]
+        size = max(1, min(self.chunk, -(-len(rest) // (self.cores * 4))))
+        parts = [self.segments[i][2] for i in again]
+        parts += [rest[start:start + size] for start in range(0, len(rest), size)]
+        self.handed = len(self.entries)
+        if parts:
+            last = children.ForkedMap(self._work(parts), len(parts), self.cores)
+            self.pools.append(last)
+            for task, i in enumerate(again):
+                self.segments[i] = (last, task, parts[task])
+            self.segments += [(last, task, parts[task])
+                              for task in range(len(again), len(parts))]
+        auditor, findings, done = self.auditor, [], 0
+
+        def meanwhile() -> None:
+            for pool in self.pools:
+                pool.poll()
+
+        for pool, task, part in self.segments:
+            result = pool.get(task, meanwhile)
+            if isinstance(result, _Judged):
+                findings += result.findings
+                auditor.attributions += result.attributions
+                auditor._held += result.held
+                auditor.matched += result.matched
+                auditor.reconstructed += result.reconstructed
+                auditor.reconstructed_now += result.reconstructed_now
+            else:
+                findings += _judge_chunk(auditor, part)
+            done += len(part)
+            if progress is not None:
+                progress(done, len(self.entries))
+        self.close()
+        return findings
+
+    def close(self) -> None:
+        for pool in self.pools:
+            pool.close()
+
+    def _fork(self, some: Sequence[CacheEntry], workers: int, size: int) -> None:
+        parts = [some[start:start + size] for start in range(0, len(some), size)]
+        self.handed += len(some)
+        pool = children.ForkedMap(self._work(parts), len(parts), workers)
+        self.pools.append(pool)
+        self.segments += [(pool, task, part) for task, part in enumerate(parts)]
+
+    def _work(self, parts: Sequence[Sequence[CacheEntry]]) -> Callable[[int], _Judged]:
+        auditor = self.auditor
+        ledger_path = auditor.ledger.path if auditor.ledger is not None else None
+        own: list[Auditor] = []
+
+        def work(index: int) -> _Judged:
+            # Runs in a worker: its auditor is made at its first chunk, sharing what the
+            # scan's had at the fork (the state cache with the ledger's seen states).
+            if not own:
+                reader = None if ledger_path is None else Ledger.open(
+                    ledger_path, create=False, reader=True)
+                own.append(Auditor(env=auditor.env, ledger=reader, options=auditor.options,
+                                   cache=auditor.cache, observed=auditor.observed,
+                                   hold_reconstructions=True, pid=auditor.pid))
+            worker = own[0]
+            # Only this chunk's: a chunk that failed half-way left its part behind.
+            worker.attributions, worker._held = [], []
+            before = worker.matched, worker.reconstructed, worker.reconstructed_now
+            found = _judge_chunk(worker, parts[index])
+            return _Judged(found, worker.attributions, worker._held,
+                           worker.matched - before[0], worker.reconstructed - before[1],
+                           worker.reconstructed_now - before[2])
+
+        return work

@@ -45,6 +45,8 @@ class LedgerConnection:
         self._compiler_cache: dict[int, CompilerIdentity] = {}
         self._blob_cache: dict[int, Any] = {}
         self._refused_blobs: dict[int, str] = {}
+        self._made: dict[tuple[str, int | None], Any] = {}
+        """(column, blob id) -> the value as a record holds it (`LedgerReads._stored`)."""
 
     def _retry(self, write: Callable[[], T]) -> T:
         """Run a write transaction, retrying while another writer holds the lock, for at most

@@ -31,13 +31,14 @@ class Opening(LedgerConnection):
 
     @classmethod
     def open(cls: type[Opened], path: str | None = None, *, create: bool = True,
-             patience_s: float = BUSY_TIMEOUT_S) -> Opened:
+             patience_s: float = BUSY_TIMEOUT_S, reader: bool = False) -> Opened:
         """Open (and with `create`, make or upgrade) the ledger at `path` or the default place.
 
         A new ledger is made 0600 in directories made 0700 (`private`); its WAL and SHM take
         its mode. A ledger that cannot be written (a read-only mount, no write permission) is
         opened read-only: readable, and every write raises `LedgerReadOnly`. Writes wait
-        `patience_s` for another process's lock, then raise `LedgerBusy`."""
+        `patience_s` for another process's lock, then raise `LedgerBusy`. A `reader` is
+        opened read-only wherever it stands (a scan's worker, which only reads)."""
         path = os.path.abspath(path or default_ledger_path())
         exists = os.path.exists(path)
         if not exists and not create:
@@ -56,7 +57,7 @@ class Opening(LedgerConnection):
                 raise LedgerError(f"cannot create a ledger at {path}: {exc.strerror}") from exc
         read_only, unseen = False, None
         try:
-            if writable(path):
+            if not reader and writable(path):
                 conn = sqlite3.connect(path, timeout=patience_s, isolation_level=None,
                                        check_same_thread=False)
             else:

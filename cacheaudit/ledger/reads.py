@@ -4,7 +4,7 @@ what cacheaudit writes is left out of its record, with a note."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from cacheaudit import bounded
@@ -69,6 +69,23 @@ def _state_from_row(row: Row) -> FileState:
     return FileState(row["path"], bool(row["present"]), row["size"], row["mtime_ns"],
                      row["ctime_ns"], row["inode"], row["digest"] or None, bool(row["settled"]),
                      row["error"] or None)
+
+
+def _tuple(value: Any) -> tuple[Any, ...]:
+    return tuple(value or ())
+
+
+def _tuple_or_none(value: Any) -> tuple[Any, ...] | None:
+    return tuple(value) if value is not None else None
+
+
+def _tokens(value: Any) -> tuple[ArgToken, ...]:
+    return tuple(ArgToken(text, origin) for text, origin in value or ())
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value or {}
+
 
 class LedgerReads(LedgerConnection):
     """How a `Ledger` reads records (and their parts) back, for the queries built on it."""
@@ -193,28 +210,39 @@ class LedgerReads(LedgerConnection):
                          ) -> CompileRecord:
         sources = self.load_graph(row["sources_id"]) if with_graphs and with_files else None
         outputs = self.load_graph(row["outputs_id"]) if with_graphs and with_files else None
-        tracked = self._load_shaped(row, "tracked_id")
-        effective = self._load_shaped(row, "effective_argv_id") or []
-        facts, extra = split_stored_extra(self._load_shaped(row, "extra_id"))
+        facts, extra = self._stored(row, "extra_id", split_stored_extra)
         return CompileRecord(
             record_id=row["record_uuid"], event=row["event"], started_ns=row["started_ns"],
             runtime=row["runtime"], kernel=row["kernel"], key=row["key"], entry=row["entry"],
             compiler=self.load_compiler(row["compiler_id"]),
-            argv=tuple(self._load_shaped(row, "argv_id") or ()),
-            effective_argv=tuple(ArgToken(t, o) for t, o in effective),
-            env=dict(self._load_shaped(row, "env_id") or {}), cwd=row["cwd"] or "",
+            argv=self._stored(row, "argv_id", _tuple),
+            effective_argv=self._stored(row, "effective_argv_id", _tokens),
+            # Mappings are the record's own (the tuples are shared: they cannot change).
+            env=dict(self._stored(row, "env_id", _mapping)), cwd=row["cwd"] or "",
             sources=files[0] if files else tuple(f.state for f in sources.files) if sources
             else (),
             graph=self.load_graph(row["graph_id"]) if with_graphs else None,
             outputs=files[1] if files else tuple(f.state for f in outputs.files) if outputs
             else (),
-            tracked=tuple(tracked) if tracked is not None else None,
+            tracked=self._stored(row, "tracked_id", _tuple_or_none),
             exit_code=row["exit_code"], signal=row["signal"], duration_ns=row["duration_ns"],
             pid=row["pid"], host=row["host"], test_id=row["test_id"], observer=row["observer"],
-            notes=tuple(self._load_shaped(row, "notes_id") or ()) + self._refusals(row),
-            extra=extra,
+            notes=self._stored(row, "notes_id", _tuple) + self._refusals(row),
+            extra=dict(extra),
             run_uuid=row["run_uuid"], graph_id=None if with_graphs else row["graph_id"],
             **facts)
+
+    def _stored(self, row: Row, column: str, make: Callable[[Any], Any]) -> Any:
+        """A record's stored value of `column` in the form the record holds (`make` of
+        `_load_shaped`), loaded, shape-checked and made once per value and ledger: the records
+        of a scan share a handful of argvs, environments and notes, and making each again
+        for every record was most of reading them back."""
+        key = (column, row[column])
+        try:
+            return self._made[key]
+        except KeyError:
+            made = self._made[key] = make(self._load_shaped(row, column))
+            return made
 
     def _refusals(self, row: Row) -> tuple[str, ...]:
         return tuple(self._refused_blobs[row[c]] for c in _BLOB_COLUMNS
