@@ -11,6 +11,20 @@ import pytest
 from support import ShimEnv, clean_env, write_reliability_document
 
 
+@pytest.fixture(autouse=True)
+def _children_still_allowed() -> object:
+    """A test that runs `children.kill_all` in this process (a terminating signal through a
+    real forwarder, say) leaves it refusing every child: every later test of this worker that
+    starts one would fail far from the cause. The test that did it fails instead, by name."""
+    yield
+    children = sys.modules.get("cacheaudit.children")
+    state = getattr(children, "_children", None)
+    if state is not None and state.stopping:
+        state.stopping = False
+        pytest.fail("this test ran children.kill_all in the test process: later tests could "
+                    "start no child")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """docs/reliability.md from every reliability case's figures (`support.reliability_figure`),
     once per session: by the controller, after every xdist worker has left its figures."""

@@ -280,17 +280,19 @@ def test_sigterm_to_run_reaches_its_command_and_its_status_stands(tmp_path: Path
 
 def test_a_signal_before_the_command_exists_is_held_and_handed_to_it():
     # `cacheaudit run` installs its forwarder before it starts the command: a signal that lands
-    # while Popen runs is kept, then sent to the command as soon as there is one.
+    # while Popen runs is kept, then sent to the command as soon as there is one. SIGUSR1, not
+    # SIGTERM: a terminating signal also ends this process's own children and refuses new ones
+    # (`children.kill_all`), which would stop every later test of this worker that starts one.
     import signal
 
     from cacheaudit.shimrun import SignalForwarder
 
     forwarder = SignalForwarder()
-    forwarder.receive(signal.SIGTERM, None)
+    forwarder.receive(signal.SIGUSR1, None)
     command = subprocess.Popen(["sleep", "30"])
     try:
         forwarder.attach(command)
-        assert command.wait(timeout=30) == -signal.SIGTERM, "the held SIGTERM never reached sleep"
+        assert command.wait(timeout=30) == -signal.SIGUSR1, "the held signal never reached sleep"
     finally:
         command.kill()
         command.wait()
