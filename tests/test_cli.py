@@ -236,7 +236,6 @@ def test_run_keeps_the_command_status_when_the_audit_fails(tmp_path: Path):
 
 def test_ctrl_c_exits_130(tmp_path: Path):
     import signal
-    import time
 
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -246,36 +245,41 @@ def test_ctrl_c_exits_130(tmp_path: Path):
     (fake / "nvidia-smi").chmod(0o755)
     env = dict(os.environ, PATH=f"{fake}{os.pathsep}{os.environ['PATH']}", HOME=str(tmp_path),
                CACHEAUDIT_LEDGER=str(tmp_path / "l.db"))
-    child = subprocess.Popen([sys.executable, "-m", "cacheaudit", "snapshot", "--timeout", "120"],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not started.exists() and time.monotonic() < deadline and child.poll() is None:
-        time.sleep(0.05)
-    child.send_signal(signal.SIGINT)
-    _out, err = child.communicate(timeout=60)
+    returncode, err = _signalled_once_started(["snapshot", "--timeout", "120"], env, started,
+                                              signal.SIGINT)
     # typer before 0.13 turns Ctrl-C into Abort, later ones into a silent exit 130: both end
     # as 130, the shell's convention, and never as a usage error.
-    assert child.returncode == ExitCode.INTERRUPTED == 130, err
+    assert returncode == ExitCode.INTERRUPTED == 130, err
     assert "Traceback" not in err and "aborted" not in err
 
 
 def test_sigterm_to_run_reaches_its_command_and_its_status_stands(tmp_path: Path):
     import signal
-    import time
 
     started, seen = tmp_path / "started", tmp_path / "seen"
     job = (f"trap 'echo got-term > {seen}; exit 42' TERM; touch {started}; "
            "i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done")
     env = dict(os.environ, CACHEAUDIT_LEDGER=str(tmp_path / "l.db"), HOME=str(tmp_path))
-    child = subprocess.Popen([sys.executable, "-m", "cacheaudit", "run", "--", "sh", "-c", job],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    returncode, err = _signalled_once_started(["run", "--", "sh", "-c", job], env, started,
+                                              signal.SIGTERM)
+    assert seen.read_text().strip() == "got-term", "the command (sh) never got SIGTERM"
+    assert returncode == 42, err
+
+
+def _signalled_once_started(args: list[str], env: dict[str, str], started: Path,
+                            sig: int) -> tuple[int, str]:
+    """`cacheaudit ARGS` in a process of its own, sent `sig` once `started` exists (or it
+    ended, or two minutes passed): its exit status and stderr."""
+    import time
+
+    child = subprocess.Popen([sys.executable, "-m", "cacheaudit", *args], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not started.exists() and time.monotonic() < deadline and child.poll() is None:
         time.sleep(0.05)
-    child.send_signal(signal.SIGTERM)
+    child.send_signal(sig)
     _out, err = child.communicate(timeout=60)
-    assert seen.read_text().strip() == "got-term", "the command (sh) never got SIGTERM"
-    assert child.returncode == 42, err
+    return child.returncode, err
 
 
 def test_a_signal_before_the_command_exists_is_held_and_handed_to_it():

@@ -287,25 +287,28 @@ class _Recorder(HitBuffer):
         # cold again after the runtime's system calls, cost more than all the rest.
         if (last is not None and type(data) is bytes and last[0].environ is environ
                 and last[2] is source and last[0].event == event and last[3] == key
-                and (data is last[1] or data == last[1])):
-            group = last[0]
-            # acquire/release rather than `with`: the context-manager protocol costs twice
-            # as much.
-            lock = self.lock
-            lock.acquire()
-            try:
-                counted = self.last is last  # else its group was written meanwhile
-                if counted:
-                    group.count += 1
-                    group.last_ns = now
-                    due = now > self.due_ns
-            finally:
-                lock.release()
-            if counted:
-                if due:
-                    _flush_hits()
-                return
+                and (data is last[1] or data == last[1]) and self.count_repeat(last, now)):
+            return
         self.add(key, data, event, files, source, environ, generation, now)
+
+    def count_repeat(self, memo: Any, now: int) -> bool:
+        """Count one more hit of the group `memo` (`last`, as read before) at `now`, unless it
+        is no longer the last one (written or cleared meanwhile); whether it was counted."""
+        # acquire/release rather than `with`: the context-manager protocol costs twice as much.
+        lock = self.lock
+        lock.acquire()
+        try:
+            counted = self.last is memo
+            if counted:
+                group = memo[0]
+                group.count += 1
+                group.last_ns = now
+                due = now > self.due_ns
+        finally:
+            lock.release()
+        if counted and due:
+            _flush_hits()
+        return counted
 
     def add(self, key: Hashable, data: bytes, event: Event, files: Hashable, source: object,
             environ: Environ, generation: int, now: int) -> None:
@@ -529,23 +532,9 @@ def _getitem_hook(original: Callable[[Any, Any], bytes], event: Event, switch: S
             raise
         if switch.on:
             try:
-                if memo is not None and (data is memo[1] or data == memo[1]):
-                    now = _time_ns()
-                    lock = recorder.lock
-                    lock.acquire()
-                    try:
-                        counted = recorder.last is memo  # else written or cleared meanwhile
-                        if counted:
-                            group = memo[0]
-                            group.count += 1
-                            group.last_ns = now
-                            due = now > recorder.due_ns
-                    finally:
-                        lock.release()
-                    if counted:
-                        if due:
-                            _flush_hits()
-                        return data
+                if (memo is not None and (data is memo[1] or data == memo[1])
+                        and recorder.count_repeat(memo, _time_ns())):
+                    return data
                 if not (_QUIETING and _LOCAL.quiet):
                     hit(key, data, event, self if disk else None, self)
             except Exception as exc:  # noqa: BLE001 - fail open
