@@ -248,8 +248,8 @@ class _Session:
                 ledger.add_tests(run, self.windows)
             return
         workers = sorted(glob.glob(glob.escape(self.ledger) + ".gw*[0-9]"))
-        self.report = (None if workers else self._quiet(run, observation)) or self._audited(
-            run, observation, workers)
+        quiet = None if workers else self._quiet(run, observation)
+        self.report = quiet if quiet is not None else self._audited(run, observation, workers)
         if not self.report.findings:
             return
         from cacheaudit.audit.options import fails

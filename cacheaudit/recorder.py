@@ -1,6 +1,6 @@
 """Turning an observed compile into a record and getting it into the ledger, whatever happens.
 
-The shim uses `ShimRecorder`; adapters reuse `write_record` and `current_run`. Everything here
+The shim uses `ShimRecorder`; adapters reuse `write_held` and `current_run`. Everything here
 fails open: an error becomes a note on the record, a spooled record, or one line on stderr, never a
 failed compile.
 """
@@ -86,39 +86,19 @@ SPOOL_FOLD_IN = 20
 next compiles without any one of them paying for all of it."""
 
 
-def write_record(record: CompileRecord, run: RunInfo, ledger_path: str | None = None, *,
-                 opened: LedgerWriter | None = None) -> str | None:
-    """Store one record; spool it when the ledger cannot take it. Returns a problem, or None."""
-    return write_records([record], run, ledger_path, opened=opened)
-
-
-def open_writer(ledger_path: str) -> LedgerWriter | None:
-    """The ledger at `ledger_path` opened for `write_records` ahead of the write (the shim does
-    so while the compile runs); None where it cannot be, the write then opening it itself and
-    saying why."""
-    try:
-        return LedgerWriter.open(ledger_path, patience_s=WRITER_PATIENCE_S)
-    except Exception:  # noqa: BLE001 - write_records reports what goes wrong
-        return None
-
-
 def write_records(records: Sequence[CompileRecord], run: RunInfo,
-                  ledger_path: str | None = None, *, sealed: bool = False,
-                  opened: LedgerWriter | None = None) -> str | None:
+                  ledger_path: str | None = None, *, sealed: bool = False) -> str | None:
     """Store records in one transaction, waiting at most `WRITER_PATIENCE_S` for another
     process's lock; what the ledger cannot take is spooled. Then a few spooled records are
-    folded in. `opened` (`open_writer` of the same path) is used, and closed, instead of a
-    connection of its own. Returns the problem in one line, or None. Never raises."""
+    folded in. Returns the problem in one line, or None. Never raises."""
     path = ledger_path or default_ledger_path()
     try:
         stored = list(records) if sealed else [_stored(r) for r in records]
         run = redact_run(run)
     except Exception as exc:  # noqa: BLE001 - fail open
-        if opened is not None:
-            opened.close()
         return f"{type(exc).__name__}: {exc}"
     try:
-        with opened or LedgerWriter.open(path, patience_s=WRITER_PATIENCE_S) as ledger:
+        with LedgerWriter.open(path, patience_s=WRITER_PATIENCE_S) as ledger:
             ledger.add_records(stored, run)
             _fold_in_spool(ledger)
         return None
@@ -187,7 +167,7 @@ class _HeldLedger:
     Opening and closing a ledger costs ~15 ms a record (closing checkpoints the WAL), writing
     into an open one ~0.1 ms: on a Triton disk hit or an NVRTC compile that difference is the
     budget. It is reopened when the ledger path, the process (a fork) or the file itself
-    changes; any failure falls back to `write_record`, which spools what the ledger cannot take.
+    changes; any failure falls back to `write_records`, which spools what the ledger cannot take.
     """
 
     def __init__(self) -> None:
@@ -230,7 +210,7 @@ class _HeldLedger:
         try:
             ledger = LedgerWriter.open(path, patience_s=WRITER_PATIENCE_S)
             st = os.stat(path)
-        except Exception:  # noqa: BLE001 - write_record reports what goes wrong
+        except Exception:  # noqa: BLE001 - write_records reports what goes wrong
             return None
         self._ledger, self._key, self._pid = ledger, (path, os.getpid(), st.st_dev, st.st_ino), \
             os.getpid()
@@ -238,6 +218,11 @@ class _HeldLedger:
             atexit.register(self.close)
             self._atexit = True
         return ledger
+
+    def open_now(self, path: str) -> None:
+        """Open the ledger at `path` ahead of the next `write` (a failure is that write's)."""
+        with self._lock:
+            self._open(path)
 
     def close(self) -> None:
         with self._lock:
@@ -298,6 +283,20 @@ def store_in_process(record: CompileRecord, *, observer: str,
                            default_ledger_path(env))
     except Exception as exc:  # noqa: BLE001 - fail open inside the runtime
         return f"{type(exc).__name__}: {exc}"
+
+
+def hold_open(path: str) -> None:
+    """Open the ledger at `path` now for `write_held` (the shim does so while the compile
+    runs: its end then waits for the record's transaction alone). Never raises."""
+    with contextlib.suppress(Exception):
+        _HELD.open_now(path)
+
+
+def close_held() -> None:
+    """Close the ledger `write_held` keeps open (checkpointing its WAL), before this process
+    ends by a way that runs no exit function. Never raises."""
+    with contextlib.suppress(Exception):
+        _HELD.close()
 
 
 def write_held(records: Sequence[CompileRecord], run: RunInfo, path: str) -> str | None:
@@ -364,8 +363,6 @@ class ShimRecorder:
     """(sources, graph) hashed while the compile ran (`collect_inputs`)."""
     _environment: dict[str, str] | None = field(default=None, repr=False)
     _run: RunInfo | None = field(default=None, repr=False)
-    _writer: LedgerWriter | None = field(default=None, repr=False)
-    """The ledger, opened while the compile ran (`ready_to_write`), for `finish`."""
 
     @classmethod
     def prepare(cls, name: str, real: str, argv: Sequence[str],
@@ -441,30 +438,19 @@ class ShimRecorder:
         self._run = current_run(self.env)
         # Opened now (made or upgraded where needed, its schema checked): the compile's end
         # waits only for the record's own transaction.
-        self._writer = open_writer(default_ledger_path(self.env))
+        hold_open(default_ledger_path(self.env))
 
     def finish(self, returncode: int, duration_ns: int) -> None:
         """After the compile: hash inputs and outputs, write the record. Never raises."""
-        writer, self._writer = self._writer, None
         try:
             record = self._build(returncode, duration_ns)
             run = self._run or current_run(self.env)
         except Exception as exc:  # noqa: BLE001 - fail open
-            if writer is not None:
-                writer.close()
             report_problem(f"{type(exc).__name__}: {exc}")
             return
-        problem = write_record(record, run, default_ledger_path(self.env), opened=writer)
+        problem = write_held([record], run, default_ledger_path(self.env))
         if problem:
             report_problem(problem)
-
-    def close(self) -> None:
-        """Close what `ready_to_write` opened and `finish` did not use (an interrupted
-        recording)."""
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            with contextlib.suppress(Exception):
-                writer.close()
 
     def build(self, returncode: int, duration_ns: int) -> CompileRecord:
         """The record of the compile, without storing it: for an in-process adapter that ran

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
         def send_signal(self, sig: int) -> None: ...
 
+        def poll(self) -> int | None: ...
+
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                       signal.SIGUSR1, signal.SIGUSR2)
 _TERMINATING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
@@ -197,10 +199,12 @@ class _Beside:
             recorder.notes.append(f"recording setup failed: {type(exc).__name__}: {exc}")
 
     def close(self) -> None:
+        if self.recorder is not None and self.recorder.dependency_pass is not None:
+            self.recorder.dependency_pass.kill()
         if self.recorder is not None:
-            self.recorder.close()
-            if self.recorder.dependency_pass is not None:
-                self.recorder.dependency_pass.kill()
+            from cacheaudit.recorder import close_held
+
+            close_held()  # its WAL checkpointed, however the shim then ends
         if "cacheaudit.scratch" not in sys.modules:
             return  # nothing was recorded: nothing of ours to remove or sweep
         from cacheaudit import scratch
