@@ -287,10 +287,21 @@ def test_closing_forked_map_early_kills_its_workers(tmp_path: Path):
     assert children._children.forked == set()
 
 
-def test_a_stopped_forked_map_hands_back_what_it_gave_no_worker():
-    with children.ForkedMap(lambda index: index, 40, 2) as pool:
+def test_a_stopped_forked_map_hands_back_what_it_gave_no_worker(tmp_path: Path):
+    release = tmp_path / "release"
+
+    def held(index: int) -> int:
+        # Every task after the first waits for the release: the workers stay busy, so how
+        # much is given out does not depend on how the scheduler treats them.
+        deadline = time.monotonic() + 30
+        while index and not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return index
+
+    with children.ForkedMap(held, 40, 2) as pool:
         assert pool.get(0) == 0
         undone = pool.stop()
+        release.touch()
         given = [pool.get(index) for index in range(1, pool.count)]
     # A task is given when a worker is free for it (one waits in the pipe): the rest never.
     assert undone == list(range(len(given) + 1, 40)) and len(undone) >= 40 - 4, undone
