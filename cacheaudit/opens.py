@@ -21,16 +21,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import select
-import struct
 import sys
-import threading
 import time
+from _thread import allocate_lock
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import struct
+    import threading
     from typing import NamedTuple
 else:
     from cacheaudit.plain import NamedTuple  # `typing` would cost every session's start
@@ -45,7 +45,8 @@ IN_ISDIR = 0x40000000
 IN_NONBLOCK = os.O_NONBLOCK
 IN_CLOEXEC = os.O_CLOEXEC if hasattr(os, "O_CLOEXEC") else 0o2000000
 
-_EVENT = struct.Struct("iIII")
+_EVENT_FORMAT = "iIII"
+"""`struct inotify_event` before its name: wd, mask, cookie, len."""
 _WATCHES_LIMIT = "/proc/sys/fs/inotify/max_user_watches"
 WATCH_SHARE = 2
 """At most 1/WATCH_SHARE of the user's inotify watch limit is taken: editors, build tools and
@@ -140,9 +141,12 @@ class OpenObserver:
         self.budget = budget
         self._fd = -1
         self._wake: tuple[int, int] | None = None
+        # `threading`, `select` and `struct` only where a directory is watched: most observers
+        # are given none (a session's first process on a machine without caches).
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._reading = threading.Lock()
+        self._lock = allocate_lock()
+        self._reading = allocate_lock()
+        self._event: struct.Struct | None = None
         self._by_wd: dict[int, str] = {}
         self._opens: dict[str, Opened] = {}
         self._unwatched: dict[str, str] = {}
@@ -176,6 +180,9 @@ class OpenObserver:
                       else f"inotify_init1 failed: {os.strerror(code)}")
             self._give_up(reason)
             return
+        import struct
+
+        self._event = struct.Struct(_EVENT_FORMAT)  # before the descriptor: `_parse` needs it
         self._fd = fd
         limit = watch_limit()
         budget = self.budget
@@ -203,6 +210,8 @@ class OpenObserver:
         if not self._by_wd:
             self._close_fds()
             return
+        import threading
+
         self._wake = os.pipe()
         self._thread = threading.Thread(target=self._read_loop, name="cacheaudit-opens",
                                         daemon=True)
@@ -257,6 +266,8 @@ class OpenObserver:
     # ---------------------------------------------------------------- the thread
 
     def _read_loop(self) -> None:
+        import select
+
         assert self._wake is not None
         poller = select.poll()
         poller.register(self._fd, select.POLLIN)
@@ -286,11 +297,13 @@ class OpenObserver:
 
     def _parse(self, data: bytes, now: int, keep: bool) -> None:
         offset = 0
+        event = self._event
+        assert event is not None  # made before the descriptor was kept
         with self._lock:
-            while offset + _EVENT.size <= len(data):
-                wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
-                name = data[offset + _EVENT.size:offset + _EVENT.size + length].split(b"\0", 1)[0]
-                offset += _EVENT.size + length
+            while offset + event.size <= len(data):
+                wd, mask, _cookie, length = event.unpack_from(data, offset)
+                name = data[offset + event.size:offset + event.size + length].split(b"\0", 1)[0]
+                offset += event.size + length
                 if mask & IN_Q_OVERFLOW:
                     for directory in self._by_wd.values():
                         self._unwatched.setdefault(

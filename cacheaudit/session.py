@@ -157,7 +157,7 @@ def _keep_argv_setting(child: dict[str, str]) -> None:
     if REDACT_ARGV in child:
         return
     try:
-        keep = not load_settings().redact_argv
+        keep = not load_settings(table_only=True).redact_argv
     except Exception:  # noqa: BLE001 - fail open: redaction stays on
         return
     if keep:
@@ -172,8 +172,7 @@ def shared_shims(env: Mapping[str, str]) -> str | None:
     every extension in every session. Links are added in place and never removed, since another
     session may be compiling through them. None where the cache directory is not writable.
     """
-    import xxhash
-
+    from cacheaudit.plain import xxh64_hexdigest
     from cacheaudit.shim import ShimError, shim_executable
 
     try:
@@ -181,7 +180,7 @@ def shared_shims(env: Mapping[str, str]) -> str | None:
     except ShimError:
         return None
     cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    installation = xxhash.xxh64_hexdigest(os.fsencode(os.path.realpath(target)))
+    installation = xxh64_hexdigest(os.fsencode(os.path.realpath(target)))
     directory = os.path.join(cache, "cacheaudit", "shims", installation)
     if masquerade_ready(directory):  # as the last install left it: one read, two stats
         return directory

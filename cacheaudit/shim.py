@@ -177,10 +177,10 @@ def strip_masquerade_dirs(path_value: str) -> str:
 def stand_in_name(value: str, family: str) -> str:
     """The masquerade name for a compiler setting that names something other than a bare
     family name: unique to the value, and ending in a name the shim can tell the kind of."""
-    import xxhash
+    from cacheaudit.plain import xxh64_hexdigest
 
     base = os.path.basename(value)
-    digest = xxhash.xxh64_hexdigest(value.encode("utf-8", "surrogateescape"))[:10]
+    digest = xxh64_hexdigest(value.encode("utf-8", "surrogateescape"))[:10]
     return f"{digest}-{base if driver_family(base) != 'unknown' else family}"
 
 

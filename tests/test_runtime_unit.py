@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cacheaudit import runtimes
 from cacheaudit.digest import hash_file
@@ -269,6 +271,32 @@ def test_the_plain_named_tuple_builds_what_typing_builds() -> None:
         class Wrong(PlainNamedTuple):  # type: ignore[misc, valid-type]
             first: int = 0
             second: int
+
+
+@given(data=st.binary(max_size=300), seed=st.sampled_from([0, 1, 2**32 - 1, 2**63, 2**64 - 1]))
+def test_the_plain_xxh64_gives_xxhash_digits(data: bytes, seed: int) -> None:
+    """`cacheaudit.plain.xxh64_hexdigest` names the shared masquerade directory and the
+    stand-in links without importing `xxhash`: its digits must be xxhash's, or every session
+    of an upgraded installation would use a new directory (and ninja rebuild every extension
+    whose command names the old one)."""
+    import xxhash
+
+    from cacheaudit.plain import xxh64_hexdigest
+
+    assert xxh64_hexdigest(data, seed) == xxhash.xxh64_hexdigest(data, seed), (len(data), seed)
+
+
+def test_the_plain_xxh64_covers_every_tail_length() -> None:
+    """Every length to 100 (the 32-byte stripes, then 8-byte lanes, a 4-byte word and single
+    bytes: each path of the algorithm), on bytes that are not all alike."""
+    import xxhash
+
+    from cacheaudit.plain import xxh64_hexdigest
+
+    data = bytes((index * 131 + 7) % 256 for index in range(100))
+    wrong = [size for size in range(101)
+             if xxh64_hexdigest(data[:size]) != xxhash.xxh64_hexdigest(data[:size])]
+    assert wrong == []
 
 
 @pytest.mark.parametrize("pattern", [

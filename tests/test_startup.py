@@ -85,23 +85,29 @@ OWN_SESSION_NEVER = ("cacheaudit.audit", "cacheaudit.ledger.store", "cacheaudit.
                      "cacheaudit.runtimes.triton.policy", "cacheaudit.children", "subprocess",
                      "tomllib", "sqlite3", "cacheaudit.model", "cacheaudit.digest", "typing",
                      "dataclasses", "inspect", "uuid", "shutil", "shlex", "ctypes", "re",
-                     "enum")
+                     "enum", "threading", "select", "struct", "xxhash", "datetime")
 """What a process that prepares its own session (`CACHEAUDIT=1`, no session above it) and
 compiles nothing never imports, from start-up to its exit audit, while no ledger file exists
-yet and no pyproject.toml is above it: the judge, the ledger's readers and writers, the shim's
-recorder, a runtime's policy, cacheaudit's child processes, the TOML parser; nor, where no cache
-root exists, any layout reader (the specs' `roots` modules say where the roots would be), the
-model or the state cache; nor `typing`, `dataclasses`, `uuid`, `shutil`, `shlex`, `ctypes`,
-`re` or `enum` (`cacheaudit.plain`, `cacheaudit.ids`, plain classes, `spec.literal_tail`),
-beyond what the interpreter's own start-up imported."""
+yet and no pyproject.toml above it names cacheaudit: the judge, the ledger's readers and
+writers, the shim's recorder, a runtime's policy, cacheaudit's child processes, the TOML parser;
+nor, where no cache root exists, any layout reader (the specs' `roots` modules say where the
+roots would be), the model or the state cache; nor `typing`, `dataclasses`, `uuid`, `shutil`,
+`shlex`, `ctypes`, `re`, `enum`, `datetime` or `xxhash` (`cacheaudit.plain`, `cacheaudit.ids`,
+plain classes, `spec.literal_tail`), nor, where nothing is watched, `threading`, `select` or
+`struct`, beyond what the interpreter's own start-up imported."""
 
 
-def test_a_process_preparing_its_own_session_imports_no_judge_and_no_ledger(tmp_path: Path):
+@pytest.mark.parametrize("pyproject", [None, "[tool.ruff]\nline-length = 100\n"],
+                         ids=["no pyproject.toml", "another tool's pyproject.toml"])
+def test_a_process_preparing_its_own_session_imports_no_judge_and_no_ledger(
+        tmp_path: Path, pyproject: str | None):
     from cacheaudit.config import find_pyproject
 
     work = tmp_path / "work"
     work.mkdir()
     assert find_pyproject(str(work)) is None, "a pyproject.toml above the test directory"
+    if pyproject is not None:
+        (work / "pyproject.toml").write_text(pyproject)
     ledger = tmp_path / "ledger.db"
     env = _clean_env(tmp_path, CACHEAUDIT="1", CACHEAUDIT_LEDGER=str(ledger))
     # The exit audit is called here, before the modules are listed; at the real exit it finds
@@ -121,6 +127,30 @@ def test_a_process_preparing_its_own_session_imports_no_judge_and_no_ledger(tmp_
                       or m == "cacheaudit.layout" or m.endswith(".layout"))
     assert imported == [], f"imported by a process that compiled nothing: {imported}"
     assert not ledger.exists(), "a process that recorded nothing created the ledger"
+
+
+@pytest.mark.parametrize("text", [
+    "[tool.cacheaudit]\nredact-argv = false\n",
+    '[tool."cacheaudit"]\nredact-argv = false\n',
+    "[tool]\ncacheaudit.redact-argv = false\n",
+    "tool = { cacheaudit = { redact-argv = false } }\n",
+    '[tool."cache\\u0061udit"]\nredact-argv = false\n',
+    "[tool.'cacheaudit']\nredact-argv = false\n",
+], ids=["bare", "quoted", "dotted", "inline", "escaped", "literal"])
+def test_a_session_reads_the_table_in_every_spelling_toml_allows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str):
+    """A session parses a pyproject.toml only where it may hold `[tool.cacheaudit]`
+    (`config.may_hold_table`): every spelling of the key must still reach the job."""
+    import tomllib
+
+    assert tomllib.loads(text)["tool"]["cacheaudit"] == {"redact-argv": False}
+    (tmp_path / "pyproject.toml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    session = _session(tmp_path)
+    try:
+        assert session.env.get(switches.REDACT_ARGV) == "0", text
+    finally:
+        session.close()
 
 
 def test_the_arming_names_are_the_adapters_top_level_packages():
