@@ -74,8 +74,8 @@ def _round(accumulator: int, lane: int) -> int:
 def xxh64_hexdigest(data: bytes, seed: int = 0) -> str:
     """`xxhash.xxh64_hexdigest(data, seed)`, the same digits, for the short strings that name
     a session's directories and links (a path, a compiler setting): importing `xxhash` costs a
-    session's first process ~2 ms, this ~20 us on a path. Not for file contents (pure Python:
-    ~1 us a byte); tests check it against `xxhash` on every length class."""
+    session's first process ~2 ms, this some tens of microseconds on a path. Not for file
+    contents (pure Python: ~1 us a byte); tests check it against `xxhash` on every length."""
     p1, p2, p3, p4, p5 = _PRIME64
     length = len(data)
     offset = 0
@@ -102,10 +102,10 @@ def xxh64_hexdigest(data: bytes, seed: int = 0) -> str:
         offset += 8
     if offset + 4 <= length:
         word = int.from_bytes(data[offset:offset + 4], "little")
-        hashed = (_rotl(hashed ^ (word * p1) & _MASK64, 23) * p2 + p3) & _MASK64
+        hashed = (_rotl(hashed ^ ((word * p1) & _MASK64), 23) * p2 + p3) & _MASK64
         offset += 4
     while offset < length:
-        hashed = (_rotl(hashed ^ (data[offset] * p5) & _MASK64, 11) * p1) & _MASK64
+        hashed = (_rotl(hashed ^ ((data[offset] * p5) & _MASK64), 11) * p1) & _MASK64
         offset += 1
     hashed ^= hashed >> 33
     hashed = (hashed * p2) & _MASK64
