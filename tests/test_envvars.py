@@ -797,10 +797,15 @@ def test_kept_environment_from_the_table_is_the_registrys_answer(tmp_path) -> No
     assert _read(table) is not None, f"{table}: the table written by a fresh process is valid"
     code = ("import sys\nfrom cacheaudit.envvars.kept import kept_environment\n"
             "kept_environment({'CPATH': '/x'}, sys.argv[1])\n"
-            "print(sorted(m for m in sys.modules if m.startswith('cacheaudit.runtimes')))\n")
-    loaded = subprocess.run([sys.executable, "-c", code, table], check=True, timeout=60,
-                            capture_output=True, text=True).stdout.strip()
+            "print(sorted(m for m in sys.modules if m.startswith('cacheaudit.runtimes')))\n"
+            "print(sorted(m for m in sys.modules if m.startswith('cacheaudit.envvars.')))\n")
+    loaded, envvars_loaded = subprocess.run(
+        [sys.executable, "-c", code, table], check=True, timeout=60, capture_output=True,
+        text=True).stdout.strip().splitlines()
     assert loaded == "[]", f"{table}: a process with the table still loaded {loaded}"
+    # Nor the registry's machinery: the shim and an in-process record need the table alone.
+    assert envvars_loaded == "['cacheaudit.envvars.kept', 'cacheaudit.envvars.redaction']", \
+        f"{table}: a process with the table loaded {envvars_loaded}"
     envs = [
         {},
         {"CPATH": "/opt/inc", "HOME": "/root", "NVCC_PREPEND_FLAGS": "-O3", "PATH": "/bin"},

@@ -31,41 +31,62 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
 
-from cacheaudit.envvars.generic import GENERIC_ROWS, SELECTS_COMPILER, SHELLS_OUT, shells_out
-from cacheaudit.envvars.redaction import (
-    REDACTED,
-    looks_secret_name,
-    looks_secret_value,
-    redact,
-    redact_argv,
-)
-from cacheaudit.envvars.registry import Declaration, Family, Registry
-from cacheaudit.envvars.vocabulary import (
-    CATEGORIES as GENERIC_CATEGORIES,
-)
-from cacheaudit.envvars.vocabulary import (
-    IN,
-    NO_OUTPUT_CATEGORIES,
-    OUT,
-    SHIM,
-    UNK,
-    EnvVarsError,
-    KeyStatus,
-    Reading,
-    Variable,
-    reads,
-    variable,
-)
-
+# Not `typing`, and none of the submodules below at import: a process that needs only the
+# redaction or the shim's table (`envvars.kept`: the shim, an in-process adapter's record) must
+# not pay for the vocabulary, the generic rows and the registry's machinery (~3-5 ms).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+    from typing import Any
+
+    from cacheaudit.envvars.declarations import Declaration, Family, Registry
+    from cacheaudit.envvars.generic import (
+        GENERIC_ROWS,
+        SELECTS_COMPILER,
+        SHELLS_OUT,
+        shells_out,
+    )
+    from cacheaudit.envvars.redaction import (
+        REDACTED,
+        looks_secret_name,
+        looks_secret_value,
+        redact,
+        redact_argv,
+    )
+    from cacheaudit.envvars.vocabulary import CATEGORIES as GENERIC_CATEGORIES
+    from cacheaudit.envvars.vocabulary import (
+        IN,
+        NO_OUTPUT_CATEGORIES,
+        OUT,
+        SHIM,
+        UNK,
+        EnvVarsError,
+        KeyStatus,
+        Reading,
+        Variable,
+        reads,
+        variable,
+    )
+
     # Provided by __getattr__ on first use (see there).
     VARIABLES: Mapping[str, Variable]
     RUNTIMES: tuple[str, ...]
     VARIANTS: Mapping[str, tuple[str, ...]]
     CATEGORIES: tuple[str, ...]
+
+_FROM_SUBMODULES: dict[str, tuple[str, str]] = {
+    **{name: ("generic", name) for name in ("GENERIC_ROWS", "SELECTS_COMPILER", "SHELLS_OUT",
+                                            "shells_out")},
+    **{name: ("redaction", name) for name in ("REDACTED", "looks_secret_name",
+                                              "looks_secret_value", "redact", "redact_argv")},
+    **{name: ("declarations", name) for name in ("Declaration", "Family", "Registry")},
+    **{name: ("vocabulary", name) for name in ("IN", "NO_OUTPUT_CATEGORIES", "OUT", "SHIM", "UNK",
+                                               "EnvVarsError", "KeyStatus", "Reading", "Variable",
+                                               "reads", "variable")},
+    "GENERIC_CATEGORIES": ("vocabulary", "CATEGORIES"),
+}
+"""The package's names that its submodules define: imported on first use (`__getattr__`)."""
 
 __all__ = [
     "CATEGORIES",
@@ -111,6 +132,8 @@ __all__ = [
 
 
 def _declaration(spec: Any) -> Declaration:
+    from cacheaudit.envvars.declarations import Declaration
+
     rows: tuple[Any, ...] = ()
     families: tuple[Any, ...] = ()
     categories: tuple[str, ...] = ()
@@ -132,6 +155,8 @@ def registry() -> Registry:
     row naming another runtime, a variable defined twice) is left out, and `problem(runtime)`
     says why, so that its entries are reported unverified (CA501) while every other runtime is
     judged as usual."""
+    from cacheaudit.envvars.declarations import Registry
+    from cacheaudit.envvars.vocabulary import EnvVarsError
     from cacheaudit.spec import specs
 
     declarations: list[Declaration] = []
@@ -181,6 +206,11 @@ def __getattr__(name: str) -> Any:
         return registry().variants
     if name == "CATEGORIES":
         return registry().categories
+    if name in _FROM_SUBMODULES:
+        submodule, attribute = _FROM_SUBMODULES[name]
+        value = getattr(importlib.import_module(f"{__name__}.{submodule}"), attribute)
+        globals()[name] = value  # later look-ups skip this function
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -5,7 +5,8 @@ A `Variable` is one compile-affecting environment variable with what each runtim
 The module that defines a variable (the core for generic ones such as `CPATH`, a runtime's
 `environment` module for its own) builds it with `variable()`; a runtime that reads a variable
 defined elsewhere says what it does with it through a `Reading` built by `reads()`. The registry
-(`cacheaudit.envvars.registry`) merges the two and checks every runtime id they name.
+(`cacheaudit.envvars.declarations.Registry`, built by `cacheaudit.envvars.registry()`) merges
+the two and checks every runtime id they name.
 
 Stdlib only, and cheap to import: the shim builds the registry once per compile.
 """
