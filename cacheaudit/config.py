@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
 
 from cacheaudit.exceptions import ConfigError
 
-TYPE_CHECKING = False  # not `typing`: every session reads its settings at its start
+# Not `typing` nor `collections.abc`: every session reads its settings at its start.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 FAIL_ON_CHOICES = ("error", "warning", "info", "never")
@@ -179,10 +180,11 @@ def load_settings(start: str | None = None, *, table_only: bool = False) -> Sett
     except tomllib.TOMLDecodeError as exc:
         return _unreadable(settings, raw, f"{path}: not valid TOML {_toml_place(exc)}")
     tool = data.get("tool", {})
-    table = tool.get("cacheaudit") if isinstance(tool, Mapping) else None
+    # TOML's tables are dicts (`tomllib` makes nothing else of them).
+    table = tool.get("cacheaudit") if isinstance(tool, dict) else None
     if table is None:
         return settings
-    if not isinstance(table, Mapping):
+    if not isinstance(table, dict):
         raise ConfigError(f"{path}: [tool.cacheaudit] must be a table, not {table!r} "
                           "(write `[tool.cacheaudit]` and its settings below it)")
     apply_table(settings, table, path)

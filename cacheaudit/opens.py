@@ -18,22 +18,25 @@ ends the thread and closes every descriptor; an observer is used once.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import sys
 import time
 from _thread import allocate_lock
-from collections.abc import Iterable, Iterator, Mapping
-from types import MappingProxyType
 
+from cacheaudit.plain import MappingProxyType
+
+# Neither `typing` nor `contextlib`, `collections.abc` or `types`: every session's first
+# process starts an observer (~3 ms of imports together; `contextlib` is imported where an
+# error is suppressed, which only a watched directory reaches).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import struct
     import threading
+    from collections.abc import Iterable, Iterator, Mapping
     from typing import NamedTuple
 else:
-    from cacheaudit.plain import NamedTuple  # `typing` would cost every session's start
+    from cacheaudit.plain import NamedTuple
 
 IN_ACCESS = 0x00000001
 IN_OPEN = 0x00000020
@@ -228,6 +231,8 @@ class OpenObserver:
             self._stopped = True
             thread = self._thread
             if thread is not None and self._wake is not None:
+                import contextlib
+
                 with contextlib.suppress(OSError):
                     os.write(self._wake[1], b"x")
                 thread.join(timeout=10)
@@ -246,17 +251,11 @@ class OpenObserver:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    @contextlib.contextmanager
-    def ignoring(self) -> Iterator[None]:
+    def ignoring(self) -> Ignoring:
         """Opens made inside the block are dropped: cacheaudit's own reads of the entries (an
         audit while the observer runs, the pytest fixture's) are no hits. Opens of other
         processes inside the block are dropped too; the block is kept short."""
-        self._drain()
-        with self._reading:
-            try:
-                yield
-            finally:
-                self._drain_locked(keep=False)
+        return Ignoring(self)
 
     def observed(self) -> ObservedOpens:
         """What was seen so far (the thread may still run)."""
@@ -322,8 +321,32 @@ class OpenObserver:
         self._fd, self._wake = -1, None
         for fd in fds:
             if fd >= 0:
+                import contextlib
+
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+
+class Ignoring:
+    """The block of `OpenObserver.ignoring()` (a class, not `contextlib.contextmanager`: see
+    the imports); given no observer, a block that ignores nothing."""
+
+    __slots__ = ("_observer",)
+
+    def __init__(self, observer: OpenObserver | None) -> None:
+        self._observer = observer
+
+    def __enter__(self) -> None:
+        if self._observer is not None:
+            self._observer._drain()
+            self._observer._reading.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._observer is not None:
+            try:
+                self._observer._drain_locked(keep=False)
+            finally:
+                self._observer._reading.release()
 
 
 IN_MODIFY = 0x00000002
@@ -416,6 +439,8 @@ class ChangeWatch:
         fd, self._fd = self._fd, -1
         self._watched.clear()
         if fd >= 0:
+            import contextlib
+
             with contextlib.suppress(OSError):
                 os.close(fd)
 

@@ -1,8 +1,12 @@
-"""Stand-ins, in the standard library alone, for what a session's first process would otherwise
-import: `NamedTuple` without `typing`, and `xxh64_hexdigest` without `xxhash`.
+"""Stand-ins, in the standard library's built-in modules alone, for what a session's first
+process would otherwise import: `NamedTuple` without `typing` or `collections`, `memoized`
+without `functools`, and `xxh64_hexdigest` without `xxhash`.
 
 `NamedTuple` without `typing`: the class syntax of `typing.NamedTuple` (fields annotated in the
-body, defaults after them, methods, properties, docstrings), built on `collections.namedtuple`.
+body, defaults after them, methods, properties, docstrings), built here rather than on
+`collections.namedtuple`: `collections` (with `keyword`, `operator`, `reprlib` and
+`itertools`) is ~2 ms of a Python process that imports nothing else of it, and `functools`
+imports it too.
 
 `typing` imports `re` and `enum` and costs a Python process ~20 ms of CPU on a loaded 2-core
 machine; every process that prepares a recording session (the start-up hook's first process,
@@ -18,28 +22,99 @@ it as `typing.NamedTuple` for checkers and as this one at run time:
 
 from __future__ import annotations
 
-import collections
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from functools import cache as memoized
+    from typing import Any
+
+try:
+    from _collections import _tuplegetter  # what collections.namedtuple's fields are
+except ImportError:  # another implementation than CPython's
+    def _tuplegetter(index: int, doc: str | None) -> Any:
+        return property(lambda self: self[index], doc=doc)
+
+MappingProxyType = type(type.__dict__)
+"""`types.MappingProxyType` (which `types` itself takes from the same place)."""
 
 _RESERVED = frozenset({"__dict__", "__weakref__", "__annotations__", "__module__",
                        "__qualname__", "__orig_bases__"})
 
 
+def _tuple_class(name: str, fields: tuple[str, ...], defaults: dict[str, Any],
+                 body: dict[str, Any]) -> type:
+    """A tuple class with `collections.namedtuple`'s behaviour: fields by name and position,
+    defaults, `_make`, `_replace`, `_asdict`, `_fields`, `_field_defaults`, its repr, pickling
+    and pattern matching."""
+    count = len(fields)
+    positions = frozenset(fields)
+
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == count and not kwargs:
+            return tuple.__new__(cls, args)
+        if len(args) > count:
+            raise TypeError(f"{name}() takes {count} positional arguments but {len(args)} "
+                            "were given")
+        values = list(args)
+        for field in fields[len(args):]:
+            if field in kwargs:
+                values.append(kwargs.pop(field))
+            elif field in defaults:
+                values.append(defaults[field])
+            else:
+                raise TypeError(f"{name}() missing required argument: {field!r}")
+        if kwargs:
+            extra = next(iter(kwargs))
+            why = "multiple values for" if extra in positions else "an unexpected keyword"
+            raise TypeError(f"{name}() got {why} argument {extra!r}")
+        return tuple.__new__(cls, values)
+
+    def _make(cls: type, iterable: Iterable[Any]) -> Any:
+        made = tuple.__new__(cls, iterable)
+        if len(made) != count:
+            raise TypeError(f"Expected {count} arguments, got {len(made)}")
+        return made
+
+    def _replace(self: tuple[Any, ...], **changes: Any) -> Any:
+        made = self._make([changes.pop(f) if f in changes else v  # type: ignore[attr-defined]
+                           for f, v in zip(fields, self, strict=True)])
+        if changes:
+            raise ValueError(f"Got unexpected field names: {list(changes)!r}")
+        return made
+
+    def __repr__(self: tuple[Any, ...]) -> str:
+        shown = ", ".join(f"{f}={v!r}" for f, v in zip(fields, self, strict=True))
+        return f"{type(self).__name__}({shown})"
+
+    namespace: dict[str, Any] = {
+        "__slots__": (), "_fields": fields, "_field_defaults": dict(defaults),
+        "__match_args__": fields, "__new__": __new__, "_make": classmethod(_make),
+        "_replace": _replace, "__repr__": __repr__,
+        "_asdict": lambda self: dict(zip(fields, self, strict=True)),
+        "__getnewargs__": lambda self: tuple(self),
+    }
+    for index, field in enumerate(fields):
+        namespace[field] = _tuplegetter(index, f"Alias for field number {index}")
+    namespace.update(body)
+    return type(name, (tuple,), namespace)
+
+
 class _NamedTupleMeta(type):
     def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, object]
                 ) -> type:
-        fields = list(namespace.get("__annotations__", {}))
-        defaults = [namespace[field] for field in fields if field in namespace]
-        if fields[len(fields) - len(defaults):] != [f for f in fields if f in namespace]:
+        annotations = dict(namespace.get("__annotations__", {}))  # type: ignore[call-overload]
+        fields = tuple(annotations)
+        defaults = {field: namespace[field] for field in fields if field in namespace}
+        if list(fields[len(fields) - len(defaults):]) != list(defaults):
             raise TypeError(f"{name}: a field without a default follows one with a default")
-        base = collections.namedtuple(name, fields, defaults=defaults,
-                                      module=namespace.get("__module__"))
         body = {key: value for key, value in namespace.items()
                 if key not in _RESERVED and key not in fields}
-        body["__slots__"] = ()
-        created = type(name, (base,), body)
-        created.__module__ = str(namespace.get("__module__", base.__module__))
+        created = _tuple_class(name, fields, defaults, body)
+        created.__module__ = str(namespace.get("__module__", __name__))
         created.__qualname__ = str(namespace.get("__qualname__", name))
-        created.__annotations__ = dict(namespace.get("__annotations__", {}))
+        created.__annotations__ = annotations
         return created
 
 
@@ -55,6 +130,44 @@ class _NamedTupleBaseEntry:
 
 
 NamedTuple = _NamedTupleBaseEntry()
+
+
+class _Memoized:
+    """A function's results by its arguments (hashable, positional or by keyword), with
+    `cache_clear()`: `functools.cache` without importing `functools`, for the functions a
+    session's first process calls (the specs, the runtimes' layouts). Unbounded, as
+    `functools.cache`: each memoized function takes a handful of distinct arguments."""
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self._function = function
+        self._results: dict[Any, Any] = {}
+        self.__wrapped__ = function
+        self.__doc__ = function.__doc__
+        self.__name__ = function.__name__
+        self.__qualname__ = function.__qualname__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key = (args, tuple(kwargs.items())) if kwargs else args
+        try:
+            return self._results[key]
+        except KeyError:
+            pass
+        result = self._results[key] = self._function(*args, **kwargs)
+        return result
+
+    def cache_clear(self) -> None:
+        self._results.clear()
+
+
+def import_module(name: str) -> Any:
+    """`importlib.import_module(name)` for an absolute name, without importing `importlib`
+    (and its `warnings`)."""
+    __import__(name)
+    return sys.modules[name]
+
+
+if not TYPE_CHECKING:  # checkers read `functools.cache`, whose signature this one has
+    memoized = _Memoized
 
 
 _PRIME64 = (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63,

@@ -6,7 +6,6 @@ none of them may fail the user's compile, import or test because reporting faile
 
 from __future__ import annotations
 
-import contextlib
 import sys
 
 RECORDING = "recording failed, the compile is unaffected: "
@@ -15,6 +14,8 @@ RECORDING = "recording failed, the compile is unaffected: "
 def report_problem(problem: str, stream: object = None, *, prefix: str = RECORDING) -> None:
     """One line on stderr, prefixed so that users can tell it from the compiler's own output
     (by default as a recording problem that left the compile alone)."""
+    import contextlib  # here, not above: every session's first process imports this module
+
     target = stream if stream is not None else sys.stderr
     with contextlib.suppress(Exception):
         target.write(f"cacheaudit: {prefix}{problem}\n")  # type: ignore[attr-defined]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
 
 from cacheaudit.exceptions import UsageError
 from cacheaudit.ids import uuid4_hex
@@ -39,6 +38,13 @@ from cacheaudit.switches import (
     RUN_VARIABLE,
     SHIMS,
 )
+
+# Not `collections.abc` (nor `typing`): the start-up hook prepares a session in the first
+# Python process of every session, most of which compile nothing.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
 _SHELL_SPECIAL = frozenset(" \t\r\n\"'\\")
 """The characters that make `shlex.split` (POSIX mode, no comments) do anything but return a
@@ -335,17 +341,27 @@ def keys_compiler_path(setting: CompilerSetting, env: Mapping[str, str]) -> bool
     """Whether the package the job would import (PYTHONPATH, then this interpreter's path) holds
     `setting.path_in_key_if`'s file, found without importing it: a runtime whose key holds its
     compiler's path must see the path the user gave it."""
-    import importlib.machinery
-    import sys
-
     package, relative = setting.path_in_key_if
     search = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + sys.path
     try:
-        found = importlib.machinery.PathFinder.find_spec(package, search)
+        found = _path_finder().find_spec(package, search)
     except (ImportError, ValueError):
         return False
     locations = (found.submodule_search_locations or []) if found is not None else []
     return any(os.path.isfile(os.path.join(location, relative)) for location in locations)
+
+
+def _path_finder() -> Any:
+    """`importlib.machinery.PathFinder`, without importing `importlib` (and its `warnings`)
+    where the interpreter's own start-up already holds it."""
+    try:
+        import _frozen_importlib_external
+
+        return _frozen_importlib_external.PathFinder
+    except (ImportError, AttributeError):  # another implementation than CPython's
+        import importlib.machinery
+
+        return importlib.machinery.PathFinder
 
 
 def _point(child: dict[str, str], setting: str, stand_in: str | None) -> None:

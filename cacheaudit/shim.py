@@ -482,11 +482,11 @@ def link_to_shim(directory: str, name: str, target: str) -> str:
             return link
     except OSError:
         pass
-    import contextlib
-
     staging = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
+    try:  # noqa: SIM105 - not `contextlib`: a session's first process makes its links
         os.remove(staging)
+    except FileNotFoundError:
+        pass
     os.symlink(leads_to, staging)
     os.replace(staging, link)
     return link

@@ -15,9 +15,9 @@ code the core calls: the layering (docs/design.md) holds although the core reads
 
 from __future__ import annotations
 
-import functools
-import importlib
 import os
+
+from cacheaudit.plain import import_module, memoized
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class CompilerSetting(NamedTuple):
 _REGEX_SPECIAL = frozenset(".^$*+?{}[]\\|()")
 
 
-@functools.lru_cache(maxsize=32)
+@memoized
 def literal_tail(pattern: str) -> str:
     """The characters every name that fully matches `pattern` ends with, found without `re`
     (which a session's first process would otherwise import to match each variable of its
@@ -109,7 +109,7 @@ def literal_tail(pattern: str) -> str:
     return pattern[start:]
 
 
-@functools.lru_cache(maxsize=32)
+@memoized
 def _compiled(pattern: str) -> re.Pattern[str]:
     import re  # only for a pattern setting matched: most sessions set no such variable
 
@@ -191,7 +191,7 @@ def _package_names() -> list[str]:
     return list(dict.fromkeys([f"cacheaudit.runtimes.{name}" for name in BUILT_IN] + extra))
 
 
-@functools.cache
+@memoized
 def specs() -> tuple[RuntimeSpec, ...]:
     """Every runtime's spec, built-in ones first, in registry order. A spec module is plain
     data (it imports this module and nothing else of cacheaudit), read by name.
@@ -203,7 +203,7 @@ def specs() -> tuple[RuntimeSpec, ...]:
     found: dict[str, RuntimeSpec] = {}
     for package in _package_names():
         try:
-            declared = importlib.import_module(f"{package}.spec").SPEC
+            declared = import_module(f"{package}.spec").SPEC
             if not isinstance(declared, RuntimeSpec):
                 raise TypeError(f"SPEC is a {type(declared).__name__}, not a RuntimeSpec")
         except Exception as exc:  # noqa: BLE001 - one bad plugin never stops cacheaudit
@@ -228,7 +228,7 @@ def spec(runtime: str) -> RuntimeSpec | None:
     return by_name().get(runtime)
 
 
-@functools.cache
+@memoized
 def by_name() -> dict[str, RuntimeSpec]:
     return {s.name: s for s in specs()}
 

@@ -10,17 +10,17 @@ costs ~120 ms, this module and the layouts ~30 ms and ~60 ms).
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from types import MappingProxyType
 
-from cacheaudit.opens import ObservedOpens, OpenObserver
+from cacheaudit.opens import Ignoring, ObservedOpens, OpenObserver
+from cacheaudit.plain import MappingProxyType
 from cacheaudit.runtimes import layouts, layouts_declaring
 
-# Not `typing`: it imports `re` and `enum`, ~20 ms of a session's first process.
+# Not `typing` (it imports `re` and `enum`, ~20 ms of a session's first process), nor
+# `contextlib`, `collections.abc` or `types` (~2 ms together).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
     from typing import NamedTuple, Protocol
 
     from cacheaudit.layout import Layout
@@ -73,6 +73,8 @@ def _roots_and_readers(ledger: SessionWrites | None, env: Mapping[str, str],
     process on a machine with one runtime's cache loads that runtime's reader alone)."""
     anywhere = {os.path.abspath(r) for r in roots}
     if ledger is not None:
+        import contextlib
+
         with contextlib.suppress(Exception):
             anywhere.update(ledger.known_roots())
     found: dict[str, tuple[Layout, ...]] = {}
@@ -92,9 +94,11 @@ def _claiming(readers: Sequence[Layout], root: str) -> tuple[Layout, ...]:
     entries there are then audited as not observed)."""
     claiming = []
     for reader in readers:
-        with contextlib.suppress(Exception):
+        try:
             if reader.is_root(root):
                 claiming.append(reader)
+        except Exception:  # noqa: BLE001 - a reader that fails to say claims nothing
+            continue
     return tuple(claiming)
 
 
@@ -235,14 +239,11 @@ class ScopeObserver:
         opens = self._watch.observed() if self._watch is not None else ObservedOpens()
         return Observation(self.plan, opens, self.problem)
 
-    @contextlib.contextmanager
-    def ignoring(self) -> Iterator[None]:
+    def ignoring(self) -> Ignoring:
         """cacheaudit's own reads of the entries inside the block are not hits."""
         if self._watch is None or self._final is not None:
-            yield
-            return
-        with self._watch.ignoring():
-            yield
+            return Ignoring(None)
+        return self._watch.ignoring()
 
     def stop(self) -> Observation:
         if self._final is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 
 from cacheaudit import runtimes
 from cacheaudit.digest import hash_file
+from cacheaudit.plain import NamedTuple as PlainNamedTuple
 
 TESTS = Path(__file__).parent
 SOURCE = '#include "tile.h"\nint scaled(int x) { return x * TILE; }\n'
@@ -238,12 +240,20 @@ def test_cacheaudit_run_records_the_toy_runtime_through_its_compiler_setting(
     assert json.loads(scanned.stdout)["matched"] == 1
 
 
+class _PickledSetting(PlainNamedTuple):  # type: ignore[misc, valid-type]
+    """A plain named tuple at module level, as the specs' classes are: pickled by name."""
+
+    name: str
+    compiler: str = "nvcc"
+
+
+_PICKLED = _PickledSetting("CXX")
+
+
 def test_the_plain_named_tuple_builds_what_typing_builds() -> None:
     """`cacheaudit.plain.NamedTuple` (the specs' classes, without `typing`) against
     `typing.NamedTuple` for the same class body: fields, defaults, methods, `_replace`, repr."""
     import typing
-
-    from cacheaudit.plain import NamedTuple as PlainNamedTuple
 
     def body(base: type) -> type:
         class Setting(base):  # type: ignore[misc, valid-type]
@@ -271,6 +281,42 @@ def test_the_plain_named_tuple_builds_what_typing_builds() -> None:
         class Wrong(PlainNamedTuple):  # type: ignore[misc, valid-type]
             first: int = 0
             second: int
+    # Built without `collections`: the rest of namedtuple's behaviour, side by side.
+    for cls in (plain, typed):
+        value = cls("CXX", "g++", ("CC",))
+        assert value._asdict() == {"name": "CXX", "compiler": "g++", "unless_set": ("CC",)}
+        assert cls._make(["CC", "cc", ()]) == cls("CC", "cc")
+        assert cls.__match_args__ == ("name", "compiler", "unless_set")
+        assert hash(value) == hash(("CXX", "g++", ("CC",))) and value[1] == value.compiler
+        for wrong in (lambda c=cls: c(), lambda c=cls: c("a", "b", (), "d"),
+                      lambda c=cls: c("a", name="b"), lambda c=cls: c("a", other=1),
+                      lambda c=cls: c._make(["a"])):
+            with pytest.raises(TypeError):
+                wrong()
+        with pytest.raises(ValueError):
+            value._replace(other=1)
+    assert pickle.loads(pickle.dumps(_PICKLED)) == _PICKLED
+    assert type(pickle.loads(pickle.dumps(_PICKLED))) is _PickledSetting
+
+
+def test_the_plain_memo_is_functools_cache() -> None:
+    """`cacheaudit.plain.memoized` (the specs' and layouts' memo, without `functools`): one call
+    per distinct argument, by position or keyword, until `cache_clear()`."""
+    from cacheaudit.plain import memoized
+
+    calls: list[tuple[object, ...]] = []
+
+    @memoized
+    def twice(value: int, extra: int = 0) -> int:
+        """Doubles."""
+        calls.append((value, extra))
+        return 2 * value + extra
+
+    assert [twice(1), twice(1), twice(2), twice(1, extra=1), twice(1, extra=1)] == [2, 2, 4, 3, 3]
+    assert calls == [(1, 0), (2, 0), (1, 1)]
+    assert (twice.__name__, twice.__doc__) == ("twice", "Doubles.")
+    twice.cache_clear()
+    assert twice(1) == 2 and calls[-1] == (1, 0) and len(calls) == 4
 
 
 @given(data=st.binary(max_size=300), seed=st.sampled_from([0, 1, 2**32 - 1, 2**63, 2**64 - 1]))

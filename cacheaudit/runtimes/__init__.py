@@ -12,20 +12,20 @@ Adding a runtime: see "Adding a runtime" in docs/design.md.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import importlib
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from types import ModuleType
 
 from cacheaudit import spec as spec_module
+from cacheaudit.plain import import_module, memoized
 from cacheaudit.problems import report_problem
 from cacheaudit.spec import EXTRA_VARIABLE, names, spec, specs
 
-TYPE_CHECKING = False  # not `typing`: a session reads the specs at its start
+# Not `typing`, nor `functools`, `contextlib` or `collections.abc`: a session's first process
+# reads the specs and the default roots through this module (`cacheaudit.plain`).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from types import ModuleType
     from typing import Any
 
     from cacheaudit.adapter import Adapter
@@ -50,13 +50,13 @@ def reset() -> None:
 
 
 def _attribute(module: str, attribute: str) -> Any:
-    return getattr(importlib.import_module(module), attribute)
+    return getattr(import_module(module), attribute)
 
 
 # ------------------------------------------------------------------------------ layouts, policies
 
 
-@functools.cache
+@memoized
 def layouts() -> tuple[Layout, ...]:
     """One reader per layout, in registry order (runtimes that share a layout list it once).
     A layout that cannot be loaded (a broken plugin) is left out, said once on stderr."""
@@ -69,7 +69,7 @@ def layouts() -> tuple[Layout, ...]:
     return tuple(seen.values())
 
 
-@functools.cache
+@memoized
 def _layout_of(declared: RuntimeSpec, module: str) -> Layout | None:
     try:
         return _attribute(module, "LAYOUT")
@@ -132,7 +132,7 @@ def layout_for(name: str) -> Layout:
     raise KeyError(f"no layout named {name!r}")
 
 
-@functools.cache
+@memoized
 def policy_for(runtime: str) -> Policy:
     """The policy that judges `runtime`'s entries. KeyError, with the reason, for a runtime
     without one or whose policy cannot be loaded (a broken plugin): its entries are then
@@ -167,7 +167,7 @@ def adapter(name: str) -> Adapter:
     return _attribute(declared.module(declared.adapter), "ADAPTER")  # type: ignore[no-any-return]
 
 
-@functools.cache
+@memoized
 def _report_once(problem: str) -> None:
     report_problem(problem, prefix="")
 
@@ -223,12 +223,16 @@ def _loaded_adapters() -> list[Adapter]:
 def flush_all() -> None:
     """Write out what the adapters' hit buffers hold, before an audit reads the ledger."""
     for hooked in _loaded_adapters():
-        with contextlib.suppress(Exception):  # flush() never raises; a plugin's might
+        try:  # noqa: SIM105 - not `contextlib`: every hooked process runs this at its exit
             hooked.flush()
+        except Exception:  # noqa: BLE001 - flush() never raises; a plugin's might
+            pass
 
 
 def deactivate() -> None:
     """Uninstall every adapter and drop pending hooks."""
+    import contextlib
+
     from cacheaudit.importhooks import forget_hooks
 
     flush_all()
