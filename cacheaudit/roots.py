@@ -1,7 +1,7 @@
 """What the runtimes' default cache roots are computed with, standard library `os` only.
 
-Each runtime package declares where its cache lives under an environment in a `roots` module of
-its own (named by its spec's `roots` field), apart from its layout reader: a recording session
+Each runtime package declares where its cache lives under an environment beside its spec, in
+`spec.py` (named by the spec's `roots` field), apart from its layout reader: a recording session
 learns the roots it watches without importing a single reader (`cacheaudit.runtimes.
 default_roots`), and imports the readers only where one of those roots exists. The layouts'
 `default_roots` return the same lists, from the same functions.

@@ -6,7 +6,9 @@ reports, its docs page, and which of its modules hold the layout reader, the pol
 adapter. `BUILT_IN` below is the one list of runtimes, a line each; `specs()` reads them (and
 any named in `CACHEAUDIT_RUNTIMES`) by name. `cacheaudit.runtimes` loads the modules a spec names
 only when they are asked for, so reading every spec costs a start-up hook almost nothing: this
-module and the specs import nothing beyond the standard library.
+module and the specs import nothing beyond the standard library. A built-in spec module also
+holds the runtime's default cache roots (`default_roots(env)`, below its `SPEC`, standard
+library only): one module a runtime is all a session's first process reads of it.
 
 The core (the environment registry, sessions, the snapshot, the audit, the CLI) learns about a
 runtime only through these fields; none of it names a runtime. A spec is data read by name, not
@@ -133,8 +135,9 @@ class RuntimeSpec(NamedTuple):
     """Module of the package (or a dotted path) whose `default_roots(env)` lists the cache roots
     the runtime uses under an environment, existing or not, in lookup order: what the layout's
     `default_roots` returns, in a module of the standard library only, so that a session knows
-    the roots to watch without loading a reader (`cacheaudit.runtimes.default_roots`). None:
-    the layout's `default_roots` (a reader loaded for it)."""
+    the roots to watch without loading a reader (`cacheaudit.runtimes.default_roots`). The
+    built-in runtimes name their spec module itself ("spec"). None: the layout's
+    `default_roots` (a reader loaded for it)."""
     policy: str | None = None
     """Module of the package (or a dotted path) whose `POLICIES[name]` judges its entries."""
     adapter: str | None = None

@@ -131,6 +131,11 @@ def test_a_process_preparing_its_own_session_imports_no_judge_and_no_ledger(
                       or m == "cacheaudit.layout" or m.endswith(".layout"))
     assert imported == [], f"imported by a process that compiled nothing: {imported}"
     assert not ledger.exists(), "a process that recorded nothing created the ledger"
+    # One module a runtime beside its package: the spec, which holds the default roots too.
+    beyond_specs = sorted(m for m in modules if m.startswith("cacheaudit.runtimes.")
+                          and m.count(".") > 2 and not m.endswith(".spec")
+                          and not m.startswith("cacheaudit.runtimes._deepseek."))
+    assert beyond_specs == [], f"runtime modules beyond the specs: {beyond_specs}"
 
 
 @pytest.mark.parametrize("text", [

@@ -1,5 +1,6 @@
-"""Where DeepJIT, DeepGEMM and DeepEP put their caches by default: the helpers their `roots`
-modules share (standard library `os` only, so that a session reads them without a reader)."""
+"""Where DeepJIT, DeepGEMM and DeepEP put their caches by default: the helpers their specs'
+`default_roots` share (standard library `os` only, so that a session reads them without a
+reader)."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ from cacheaudit.layout import (
     unreachable,
 )
 from cacheaudit.model import CacheEntry, CacheLeftover
-from cacheaudit.runtimes.cuda_core import roots
+from cacheaudit.runtimes.cuda_core.spec import default_roots as spec_default_roots
 
 RUNTIME = "cuda-core"
 LAYOUT_NAME = "cuda_core"
@@ -71,8 +71,8 @@ class CudaCoreReader(Layout):
 
     def default_roots(self, env: Mapping[str, str]) -> list[str]:
         """`$XDG_CACHE_HOME/cuda-python/program-cache`, else under `~/.cache`
-        (`roots.default_roots`)."""
-        return roots.default_roots(env)
+        (the spec's `default_roots`)."""
+        return spec_default_roots(env)
 
     def is_root(self, path: str) -> bool:
         """An `entries/` directory beside a `tmp/` one (the constructor makes both), or one

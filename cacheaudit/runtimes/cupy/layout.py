@@ -57,7 +57,7 @@ from cacheaudit.layout import (
     unreachable,
 )
 from cacheaudit.model import CacheEntry, CacheLeftover, FileState, content_digest
-from cacheaudit.runtimes.cupy import roots
+from cacheaudit.runtimes.cupy.spec import default_roots as spec_default_roots
 
 RUNTIME = "cupy"
 LAYOUT_NAME = "cupy"
@@ -127,8 +127,8 @@ class CupyReader(Layout):
     runtime = RUNTIME
 
     def default_roots(self, env: Mapping[str, str]) -> list[str]:
-        """CUPY_CACHE_DIR, else `~/.cupy/kernel_cache` (`roots.default_roots`)."""
-        return roots.default_roots(env)
+        """CUPY_CACHE_DIR, else `~/.cupy/kernel_cache` (the spec's `default_roots`)."""
+        return spec_default_roots(env)
 
     def is_root(self, path: str) -> bool:
         """A directory holding at least one `<sha1>.cubin`/`.ltoir` file (names only, no stat)."""

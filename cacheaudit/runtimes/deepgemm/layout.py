@@ -70,7 +70,7 @@ from cacheaudit.runtimes._deepseek.layout import (
     read_cache_root,
     symlinks_outside,
 )
-from cacheaudit.runtimes.deepgemm import roots
+from cacheaudit.runtimes.deepgemm.spec import default_roots as spec_default_roots
 
 RUNTIME = "deepgemm"
 RUNTIME_DEEPEP = "deepep"
@@ -107,8 +107,8 @@ class DeepGemmReader(Layout):
     runtime = RUNTIME
 
     def default_roots(self, env: Mapping[str, str]) -> list[str]:
-        """DeepGEMM's root, its pre-2025-05 name, then DeepEP's (`roots.default_roots`)."""
-        return roots.default_roots(env)
+        """DeepGEMM's root, its pre-2025-05 name, then DeepEP's (the spec's `default_roots`)."""
+        return spec_default_roots(env)
 
     def is_root(self, path: str) -> bool:
         """A `cache/` holding a `kernel.<name>.<hash>` directory, or (no entry of either layout

@@ -72,13 +72,13 @@ from cacheaudit.runtimes._deepseek.layout import (
     read_cache_root,
     symlinks_outside,
 )
-from cacheaudit.runtimes.deepjit import roots
 
 # Re-exported: the policy and the tests read the prefixes and their roots from the layout.
-from cacheaudit.runtimes.deepjit.roots import CACHE_DIR_TAIL
-from cacheaudit.runtimes.deepjit.roots import PREFIXES as PREFIXES
-from cacheaudit.runtimes.deepjit.roots import custom_prefixes as custom_prefixes
-from cacheaudit.runtimes.deepjit.roots import prefix_roots as prefix_roots
+from cacheaudit.runtimes.deepjit.spec import CACHE_DIR_TAIL
+from cacheaudit.runtimes.deepjit.spec import PREFIXES as PREFIXES
+from cacheaudit.runtimes.deepjit.spec import custom_prefixes as custom_prefixes
+from cacheaudit.runtimes.deepjit.spec import default_roots as spec_default_roots
+from cacheaudit.runtimes.deepjit.spec import prefix_roots as prefix_roots
 
 RUNTIME = "deepjit"
 LAYOUT_NAME = "deepjit"
@@ -110,8 +110,8 @@ class DeepJitReader(Layout):
     runtime = RUNTIME
 
     def default_roots(self, env: Mapping[str, str]) -> list[str]:
-        """Roots for each prefix, as DeepJIT's Env resolves them (`roots.default_roots`)."""
-        return roots.default_roots(env)
+        """Roots for each prefix, as DeepJIT's Env resolves them (the spec's `default_roots`)."""
+        return spec_default_roots(env)
 
     def root_variables(self, env: Mapping[str, str]) -> tuple[str, ...]:
         """A library's own `<P>_JIT_CACHE_DIR` (its prefix, `custom_prefixes`)."""

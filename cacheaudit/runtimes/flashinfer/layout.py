@@ -82,11 +82,11 @@ from cacheaudit.runtimes._ninja.build import (
     read_build_file,
     read_deps_log,
 )
-from cacheaudit.runtimes.flashinfer import roots
 
 # Re-exported: the adapter and the tests read them from the layout.
-from cacheaudit.runtimes.flashinfer.roots import CACHE_SUBPATH as CACHE_SUBPATH
-from cacheaudit.runtimes.flashinfer.roots import default_root as default_root
+from cacheaudit.runtimes.flashinfer.spec import CACHE_SUBPATH as CACHE_SUBPATH
+from cacheaudit.runtimes.flashinfer.spec import default_root as default_root
+from cacheaudit.runtimes.flashinfer.spec import default_roots as spec_default_roots
 
 RUNTIME = "flashinfer"
 LAYOUT_NAME = "flashinfer"
@@ -210,8 +210,8 @@ class FlashInferReader(Layout):
     runtime = RUNTIME
 
     def default_roots(self, env: Mapping[str, str]) -> list[str]:
-        """FlashInfer's cache directory under `env` (`roots.default_roots`)."""
-        return roots.default_roots(env)
+        """FlashInfer's cache directory under `env` (the spec's `default_roots`)."""
+        return spec_default_roots(env)
 
     def is_root(self, path: str) -> bool:
         """A module directory, a cached_ops directory, or a directory with one at most three

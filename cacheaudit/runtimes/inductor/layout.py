@@ -57,10 +57,10 @@ from cacheaudit.layout import (
     unlistable,
 )
 from cacheaudit.model import CacheEntry, CacheLeftover
-from cacheaudit.runtimes.inductor import roots
 
 # Re-exported: the adapter and the tests read it from the layout.
-from cacheaudit.runtimes.inductor.roots import default_cache_dir as default_cache_dir
+from cacheaudit.runtimes.inductor.spec import default_cache_dir as default_cache_dir
+from cacheaudit.runtimes.inductor.spec import default_roots as spec_default_roots
 
 RUNTIME = "inductor"
 LAYOUT_NAME = "inductor"
@@ -91,8 +91,8 @@ class InductorReader(Layout):
     runtime = RUNTIME
 
     def default_roots(self, env: Mapping[str, str]) -> list[str]:
-        """cache_dir(), then the default directory (`roots.default_roots`)."""
-        return roots.default_roots(env)
+        """cache_dir(), then the default directory (the spec's `default_roots`)."""
+        return spec_default_roots(env)
 
     def is_root(self, path: str) -> bool:
         """A directory holding fxgraph/, aotautograd/, precompiled_headers/ or a shard with a

@@ -9,13 +9,22 @@ in-process adapter records those compiles. A bare `g++` on PATH reaches the shim
 unchanged; see docs/runtimes/inductor.md.
 """
 
+from __future__ import annotations
+
+import os
+
+from cacheaudit.roots import unique_paths
 from cacheaudit.spec import CompilerSetting, RuntimeSpec
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 SPEC = RuntimeSpec(
     name="inductor",
     title="torch.compile (Inductor)",
     layout="layout",
-    roots="roots",
+    roots="spec",
     policy="policy",
     adapter="adapter",
     adapter_imports="torch._inductor.codecache",
@@ -29,3 +38,46 @@ SPEC = RuntimeSpec(
     environment="environment",
     docs="runtimes/inductor.md",
 )
+
+
+# ------------------------------------------------------------------------------ default roots
+# `SPEC.roots`: where the cache lives under an environment, in the standard library alone, so
+# that a session knows the roots to watch without loading the reader.
+
+_REPLACED = str.maketrans(dict.fromkeys('\\/:*?"<>|', "_"))
+"""The characters torch replaces in the user's name (`re.sub(r'[\\/:*?"<>|]', "_", user)`)."""
+
+
+def default_cache_dir(env: Mapping[str, str]) -> str:
+    """`default_cache_dir()` under `env`: tempfile's directory (TMPDIR, TEMP, TMP, else /tmp)
+    and getpass's user (LOGNAME, USER, LNAME, USERNAME, else the password database), with the
+    characters torch replaces replaced (cache_dir_utils.py:24)."""
+    temp = next((env[name] for name in ("TMPDIR", "TEMP", "TMP")
+                 if env.get(name) and os.path.isdir(env[name])), None)
+    if temp is None:
+        if env is os.environ:
+            import tempfile  # only here: tempfile imports random and shutil
+
+            temp = tempfile.gettempdir()
+        else:
+            temp = "/tmp"
+    user = next((env[name] for name in ("LOGNAME", "USER", "LNAME", "USERNAME") if env.get(name)),
+                None)
+    if user is None:
+        try:
+            # What getpass.getuser() falls back to, without getpass's imports (termios, ...).
+            import pwd
+
+            user = pwd.getpwuid(os.getuid()).pw_name
+        except (KeyError, OSError, ImportError):
+            user = f"uid_{os.getuid()}"
+    return os.path.join(temp, "torchinductor_" + user.translate(_REPLACED))
+
+
+def default_roots(env: Mapping[str, str]) -> list[str]:
+    """cache_dir() (TORCHINDUCTOR_CACHE_DIR, made absolute, else the default), then the
+    default directory, which holds the precompiled headers whatever the variable says."""
+    default = default_cache_dir(env)
+    explicit = env.get("TORCHINDUCTOR_CACHE_DIR")
+    roots = [os.path.abspath(explicit)] if explicit else []
+    return unique_paths([*roots, default])

@@ -66,10 +66,10 @@ from cacheaudit.runtimes._ninja.build import (
     read_build_file,
     read_deps_log,
 )
-from cacheaudit.runtimes.torch_ext import roots
 
 # Re-exported: the adapter and the tests read the root from the layout.
-from cacheaudit.runtimes.torch_ext.roots import default_root as default_root
+from cacheaudit.runtimes.torch_ext.spec import default_root as default_root
+from cacheaudit.runtimes.torch_ext.spec import default_roots as spec_default_roots
 
 RUNTIME = "torch-ext"
 LAYOUT_NAME = "torch_ext"
@@ -174,8 +174,8 @@ class TorchExtReader(Layout):
     runtime = RUNTIME
 
     def default_roots(self, env: Mapping[str, str]) -> list[str]:
-        """torch's root for this environment (`roots.default_roots`)."""
-        return roots.default_roots(env)
+        """torch's root for this environment (the spec's `default_roots`)."""
+        return spec_default_roots(env)
 
     def is_root(self, path: str) -> bool:
         """A build directory itself, a directory of build directories, or torch's default root

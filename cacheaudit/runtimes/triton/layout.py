@@ -66,7 +66,7 @@ from cacheaudit.layout import (
     unreachable_reason,
 )
 from cacheaudit.model import CacheEntry, CacheLeftover
-from cacheaudit.runtimes.triton import roots
+from cacheaudit.runtimes.triton.spec import default_roots as spec_default_roots
 
 RUNTIME = "triton"
 LAYOUT_NAME = "triton"
@@ -108,8 +108,8 @@ class TritonReader(Layout):
 
     def default_roots(self, env: Mapping[str, str]) -> list[str]:
         """`knobs.cache.dir`: TRITON_CACHE_DIR, else under TRITON_HOME or HOME
-        (`roots.default_roots`)."""
-        return roots.default_roots(env)
+        (the spec's `default_roots`)."""
+        return spec_default_roots(env)
 
     def is_root(self, path: str) -> bool:
         """A directory holding a key directory with a kernel's group or metadata file (the
