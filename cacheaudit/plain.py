@@ -159,6 +159,32 @@ class _Memoized:
         self._results.clear()
 
 
+class PausedCollector:
+    """`with PausedCollector():` Python's cycle collector off for the block, then as it was.
+
+    For cacheaudit's own bursts of work whose objects survive them: a batch of ledger rows and
+    the ids interned for it, the modules a `pytest --cacheaudit` session imports at its start
+    and its end. The collections they would set off walk the user's whole heap and free
+    nothing of ours; with the collector paused, the block adds at most one young collection
+    (its allocations are still counted, and the next allocation after it collects).
+    Measured: a 200-test session without it ran three full collections where pytest alone ran
+    two, +20-30 ms of the session's +50 ms."""
+
+    __slots__ = ("_was_enabled",)
+
+    def __enter__(self) -> None:
+        import gc  # built in: no file read
+
+        self._was_enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._was_enabled:
+            import gc
+
+            gc.enable()
+
+
 def import_module(name: str) -> Any:
     """`importlib.import_module(name)` for an absolute name, without importing `importlib`
     (and its `warnings`)."""

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from cacheaudit.config import FAIL_ON_CHOICES
+from cacheaudit.plain import PausedCollector
 
 if TYPE_CHECKING:
     from cacheaudit.audit import RunReport
@@ -117,7 +118,8 @@ class _Session:
         self.session: Session | None = None
         self.off: str | None = None
         try:
-            self._start(config, fail_on)
+            with PausedCollector():  # see `PausedCollector`: a full collection of pytest's heap
+                self._start(config, fail_on)
         except BaseException:
             self._stop()
             raise
@@ -230,7 +232,8 @@ class _Session:
         if self.off:
             return
         try:
-            self._finish(session)
+            with PausedCollector():
+                self._finish(session)
         except Exception as exc:  # noqa: BLE001 - a reporting failure is a warning, not a crash
             self.problem = f"{type(exc).__name__}: {exc}"
 
@@ -330,7 +333,9 @@ class _Session:
         report = self.report
         if report is None:
             return
-        for line in _section(report, self.ledger, _width(terminalreporter)):
+        with PausedCollector():
+            lines = _section(report, self.ledger, _width(terminalreporter))
+        for line in lines:
             write(line.shown, **_markup(line))
         if self.failed:
             write(f"cacheaudit: failing the session (--cacheaudit-fail-on={self.fail_on})",

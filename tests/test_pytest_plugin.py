@@ -260,17 +260,20 @@ def test_a_session_that_compiles_nothing_and_knows_no_root_reports_without_the_j
     # The precondition of the cheap report: no runtime's default cache root exists here.
     assert known_roots(None, os.environ) == [], "a cache root exists: the judge would run"
     modules = tmp_path / "modules.json"
+    # The plugin pauses Python's cycle collector for its own start and end
+    # (`plain.PausedCollector`): the tests run with it on, and the session leaves it on.
     project.makeconftest(CONFTEST + f"""
-import json
+import gc, json
 def pytest_unconfigure(config):
     with open({str(modules)!r}, "w") as handle:
-        json.dump(sorted(sys.modules), handle)
+        json.dump({{"modules": sorted(sys.modules), "collecting": gc.isenabled()}}, handle)
 """)
-    project.makepyfile(test_quiet="".join(f"def test_{n}():\n    assert {n} >= 0\n"
-                                          for n in range(5)))
+    project.makepyfile(test_quiet="import gc\n" + "".join(
+        f"def test_{n}():\n    assert gc.isenabled() and {n} >= 0\n" for n in range(5)))
     result = project.runpytest_subprocess("--cacheaudit")
     result.assert_outcomes(passed=5)
-    imported = set(json.loads(modules.read_text()))
+    assert json.loads(modules.read_text())["collecting"], "the session left the collector off"
+    imported = set(json.loads(modules.read_text())["modules"])
     assert "cacheaudit.watch" in imported, "the session did not start its observer"
     assert not imported & set(JUDGE), f"imported by the session: {sorted(imported & set(JUDGE))}"
     combine = {"cacheaudit.ledger.combine", "cacheaudit.ledger.combine_sql"}
@@ -291,7 +294,8 @@ def pytest_unconfigure(config):
     # without the records' model or the whole ledger (`SessionLedger`), and says the same.
     again = project.runpytest_subprocess("--cacheaudit")
     again.assert_outcomes(passed=5)
-    imported = set(json.loads(modules.read_text()))
+    assert json.loads(modules.read_text())["collecting"], "the session left the collector off"
+    imported = set(json.loads(modules.read_text())["modules"])
     heavy = {"cacheaudit.model", "cacheaudit.ledger.store", "cacheaudit.ledger.writes"}
     assert not imported & heavy, f"a quiet session's end imported {sorted(imported & heavy)}"
     out = " ".join(again.stdout.str().split())

@@ -5,7 +5,6 @@ the batch (`batching`: a few statements per batch, not a few per record)."""
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -23,6 +22,7 @@ from cacheaudit.model import (
     Finding,
     content_digest,
 )
+from cacheaudit.plain import PausedCollector
 
 
 class LedgerWrites(SessionWrites):
@@ -126,13 +126,8 @@ class LedgerWrites(SessionWrites):
             # Python's cycle collector paused while a batch is stored (not while `records`
             # is read): the batch's rows and interned ids are objects that all survive, and
             # the full collections they set off were a seventh of a compile record's CPU time.
-            collecting = gc.isenabled()
-            gc.disable()
-            try:
+            with PausedCollector():
                 added += self.add_records(batch, run)
-            finally:
-                if collecting:
-                    gc.enable()
         return added
 
     def add_findings(self, findings: Iterable[Finding], audit_uuid: str | None = None) -> str:
