@@ -183,8 +183,7 @@ def main(quick_run: bool | None = None, batch: int = 10_000) -> None:
                                     unit="B"))
                 facts[f"{shape} {size:,}"] = (
                     f"{rate:,.0f} records/s, history {read_s * 1e3:.2f} ms ({shown} shown),"
-                    f" peak RSS {rss:.0f} MiB, file {os.path.getsize(base + '.db') / 2**20:.0f}"
-                    " MiB")
+                    f" peak RSS {rss:.0f} MiB, file {per_record * size / 2**20:.0f} MiB")
                 for curve, y in (("ledger writes", rate), ("ledger history read", read_s * 1e3),
                                  ("ledger peak RSS", rss), ("ledger bytes a record", per_record)):
                     curves[curve]["points"].append([size, y, shape])

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import sys
 
+from cacheaudit.plain import import_module
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -41,8 +43,7 @@ def export_lazily(package: str, homes: Mapping[str, str]) -> None:
         home = homes.get(name)
         if home is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        __import__(f"{package}.{home}")
-        value = getattr(sys.modules[f"{package}.{home}"], name)
+        value = getattr(import_module(f"{package}.{home}"), name)
         namespace[name] = value
         return value
 
